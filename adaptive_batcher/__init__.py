@@ -1,0 +1,48 @@
+"""adaptive_batcher: a drop-in dynamic batcher whose window and batch cap are tuned online.
+
+Quick start::
+
+    from adaptive_batcher import AdaptiveBatcher
+
+    async with AdaptiveBatcher(model, max_batch_size=32, window_ms=5.0) as batcher:
+        y = await batcher.submit(x)
+
+See README.md and docs/ for the architecture, the tuning guide and the policy reference.
+"""
+
+from adaptive_batcher.errors import (
+    BatcherClosedError,
+    BatcherError,
+    BatchFailedError,
+    DeadlineExceededError,
+    ItemTooLargeError,
+    QueueFullError,
+    ResultCountError,
+)
+from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
+from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
+from adaptive_batcher.runtime.decorator import BatchedFunction, batched
+from adaptive_batcher.slo import SLO
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SLO",
+    "AdaptiveBatcher",
+    "BatchFailedError",
+    "BatchedFunction",
+    "BatcherClosedError",
+    "BatcherError",
+    "BatcherStats",
+    "DeadlineExceededError",
+    "ItemTooLargeError",
+    "QueueFullError",
+    "ResultCountError",
+    "__version__",
+    "batched",
+    "concat_rows",
+    "pad_rows",
+    "repeat_last",
+    "row_count",
+    "stacked",
+]

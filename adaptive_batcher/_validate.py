@@ -1,0 +1,42 @@
+"""Argument checks with exact, stable messages (pinned by tests)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["check_callable", "check_int", "check_number", "check_optional_int"]
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; TypeError if not an int (bools too), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_optional_int(name: str, value: object, minimum: int) -> int | None:
+    """Like :func:`check_int`, but None passes through."""
+    return None if value is None else check_int(name, value, minimum)
+
+
+def check_number(name: str, value: object, minimum: float, *, strict: bool = False) -> float:
+    """``value`` as a finite float >= ``minimum`` (> if ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    too_small = number <= minimum if strict else number < minimum
+    if not math.isfinite(number) or too_small:
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
+    return number
+
+
+def check_callable(name: str, value: object) -> Callable[..., Any]:
+    """``value`` if callable, else TypeError."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value

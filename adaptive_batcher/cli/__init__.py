@@ -1,0 +1,1 @@
+"""The ``adaptive-batcher`` command: ``demo``, ``profile`` and ``replay``."""

@@ -1,0 +1,40 @@
+"""Entry point of the ``adaptive-batcher`` command.
+
+Each sub-command lives in its own module with ``register(subparsers)``, which adds its parser and
+sets ``func`` (``func(args) -> int`` exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+_COMMANDS = ("demo", "profile", "replay")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with every sub-command registered."""
+    parser = argparse.ArgumentParser(
+        prog="adaptive-batcher",
+        description="A dynamic batcher for ML inference whose window and batch cap tune "
+        "themselves. Run a sub-command with --help for its options.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _COMMANDS:
+        module = importlib.import_module(f"adaptive_batcher.cli.{name}_cmd")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,20 @@
+"""``adaptive-batcher replay``: placeholder until its issue lands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``replay`` sub-command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser("replay", help="(not yet available)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    del args
+    print("adaptive-batcher replay: not available in this version yet")
+    return 2

@@ -1,0 +1,406 @@
+"""The sans-IO batching engine: events in, actions out, no clock and no I/O.
+
+The asyncio runtime (:mod:`adaptive_batcher.runtime`) and the simulator
+(:mod:`adaptive_batcher.sim`) drive this same object; every time is a ``now`` argument in seconds
+on the caller's clock.
+
+Events: :meth:`BatchingEngine.arrive`, :meth:`~BatchingEngine.cancel`,
+:meth:`~BatchingEngine.complete`, :meth:`~BatchingEngine.close` and, for time passing (a timer
+fired), :meth:`~BatchingEngine.poll`.
+Actions, returned by ``poll``: :class:`Dispatch` (start this batch now), :class:`Expire` (fail this
+request with a deadline error now) and :class:`SetTimer` (call ``poll`` again at this time).
+
+Semantics (each learned from a bug in an earlier batcher; see docs/architecture.md):
+
+* The window counts from the arrival of the oldest queued request (TorchServe #2478).
+* A batch is formed only when an execution slot is free, so it keeps growing until it starts
+  (Triton PR #3789); window 0 sends what queued while the slots were busy ("natural batching").
+* A batch is also sent, window or not, once the queue holds a full cap: leftovers go out without
+  waiting for another arrival (Ray PR #42631).
+* Sizes are in units (rows, tokens) given per request. Batches fill in strict FIFO order; the first
+  request that would overflow the cap is *deferred* to the next batch, never split and never
+  overtaken. A request larger than the current cap (possible only after the cap was lowered at run
+  time) runs alone; one larger than the hard cap is rejected at arrival.
+* Per-request deadlines expire on a timer, not when the running batch ends (Triton #7512).
+* Cancelled requests are skipped lazily and never dispatched (Ray #50054).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+from adaptive_batcher.errors import BatcherClosedError, ItemTooLargeError, QueueFullError
+
+__all__ = [
+    "Action",
+    "Batch",
+    "BatchingEngine",
+    "Dispatch",
+    "EngineLimits",
+    "Expire",
+    "Request",
+    "RequestState",
+    "SetTimer",
+]
+
+H = TypeVar("H")
+
+
+class RequestState:
+    """Integer states of a :class:`Request` (ints, not an Enum, to keep the hot path cheap)."""
+
+    QUEUED: Final = 0
+    DISPATCHED: Final = 1
+    CANCELLED: Final = 2
+    EXPIRED: Final = 3
+    REJECTED: Final = 4
+
+
+class Request(Generic[H]):
+    """One queued item as the engine sees it.
+
+    ``handle`` is opaque to the engine: the runtime keeps the item and its future there, the
+    simulator a request number. ``size`` is in the batch cap's units (1 per item by default).
+    """
+
+    __slots__ = ("arrival_s", "deadline_s", "handle", "size", "state")
+
+    def __init__(
+        self, handle: H, arrival_s: float, size: int = 1, deadline_s: float | None = None
+    ) -> None:
+        self.handle = handle
+        self.arrival_s = arrival_s
+        self.size = size
+        self.deadline_s = deadline_s
+        self.state: int = RequestState.QUEUED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(handle={self.handle!r}, arrival_s={self.arrival_s}, size={self.size}, "
+            f"deadline_s={self.deadline_s}, state={self.state})"
+        )
+
+
+class Batch(Generic[H]):
+    """A dispatched batch: its requests in FIFO order and their total size in units."""
+
+    __slots__ = ("batch_id", "formed_s", "requests", "units")
+
+    def __init__(self, batch_id: int, requests: list[Request[H]], units: int, formed_s: float):
+        self.batch_id = batch_id
+        self.requests = requests
+        self.units = units
+        self.formed_s = formed_s
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __repr__(self) -> str:
+        return f"Batch(id={self.batch_id}, n={len(self.requests)}, units={self.units})"
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch(Generic[H]):
+    """Start running ``batch`` now; call :meth:`BatchingEngine.complete` when it ends."""
+
+    batch: Batch[H]
+
+
+@dataclass(frozen=True, slots=True)
+class Expire(Generic[H]):
+    """Fail ``request`` with :class:`~adaptive_batcher.errors.DeadlineExceededError` now."""
+
+    request: Request[H]
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    """Call :meth:`BatchingEngine.poll` at ``at_s`` (None: no timer is needed)."""
+
+    at_s: float | None
+
+
+Action = Dispatch[Any] | Expire[Any] | SetTimer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """The knobs the controller turns.
+
+    Attributes:
+        window_s: longest time the oldest queued request waits for company, seconds (>= 0).
+        max_batch_size: batch cap in size units (>= 1).
+        max_concurrent_batches: execution slots (>= 1).
+    """
+
+    window_s: float
+    max_batch_size: int
+    max_concurrent_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.window_s >= 0.0:
+            raise ValueError(f"window_s must be >= 0, got {self.window_s!r}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size!r}")
+        if self.max_concurrent_batches < 1:
+            raise ValueError(
+                f"max_concurrent_batches must be >= 1, got {self.max_concurrent_batches!r}"
+            )
+
+
+class BatchingEngine(Generic[H]):
+    """Queue, batch formation, deadlines and slots; sans-IO.
+
+    Args:
+        limits: the starting window, cap and slots (changeable with :meth:`set_limits`).
+        hard_max_batch_size: the cap no setting may exceed and the largest request accepted, units.
+            Defaults to ``limits.max_batch_size``.
+        max_queue_size: most requests queued (not counting running ones); None for unbounded.
+
+    Raises:
+        ValueError: if a limit is out of range.
+    """
+
+    def __init__(
+        self,
+        limits: EngineLimits,
+        *,
+        hard_max_batch_size: int | None = None,
+        max_queue_size: int | None = None,
+    ) -> None:
+        hard = limits.max_batch_size if hard_max_batch_size is None else hard_max_batch_size
+        if hard < limits.max_batch_size:
+            raise ValueError(
+                f"hard_max_batch_size ({hard}) must be >= max_batch_size ({limits.max_batch_size})"
+            )
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size!r}")
+        self.hard_max_batch_size = hard
+        self.max_queue_size = max_queue_size
+        self._limits = limits
+        self._window_s = limits.window_s
+        self._cap = limits.max_batch_size
+        self._slots = limits.max_concurrent_batches
+        self._queue: deque[Request[H]] = deque()
+        self._deadlines: list[tuple[float, int, Request[H]]] = []
+        self._seq = itertools.count()
+        self._batch_ids = itertools.count()
+        self._queued = 0
+        self._queued_units = 0
+        self._in_flight = 0
+        self._timer_at: float | None = None
+        self._closed = False
+        self._draining = False
+
+    # -- read-only state -------------------------------------------------------------------
+
+    @property
+    def limits(self) -> EngineLimits:
+        """The window, cap and slots in force."""
+        return self._limits
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests queued (not cancelled, not expired, not running)."""
+        return self._queued
+
+    @property
+    def queued_units(self) -> int:
+        """Total size of the queued requests, in units."""
+        return self._queued_units
+
+    @property
+    def in_flight(self) -> int:
+        """Batches dispatched and not yet completed."""
+        return self._in_flight
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: arrivals are rejected."""
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued and nothing runs."""
+        return self._queued == 0 and self._in_flight == 0
+
+    # -- events ----------------------------------------------------------------------------
+
+    def arrive(self, request: Request[H], now: float) -> bool:
+        """Queue ``request`` (arrived at ``now``).
+
+        Returns:
+            True if :meth:`poll` must run before anything else happens (a batch may be ready, or
+            the timer must move); False if the current timer already covers this arrival.
+
+        Raises:
+            BatcherClosedError: after :meth:`close`.
+            QueueFullError: ``max_queue_size`` requests are already queued.
+            ItemTooLargeError: ``request.size`` exceeds the hard cap.
+        """
+        if self._closed:
+            request.state = RequestState.REJECTED
+            raise BatcherClosedError("batcher is closed")
+        if request.size > self.hard_max_batch_size or request.size < 1:
+            request.state = RequestState.REJECTED
+            raise ItemTooLargeError(
+                f"item size {request.size} is outside 1..{self.hard_max_batch_size} "
+                "(the batch cap, in size units)"
+            )
+        if self.max_queue_size is not None and self._queued >= self.max_queue_size:
+            request.state = RequestState.REJECTED
+            raise QueueFullError(f"queue is full ({self.max_queue_size} requests queued)")
+        was_empty = self._queued == 0
+        self._queue.append(request)
+        self._queued += 1
+        self._queued_units += request.size
+        deadline = request.deadline_s
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
+            if self._timer_at is None or deadline < self._timer_at:
+                return True
+        if self._in_flight >= self._slots:
+            return False
+        return was_empty or self._window_s <= 0.0 or self._queued_units >= self._cap
+
+    def cancel(self, request: Request[H]) -> bool:
+        """Withdraw a queued request (its caller gave up). Returns True if it was still queued."""
+        if request.state != RequestState.QUEUED:
+            return False
+        request.state = RequestState.CANCELLED
+        self._forget(request)
+        return True
+
+    def complete(self, batch: Batch[H]) -> None:
+        """The batch has ended (success or failure): its slot is free. Call :meth:`poll` next."""
+        del batch
+        if self._in_flight <= 0:
+            raise RuntimeError("complete() called with no batch in flight")
+        self._in_flight -= 1
+
+    def set_limits(self, limits: EngineLimits) -> None:
+        """Change window, cap and slots; they apply from the next :meth:`poll`.
+
+        Raises:
+            ValueError: if ``limits.max_batch_size`` exceeds the hard cap.
+        """
+        if limits.max_batch_size > self.hard_max_batch_size:
+            raise ValueError(
+                f"max_batch_size {limits.max_batch_size} exceeds the hard cap "
+                f"{self.hard_max_batch_size}"
+            )
+        self._limits = limits
+        self._window_s = limits.window_s
+        self._cap = limits.max_batch_size
+        self._slots = limits.max_concurrent_batches
+
+    def close(self, *, drain: bool) -> list[Request[H]]:
+        """Stop accepting arrivals.
+
+        With ``drain`` the queued requests are dispatched as soon as slots free up, without waiting
+        for the window; otherwise they are removed and returned, for the caller to fail with
+        :class:`~adaptive_batcher.errors.BatcherClosedError`.
+        """
+        self._closed = True
+        if drain:
+            self._draining = True
+            return []
+        dropped = [r for r in self._queue if r.state == RequestState.QUEUED]
+        for request in dropped:
+            request.state = RequestState.REJECTED
+        self._queue.clear()
+        self._deadlines.clear()
+        self._queued = 0
+        self._queued_units = 0
+        return dropped
+
+    # -- time ------------------------------------------------------------------------------
+
+    def poll(self, now: float) -> list[Action]:
+        """Expire deadlines, form every batch that should start at ``now``, and set the timer.
+
+        Returns:
+            Expire actions first, then Dispatch actions in FIFO order, then exactly one SetTimer.
+        """
+        actions: list[Action] = []
+        if self._deadlines:
+            self._expire(now, actions)
+        while self._in_flight < self._slots and self._queued and self._ready(now):
+            actions.append(Dispatch(self._form_batch(now)))
+        self._timer_at = self._next_wakeup()
+        actions.append(SetTimer(self._timer_at))
+        return actions
+
+    def next_wakeup(self) -> float | None:
+        """The time of the timer set by the last :meth:`poll` (None: none needed)."""
+        return self._timer_at
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _head(self) -> Request[H]:
+        queue = self._queue
+        while queue[0].state != RequestState.QUEUED:
+            queue.popleft()
+        return queue[0]
+
+    def _ready(self, now: float) -> bool:
+        if self._draining or self._window_s <= 0.0 or self._queued_units >= self._cap:
+            return True
+        return now >= self._head().arrival_s + self._window_s
+
+    def _form_batch(self, now: float) -> Batch[H]:
+        queue = self._queue
+        cap = self._cap
+        taken: list[Request[H]] = []
+        units = 0
+        while queue:
+            request = queue[0]
+            if request.state != RequestState.QUEUED:
+                queue.popleft()
+                continue
+            if taken and units + request.size > cap:
+                break
+            queue.popleft()
+            request.state = RequestState.DISPATCHED
+            taken.append(request)
+            units += request.size
+            if units >= cap:
+                break
+        self._queued -= len(taken)
+        self._queued_units -= units
+        self._in_flight += 1
+        return Batch(next(self._batch_ids), taken, units, now)
+
+    def _expire(self, now: float, actions: list[Action]) -> None:
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            request = heapq.heappop(heap)[2]
+            if request.state == RequestState.QUEUED:
+                request.state = RequestState.EXPIRED
+                self._forget(request)
+                actions.append(Expire(request))
+        if len(heap) > 64 and len(heap) > 2 * self._queued:
+            self._deadlines = [e for e in heap if e[2].state == RequestState.QUEUED]
+            heapq.heapify(self._deadlines)
+
+    def _forget(self, request: Request[H]) -> None:
+        """Account for a queued request leaving the queue other than by dispatch (lazy removal)."""
+        self._queued -= 1
+        self._queued_units -= request.size
+        if self._queued == 0:
+            self._queue.clear()
+
+    def _next_wakeup(self) -> float | None:
+        wake: float | None = None
+        if self._queued and self._in_flight < self._slots and self._window_s > 0.0:
+            wake = self._head().arrival_s + self._window_s
+        heap = self._deadlines
+        while heap and heap[0][2].state != RequestState.QUEUED:
+            heapq.heappop(heap)
+        if heap and (wake is None or heap[0][0] < wake):
+            wake = heap[0][0]
+        return wake

@@ -1,0 +1,65 @@
+"""The exceptions a caller of the batcher can receive.
+
+Hierarchy::
+
+    BatcherError               every error raised by the batcher itself
+    ├── QueueFullError         the bounded queue is full; raised at once by ``submit``
+    ├── DeadlineExceededError  the request did not start before its deadline (a TimeoutError)
+    ├── BatcherClosedError     submitted after ``aclose()``, or queued when closed without draining
+    ├── ItemTooLargeError      the item's size exceeds the configured batch cap (a ValueError)
+    ├── ResultCountError       the model returned a different number of results than items
+    └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
+
+A model may also return an exception *instance* in one result slot: only that caller receives it,
+raised as is, and its neighbours get their own results.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchFailedError",
+    "BatcherClosedError",
+    "BatcherError",
+    "DeadlineExceededError",
+    "ItemTooLargeError",
+    "QueueFullError",
+    "ResultCountError",
+]
+
+
+class BatcherError(Exception):
+    """Base class of every error the batcher raises."""
+
+
+class QueueFullError(BatcherError):
+    """The queue already holds ``max_queue_size`` requests; the request was rejected at once."""
+
+
+class DeadlineExceededError(BatcherError, TimeoutError):
+    """The request was still queued when its deadline passed; it never reached the model."""
+
+
+class BatcherClosedError(BatcherError):
+    """The batcher is closed, or was closed without draining while the request was queued."""
+
+
+class ItemTooLargeError(BatcherError, ValueError):
+    """The item's size (per the size function) is larger than the batch cap."""
+
+
+class ResultCountError(BatcherError):
+    """The model returned a number of results different from the number of items it was given."""
+
+
+class BatchFailedError(BatcherError):
+    """The model raised for the whole batch.
+
+    Every caller in the batch gets its own ``BatchFailedError``; the model's exception is its
+    ``__cause__`` and its ``cause`` attribute.
+    """
+
+    def __init__(self, cause: BaseException, batch_size: int) -> None:
+        super().__init__(f"model failed on a batch of {batch_size}: {cause!r}")
+        self.cause = cause
+        self.batch_size = batch_size
+        self.__cause__ = cause

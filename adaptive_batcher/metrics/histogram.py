@@ -1,0 +1,151 @@
+"""Sliding-window latency quantiles: a log-bucket histogram in a ring of time slices.
+
+A value ``x`` (seconds) lands in bucket ``floor(log(x / MIN_S) / log(GAMMA))``; a bucket is reported
+by the value ``2 * lower * GAMMA / (1 + GAMMA)``, whose relative error is at most
+``(GAMMA - 1) / (GAMMA + 1)``, 0.99 % for ``GAMMA = 1.02`` (the bucket scheme of DDSketch,
+Masson et al., VLDB 2019). Recording is O(1): one log, one list increment. Old samples leave the
+window a whole slice at a time (``window_s / slices`` granularity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GAMMA", "MAX_S", "MIN_S", "Quantiles", "SlidingHistogram"]
+
+GAMMA = 1.02
+MIN_S = 1e-6
+MAX_S = 1e5
+_LOG_GAMMA = math.log(GAMMA)
+_N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
+_REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    """Latency quantiles over the window, in milliseconds, and the number of samples behind them.
+
+    The quantile fields are NaN when ``count`` is 0.
+    """
+
+    count: int
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+
+    def quantile_ms(self, q: float) -> float:
+        """One of the stored quantiles by its fraction (0.5, 0.9, 0.95 or 0.99)."""
+        table = {0.5: self.p50_ms, 0.9: self.p90_ms, 0.95: self.p95_ms, 0.99: self.p99_ms}
+        if q not in table:
+            raise ValueError(f"q must be one of {sorted(table)}, got {q!r}")
+        return table[q]
+
+
+class SlidingHistogram:
+    """Latency histogram over the last ``window_s`` seconds, in ``slices`` ring slices.
+
+    Args:
+        window_s: span of the sliding window, seconds (> 0).
+        slices: number of ring slices (>= 1); samples expire one slice at a time.
+
+    Raises:
+        ValueError: on a non-positive window or slice count.
+    """
+
+    __slots__ = ("_counts", "_current", "_slice_end", "_slice_s", "_sums", "slices", "window_s")
+
+    def __init__(self, window_s: float = 10.0, slices: int = 10) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        if slices < 1:
+            raise ValueError(f"slices must be >= 1, got {slices!r}")
+        self.window_s = window_s
+        self.slices = slices
+        self._slice_s = window_s / slices
+        self._counts = [[0] * _N_BUCKETS for _ in range(slices)]
+        self._sums = [0.0] * slices
+        self._current = 0
+        self._slice_end: float | None = None
+
+    def record(self, value_s: float, now: float) -> None:
+        """Add one latency sample ``value_s`` (seconds) observed at ``now`` (seconds)."""
+        if self._slice_end is None or now >= self._slice_end:
+            self._advance(now)
+        if value_s <= MIN_S:
+            index = 0
+        else:
+            index = min(int(math.log(value_s / MIN_S) / _LOG_GAMMA), _N_BUCKETS - 1)
+        self._counts[self._current][index] += 1
+        self._sums[self._current] += value_s
+
+    def record_many(self, values_s: list[float], now: float) -> None:
+        """Add several samples observed at ``now``."""
+        for value in values_s:
+            self.record(value, now)
+
+    def quantiles(self, now: float) -> Quantiles:
+        """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``."""
+        counts = self._window_counts(now)
+        total = int(counts.sum())
+        if total == 0:
+            nan = math.nan
+            return Quantiles(0, nan, nan, nan, nan, nan, nan)
+        cumulative = np.cumsum(counts)
+        ranks = np.ceil(np.array([0.5, 0.9, 0.95, 0.99, 1.0]) * total)
+        indexes = np.searchsorted(cumulative, ranks, side="left")
+        values_ms = _REPRESENTATIVE[indexes] * 1e3
+        mean_ms = sum(self._sums) / total * 1e3
+        p50, p90, p95, p99, top = (float(v) for v in values_ms)
+        return Quantiles(total, p50, p90, p95, p99, top, mean_ms)
+
+    def quantile_ms(self, q: float, now: float) -> float:
+        """Any quantile ``q`` in (0, 1] of the window, milliseconds (NaN when empty)."""
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"q must be in (0, 1], got {q!r}")
+        counts = self._window_counts(now)
+        total = int(counts.sum())
+        if total == 0:
+            return math.nan
+        index = int(np.searchsorted(np.cumsum(counts), math.ceil(q * total), side="left"))
+        return float(_REPRESENTATIVE[index] * 1e3)
+
+    def count(self, now: float) -> int:
+        """Samples in the window ending at ``now``."""
+        self._advance(now)
+        return sum(sum(c) for c in self._counts)
+
+    def clear(self) -> None:
+        """Drop every sample."""
+        for counts in self._counts:
+            counts[:] = [0] * _N_BUCKETS
+        self._sums = [0.0] * self.slices
+        self._slice_end = None
+
+    def _window_counts(self, now: float) -> np.ndarray[Any, np.dtype[np.int64]]:
+        self._advance(now)
+        counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(self._counts, dtype=np.int64)
+        total: np.ndarray[Any, np.dtype[np.int64]] = counts.sum(axis=0)
+        return total
+
+    def _advance(self, now: float) -> None:
+        if self._slice_end is None:
+            self._slice_end = now + self._slice_s
+            return
+        steps = 0
+        while now >= self._slice_end and steps < self.slices:
+            self._current = (self._current + 1) % self.slices
+            self._counts[self._current] = [0] * _N_BUCKETS
+            self._sums[self._current] = 0.0
+            self._slice_end += self._slice_s
+            steps += 1
+        if now >= self._slice_end:
+            # idle for longer than the whole window: every slice is already empty
+            skipped = math.floor((now - self._slice_end) / self._slice_s) + 1
+            self._slice_end += skipped * self._slice_s

@@ -1,0 +1,103 @@
+"""Counters, latency quantiles and per-batch samples, shared by the runtime and the simulator."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from adaptive_batcher.metrics.histogram import Quantiles, SlidingHistogram
+
+__all__ = ["BatchSample", "Counts", "Recorder"]
+
+
+class BatchSample(NamedTuple):
+    """One finished batch: when it ended (s), items, size units, and model time (s)."""
+
+    end_s: float
+    items: int
+    units: int
+    service_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Cumulative request and batch counts since the batcher started.
+
+    ``completed`` counts requests that got a result, ``failed`` those that got an exception from
+    the model or a result-count error, ``rejected`` those refused at submit (queue full, too
+    large, closed), ``expired`` deadline errors, ``cancelled`` callers that gave up while queued.
+    """
+
+    submitted: int
+    completed: int
+    failed: int
+    rejected: int
+    expired: int
+    cancelled: int
+    batches: int
+    batch_items: int
+    batch_units: int
+    oom_errors: int
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean items per batch (NaN before the first batch)."""
+        return self.batch_items / self.batches if self.batches else math.nan
+
+
+class Recorder:
+    """Collects what the controller and ``stats()`` need; O(1) per request.
+
+    Args:
+        latency_window_s: span of the sliding latency histogram, seconds.
+        batch_samples: how many recent batches to keep for service-time fitting.
+    """
+
+    def __init__(self, latency_window_s: float = 10.0, batch_samples: int = 512) -> None:
+        self.latency = SlidingHistogram(latency_window_s, slices=10)
+        self.batches: deque[BatchSample] = deque(maxlen=batch_samples)
+        self.batch_size_counts: Counter[int] = Counter()
+        self.submitted = 0
+        self.completed = 0
+        self.failed = 0
+        self.rejected = 0
+        self.expired = 0
+        self.cancelled = 0
+        self.batch_count = 0
+        self.batch_items = 0
+        self.batch_units = 0
+        self.oom_errors = 0
+
+    def record_batch(self, end_s: float, items: int, units: int, service_s: float) -> None:
+        """A batch of ``items`` requests (``units`` size units) ran for ``service_s`` seconds."""
+        self.batches.append(BatchSample(end_s, items, units, service_s))
+        self.batch_size_counts[items] += 1
+        self.batch_count += 1
+        self.batch_items += items
+        self.batch_units += units
+
+    def counts(self) -> Counts:
+        """A frozen copy of the counters."""
+        return Counts(
+            submitted=self.submitted,
+            completed=self.completed,
+            failed=self.failed,
+            rejected=self.rejected,
+            expired=self.expired,
+            cancelled=self.cancelled,
+            batches=self.batch_count,
+            batch_items=self.batch_items,
+            batch_units=self.batch_units,
+            oom_errors=self.oom_errors,
+        )
+
+    def quantiles(self, now: float) -> Quantiles:
+        """Latency quantiles over the sliding window ending at ``now``."""
+        return self.latency.quantiles(now)
+
+    def batch_size_histogram(self) -> MappingProxyType[int, int]:
+        """Read-only copy of {items per batch: number of batches}."""
+        return MappingProxyType(dict(self.batch_size_counts))

@@ -1,0 +1,1 @@
+"""The asyncio shell around the engine: batcher, executors, collate adapters, decorator."""

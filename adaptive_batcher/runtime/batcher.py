@@ -1,0 +1,554 @@
+"""The asyncio batcher: a thin shell around the sans-IO engine.
+
+Per request the hot path is: one future, one queue entry, one engine call; no task and no
+``wait_for`` per request. Batches are formed by a "pump" callback scheduled once per loop
+iteration, timers are one ``loop.call_at`` handle for the whole batcher, and each dispatched batch
+runs in one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from adaptive_batcher._validate import (
+    check_callable,
+    check_int,
+    check_number,
+    check_optional_int,
+)
+from adaptive_batcher.engine import (
+    Batch,
+    BatchingEngine,
+    Dispatch,
+    EngineLimits,
+    Expire,
+    Request,
+    SetTimer,
+)
+from adaptive_batcher.errors import (
+    BatcherClosedError,
+    BatcherError,
+    BatchFailedError,
+    DeadlineExceededError,
+    ResultCountError,
+)
+from adaptive_batcher.metrics.histogram import Quantiles
+from adaptive_batcher.metrics.recorder import Counts, Recorder
+from adaptive_batcher.runtime.collate import repeat_last
+from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
+from adaptive_batcher.slo import SLO
+
+__all__ = ["AdaptiveBatcher", "BatcherStats", "default_is_oom"]
+
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+_log = structlog.get_logger("adaptive_batcher")
+
+
+def default_is_oom(exc: BaseException) -> bool:
+    """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherStats:
+    """A frozen snapshot of a batcher.
+
+    Attributes:
+        name: the batcher's name (log field ``batcher``).
+        queue_depth: requests queued now; ``queued_units`` their total size in units.
+        in_flight_batches: batches running now.
+        counts: cumulative request and batch counters (:class:`~adaptive_batcher.metrics.Counts`).
+        batch_sizes: {items per batch: number of batches}, cumulative.
+        latency: end-to-end latency quantiles (ms) over the sliding window, with their sample count.
+        window_ms, max_batch_size, max_concurrent_batches: the settings in force now.
+        slo: the latency objective, if one was set.
+    """
+
+    name: str
+    queue_depth: int
+    queued_units: int
+    in_flight_batches: int
+    counts: Counts
+    batch_sizes: MappingProxyType[int, int]
+    latency: Quantiles
+    window_ms: float
+    max_batch_size: int
+    max_concurrent_batches: int
+    slo: SLO | None
+
+
+class _Pending(Request[asyncio.Future[Any]]):
+    """A queued request in the runtime: the engine's request plus the caller's item."""
+
+    __slots__ = ("item",)
+
+    def __init__(
+        self,
+        item: Any,
+        future: asyncio.Future[Any],
+        arrival_s: float,
+        size: int,
+        deadline_s: float | None,
+    ) -> None:
+        super().__init__(future, arrival_s, size, deadline_s)
+        self.item = item
+
+
+class AdaptiveBatcher(Generic[X, Y]):
+    """Collects single requests into batches for ``model`` and hands each caller its own result.
+
+    Args:
+        model: ``model(batch: list[X]) -> Sequence[Y]`` with one result per item, in order; sync or
+            ``async def``. A result slot may hold an exception instance: only that caller gets it.
+        max_batch_size: batch cap, in size units (items, or what ``size_fn`` counts). Default 32.
+        window_ms: longest wait of the oldest queued request for company, ms. 0 sends what is
+            queued as soon as a slot is free ("natural batching"). Default 5.0.
+        max_concurrent_batches: batches that may run at once (execution slots). Default 1.
+        max_queue_size: most queued requests; a further ``submit`` raises ``QueueFullError`` at
+            once. None (default): unbounded.
+        size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens). Default:
+            1 per item. A request larger than ``max_batch_size`` raises ``ItemTooLargeError``.
+        batch_sizes: allowed batch sizes ("buckets"), increasing, in units. A batch is padded up to
+            the next bucket by ``pad_fn`` and the padding's results are dropped. The cap may not
+            exceed the largest bucket.
+        pad_fn: ``pad_fn(items, target_size) -> padded items``. Default (count units only): repeat
+            the last item. Required with ``size_fn`` and ``batch_sizes`` (see ``collate.pad_rows``).
+        executor: ``"auto"`` (async model: on the loop; sync: worker thread), ``"async"``,
+            ``"inline"`` (sync model on the loop thread), ``"thread"``, or ``"cuda"`` (launch on
+            the loop thread, wait for a CUDA event in a thread; see ``CudaExecutor``).
+        bisect_on_error: when the model raises for a whole batch, re-run it split in halves until
+            the failing item is isolated; only that caller gets the error.
+        is_oom: tells out-of-memory errors apart; an OOM batch is always re-run split in halves.
+        slo: the latency objective (recorded in stats; the controller makes it act).
+        name: the ``batcher`` field of this batcher's log events.
+        cuda_event_factory: for ``executor="cuda"``: makes completion events (tests pass a fake).
+
+    Raises:
+        TypeError: an argument of the wrong type (message names it).
+        ValueError: an argument out of range (message names it and its bound).
+
+    No task starts in the constructor; the batcher binds to the running event loop on first use.
+    Use ``async with`` or call :meth:`aclose` so no request is left unresolved.
+    """
+
+    def __init__(
+        self,
+        model: Callable[[list[X]], Sequence[Y] | Awaitable[Sequence[Y]]],
+        *,
+        max_batch_size: int = 32,
+        window_ms: float = 5.0,
+        max_concurrent_batches: int = 1,
+        max_queue_size: int | None = None,
+        size_fn: Callable[[X], int] | None = None,
+        batch_sizes: Iterable[int] | None = None,
+        pad_fn: Callable[[list[X], int], list[X]] | None = None,
+        executor: str = "auto",
+        bisect_on_error: bool = False,
+        is_oom: Callable[[BaseException], bool] = default_is_oom,
+        slo: SLO | None = None,
+        name: str = "batcher",
+        cuda_event_factory: Callable[[], CompletionEvent] | None = None,
+    ) -> None:
+        check_callable("model", model)
+        cap = check_int("max_batch_size", max_batch_size, 1)
+        window_s = check_number("window_ms", window_ms, 0.0) / 1e3
+        slots = check_int("max_concurrent_batches", max_concurrent_batches, 1)
+        queue_size = check_optional_int("max_queue_size", max_queue_size, 1)
+        if size_fn is not None:
+            check_callable("size_fn", size_fn)
+        if slo is not None and not isinstance(slo, SLO):
+            raise TypeError(f"slo must be an SLO, got {type(slo).__name__}")
+        self._buckets = _check_buckets(batch_sizes, cap)
+        if pad_fn is None and self._buckets and size_fn is not None:
+            raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
+        self._pad_fn: Callable[[list[Any], int], list[Any]] = pad_fn or repeat_last
+        self._executor = make_executor(model, executor, slots, cuda_event_factory)
+        self._engine: BatchingEngine[asyncio.Future[Any]] = BatchingEngine(
+            EngineLimits(window_s, cap, slots), max_queue_size=queue_size
+        )
+        self._size_fn = size_fn
+        self._bisect = bool(bisect_on_error)
+        self._is_oom = is_oom
+        self.slo = slo
+        self.name = name
+        self.recorder = Recorder()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.warmed_sizes: frozenset[int] = frozenset()
+
+    # -- public API ------------------------------------------------------------------------
+
+    async def submit(self, item: X, *, deadline_ms: float | None = None) -> Y:
+        """Queue ``item`` and return its result once its batch has run.
+
+        Args:
+            item: one input; its size is ``size_fn(item)`` units (1 by default).
+            deadline_ms: if the request has not started within this many ms of now, it fails with
+                ``DeadlineExceededError`` at that moment (a timer, not the end of a running batch).
+
+        Raises:
+            QueueFullError: the queue holds ``max_queue_size`` requests (raised at once).
+            ItemTooLargeError: the item is larger than the batch cap.
+            BatcherClosedError: the batcher is closed, or closed without draining meanwhile.
+            DeadlineExceededError: the deadline passed before the request started.
+            BatchFailedError: the model raised for this request's batch (cause attached).
+            ResultCountError: the model returned the wrong number of results.
+            Exception: whatever exception instance the model returned in this request's slot.
+        """
+        loop = self._loop or self._bind()
+        now = loop.time()
+        deadline_s = None
+        if deadline_ms is not None:
+            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
+        size = 1 if self._size_fn is None else self._item_size(item)
+        recorder = self.recorder
+        recorder.submitted += 1
+        future: asyncio.Future[Y] = loop.create_future()
+        request = _Pending(item, future, now, size, deadline_s)
+        try:
+            if self._engine.arrive(request, now) and not self._pump_scheduled:
+                self._pump_scheduled = True
+                loop.call_soon(self._pump)
+        except BatcherError as exc:
+            recorder.rejected += 1
+            _log.debug(
+                "request.rejected",
+                batcher=self.name,
+                reason=type(exc).__name__,
+                queue_depth=self._engine.queue_depth,
+            )
+            raise
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._engine.cancel(request):
+                recorder.cancelled += 1
+            raise
+
+    async def submit_many(self, items: Iterable[X], *, deadline_ms: float | None = None) -> list[Y]:
+        """Submit several items at once and return their results in order.
+
+        Raises:
+            The first error any item raised (see :meth:`submit`); the other items still complete.
+        """
+        return list(await asyncio.gather(*(self.submit(i, deadline_ms=deadline_ms) for i in items)))
+
+    def stats(self) -> BatcherStats:
+        """A frozen snapshot of queue, counters, batch sizes and sliding-window latency."""
+        engine = self._engine
+        limits = engine.limits
+        now = self._loop.time() if self._loop is not None else 0.0
+        return BatcherStats(
+            name=self.name,
+            queue_depth=engine.queue_depth,
+            queued_units=engine.queued_units,
+            in_flight_batches=engine.in_flight,
+            counts=self.recorder.counts(),
+            batch_sizes=self.recorder.batch_size_histogram(),
+            latency=self.recorder.quantiles(now),
+            window_ms=limits.window_s * 1e3,
+            max_batch_size=limits.max_batch_size,
+            max_concurrent_batches=limits.max_concurrent_batches,
+            slo=self.slo,
+        )
+
+    def set_limits(
+        self,
+        *,
+        window_ms: float | None = None,
+        max_batch_size: int | None = None,
+        max_concurrent_batches: int | None = None,
+    ) -> None:
+        """Change window, cap or slots at run time; they apply to the next batch formed.
+
+        Raises:
+            TypeError, ValueError: as the constructor, or a cap above the configured one.
+        """
+        current = self._engine.limits
+        limits = EngineLimits(
+            current.window_s
+            if window_ms is None
+            else check_number("window_ms", window_ms, 0) / 1e3,
+            current.max_batch_size
+            if max_batch_size is None
+            else check_int("max_batch_size", max_batch_size, 1),
+            current.max_concurrent_batches
+            if max_concurrent_batches is None
+            else check_int("max_concurrent_batches", max_concurrent_batches, 1),
+        )
+        self._engine.set_limits(limits)
+        if self._loop is not None:
+            self._schedule_pump()
+
+    async def warmup(self, make_item: Callable[[], X]) -> dict[int, float]:
+        """Run the model once at every bucket size before serving; returns {size: seconds}.
+
+        Cold batch shapes cost 100-970 ms of p99 on an H200 (../shared/profiles/h200/
+        executor_diag_*.csv), so call this before taking traffic. Without ``batch_sizes`` it warms
+        powers of two up to the cap, and the cap itself. Items come from ``make_item()``, added
+        until the batch reaches the size in units; then the batch is padded as in serving.
+
+        Raises:
+            Exception: whatever the model raises (warm-up failures are not hidden).
+        """
+        loop = self._loop or self._bind()
+        sizes = self._buckets or _powers_of_two_upto(self._engine.hard_max_batch_size)
+        timings: dict[int, float] = {}
+        for size in sizes:
+            items: list[X] = []
+            units = 0
+            while units < size:
+                item = make_item()
+                items.append(item)
+                units += 1 if self._size_fn is None else self._item_size(item)
+            started = loop.time()
+            await self._call_model(items, units)
+            timings[size] = loop.time() - started
+        self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
+        _log.info(
+            "batcher.warmed_up",
+            batcher=self.name,
+            sizes=sorted(timings),
+            total_ms=round(sum(timings.values()) * 1e3, 3),
+        )
+        return timings
+
+    async def aclose(self, *, drain: bool = True) -> None:
+        """Stop accepting requests and settle every pending one.
+
+        Args:
+            drain: True (default): queued requests still run, without waiting for the window.
+                False: queued requests fail with ``BatcherClosedError``; running batches finish.
+        """
+        if not self._closed:
+            self._closed = True
+            for request in self._engine.close(drain=drain):
+                self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
+            _log.info("batcher.closing", batcher=self.name, drain=drain)
+            if self._loop is not None:
+                self._pump()
+        while self._tasks or not self._engine.idle:
+            if self._tasks:
+                await asyncio.wait(set(self._tasks))
+            else:
+                await asyncio.sleep(0)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._executor.close()
+
+    async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
+        self._loop or self._bind()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose(drain=True)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` has been called."""
+        return self._closed
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError("this AdaptiveBatcher is bound to another event loop")
+        self._loop = loop
+        return loop
+
+    def _item_size(self, item: X) -> int:
+        assert self._size_fn is not None
+        size = self._size_fn(item)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size_fn must return an int >= 1, got {size!r}")
+        return size
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled and self._loop is not None:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _pump(self, now: float | None = None) -> None:
+        self._pump_scheduled = False
+        loop = self._loop
+        assert loop is not None
+        for action in self._engine.poll(loop.time() if now is None else now):
+            if type(action) is Dispatch:
+                task = loop.create_task(self._run_batch(action.batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif type(action) is Expire:
+                self.recorder.expired += 1
+                self._settle_error(
+                    action.request,
+                    DeadlineExceededError("request did not start before its deadline"),
+                )
+            elif type(action) is SetTimer:
+                self._set_timer(action.at_s)
+
+    def _set_timer(self, at_s: float | None) -> None:
+        if at_s == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at_s
+        if at_s is not None:
+            assert self._loop is not None
+            self._timer = self._loop.call_at(at_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        assert self._loop is not None
+        at = self._timer_at
+        self._timer = None
+        self._timer_at = None
+        now = self._loop.time()
+        self._pump(now if at is None else max(now, at))
+
+    def _settle_error(self, request: Request[asyncio.Future[Any]], error: BaseException) -> None:
+        future = request.handle
+        if not future.done():
+            future.set_exception(error)
+
+    async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
+        loop = self._loop
+        assert loop is not None
+        started = loop.time()
+        live = [r for r in batch.requests if not r.handle.done()]
+        try:
+            if live:
+                _log.debug(
+                    "batch.dispatched",
+                    batcher=self.name,
+                    batch_id=batch.batch_id,
+                    batch_size=len(live),
+                    units=batch.units,
+                    queue_wait_ms=round((started - batch.requests[0].arrival_s) * 1e3, 3),
+                    queue_depth=self._engine.queue_depth,
+                )
+                await self._execute(live)
+        finally:
+            ended = loop.time()
+            self._engine.complete(batch)
+            if live:
+                self.recorder.record_batch(ended, len(live), batch.units, ended - started)
+            self._pump(ended)
+
+    async def _execute(self, requests: list[Any]) -> None:
+        """Run ``requests`` through the model and settle each; split on OOM or when bisecting."""
+        items = [r.item for r in requests]
+        units = len(items) if self._size_fn is None else sum(r.size for r in requests)
+        try:
+            results = await self._call_model(items, units)
+        except Exception as exc:
+            oom = self._is_oom(exc)
+            self.recorder.oom_errors += oom
+            if len(requests) > 1 and (oom or self._bisect):
+                _log.warning(
+                    "batch.split",
+                    batcher=self.name,
+                    batch_size=len(requests),
+                    out_of_memory=oom,
+                    error=repr(exc),
+                )
+                middle = len(requests) // 2
+                await self._execute([r for r in requests[:middle] if not r.handle.done()])
+                await self._execute([r for r in requests[middle:] if not r.handle.done()])
+                return
+            self._fail_all(requests, exc)
+            return
+        except BaseException as exc:
+            self._fail_all(requests, exc)
+            raise
+        self._scatter(requests, results)
+
+    async def _call_model(self, items: list[Any], units: int) -> Sequence[Any]:
+        if not items:
+            return []
+        batch = items
+        if self._buckets:
+            index = bisect.bisect_left(self._buckets, units)
+            target = self._buckets[min(index, len(self._buckets) - 1)]
+            if target > units:
+                batch = self._pad_fn(list(items), target)
+        results = await self._executor.run(batch)
+        try:
+            count = len(results)
+        except TypeError:
+            raise ResultCountError(
+                f"model returned {type(results).__name__}, expected a sequence of "
+                f"{len(batch)} results"
+            ) from None
+        if count != len(batch):
+            raise ResultCountError(f"model returned {count} results for a batch of {len(batch)}")
+        return results if batch is items else results[: len(items)]
+
+    def _fail_all(self, requests: list[Any], exc: BaseException) -> None:
+        _log.warning("batch.failed", batcher=self.name, batch_size=len(requests), error=repr(exc))
+        for request in requests:
+            future = request.handle
+            if not future.done():
+                error: BatcherError = (
+                    ResultCountError(str(exc))
+                    if isinstance(exc, ResultCountError)
+                    else BatchFailedError(exc, len(requests))
+                )
+                future.set_exception(error)
+                self.recorder.failed += 1
+
+    def _scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        record = self.recorder.latency.record
+        completed = failed = 0
+        for request, result in zip(requests, results, strict=True):
+            future = request.handle
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+                failed += 1
+            else:
+                future.set_result(result)
+                completed += 1
+            record(now - request.arrival_s, now)
+        self.recorder.completed += completed
+        self.recorder.failed += failed
+
+
+def _check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
+    if batch_sizes is None:
+        return ()
+    buckets = tuple(batch_sizes)
+    for size in buckets:
+        check_int("batch_sizes item", size, 1)
+    if not buckets or any(b >= a for a, b in zip(buckets[1:], buckets, strict=False)):
+        raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {buckets}")
+    if cap > buckets[-1]:
+        raise ValueError(
+            f"max_batch_size ({cap}) must not exceed the largest of batch_sizes ({buckets[-1]})"
+        )
+    return buckets
+
+
+def _powers_of_two_upto(cap: int) -> tuple[int, ...]:
+    sizes = [1 << k for k in range(int(math.log2(cap)) + 1)]
+    return tuple(sizes) if sizes[-1] == cap else (*sizes, cap)

@@ -1,0 +1,119 @@
+"""Adapters between a list of items (what the batcher hands over) and one tensor (what models take).
+
+* :func:`stacked` — items are single samples of shape ``S``; the model takes ``(n, *S)``.
+* :func:`concat_rows` — items are row blocks of shape ``(r_i, *S)``; the model takes
+  ``(sum r_i, *S)``; each caller gets back exactly its own ``r_i`` rows. Pair it with
+  ``size_fn=row_count`` so the batch cap counts rows.
+* :func:`repeat_last` — the default padding: fill a batch up to a bucket size by repeating the
+  last item (the padded results are dropped before anyone sees them); :func:`pad_rows` does the
+  same for row blocks, with one block of zero rows.
+
+Arrays may be ``torch.Tensor`` or ``numpy.ndarray``; the adapters keep sync models sync and async
+models async, so the executor choice is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from adaptive_batcher.runtime.executors import is_async_callable
+
+__all__ = ["concat_rows", "pad_rows", "repeat_last", "row_count", "stacked"]
+
+
+def repeat_last(items: list[Any], target_size: int) -> list[Any]:
+    """Pad ``items`` to ``target_size`` items by repeating the last one."""
+    return items + [items[-1]] * (target_size - len(items))
+
+
+def pad_rows(items: list[Any], target_size: int) -> list[Any]:
+    """Pad row blocks to ``target_size`` rows in total with one extra all-zero block.
+
+    The zero block takes the shape and dtype of the last item's rows; its result is dropped.
+    """
+    missing = target_size - sum(row_count(i) for i in items)
+    if missing <= 0:
+        return items
+    last = items[-1]
+    if _is_torch(last):
+        import torch
+
+        block: Any = torch.zeros((missing, *last.shape[1:]), dtype=last.dtype, device=last.device)
+    else:
+        block = np.zeros((missing, *last.shape[1:]), dtype=last.dtype)
+    return [*items, block]
+
+
+def row_count(item: Any) -> int:
+    """Size function for row blocks: ``item.shape[0]`` (rows), or ``len(item)``."""
+    shape = getattr(item, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    return len(item)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _stack(items: list[Any]) -> Any:
+    if _is_torch(items[0]):
+        import torch
+
+        return torch.stack(items)
+    return np.stack(items)
+
+
+def _concat(items: list[Any]) -> Any:
+    if _is_torch(items[0]):
+        import torch
+
+        return torch.cat(items, dim=0)
+    return np.concatenate(items, axis=0)
+
+
+def _split_rows(output: Any, counts: list[int]) -> list[Any]:
+    if _is_torch(output):
+        return list(output.split(counts, dim=0))
+    return list(np.split(output, np.cumsum(counts)[:-1], axis=0))
+
+
+def _unstack(output: Any) -> list[Any]:
+    return list(output.unbind(0)) if _is_torch(output) else list(output)
+
+
+def _adapt(
+    fn: Callable[[Any], Any],
+    collate: Callable[[list[Any]], Any],
+    scatter: Callable[[Any, list[Any]], list[Any]],
+) -> Callable[[list[Any]], Any]:
+    if is_async_callable(fn):
+
+        @functools.wraps(fn)
+        async def run_async(items: list[Any]) -> list[Any]:
+            return scatter(await fn(collate(items)), items)
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(items: list[Any]) -> list[Any]:
+        return scatter(fn(collate(items)), items)
+
+    return run
+
+
+def stacked(fn: Callable[[Any], Any]) -> Callable[[list[Any]], Sequence[Any]]:
+    """Wrap ``fn(x: (n, *S)) -> (n, *T)`` as a batch model over items of shape ``S``."""
+    return _adapt(fn, _stack, lambda out, _items: _unstack(out))
+
+
+def concat_rows(fn: Callable[[Any], Any]) -> Callable[[list[Any]], Sequence[Any]]:
+    """Wrap ``fn(x: (N, *S)) -> (N, *T)`` as a batch model over row blocks ``(r_i, *S)``.
+
+    Each caller receives the ``r_i`` output rows that correspond to its own input rows.
+    """
+    return _adapt(fn, _concat, lambda out, items: _split_rows(out, [row_count(i) for i in items]))

@@ -1,0 +1,185 @@
+"""How a batch reaches the model: on the event loop, in a worker thread, or split for CUDA.
+
+Each executor is an object with ``async run(items) -> results``. Measured on an H200
+(../shared/profiles/h200/executor_diag_*.csv): a worker thread fighting the event loop for the GIL
+made each resnet50 batch 2-5x slower, while launching kernels on the loop thread and waiting for a
+CUDA event in a worker thread ("split", :class:`CudaExecutor`) gave p50 6-8 ms and p99 11-14 ms at
+2000-12000 req/s. CPU models (torch releases the GIL inside kernels) run well in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "AsyncExecutor",
+    "BatchExecutor",
+    "CudaExecutor",
+    "ExecutorKind",
+    "InlineExecutor",
+    "ThreadExecutor",
+    "make_executor",
+]
+
+ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
+EXECUTOR_KINDS: tuple[str, ...] = ("auto", "async", "inline", "thread", "cuda")
+
+
+class BatchExecutor(Protocol):
+    """Runs the model on one batch and returns its results (one per item)."""
+
+    async def run(self, items: list[Any]) -> Sequence[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncExecutor:
+    """Awaits an ``async def model(batch)`` on the event loop."""
+
+    def __init__(self, fn: Callable[[list[Any]], Awaitable[Sequence[Any]]]) -> None:
+        self._fn = fn
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        return await self._fn(items)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class InlineExecutor:
+    """Calls a sync model on the event-loop thread (lowest overhead; blocks the loop meanwhile)."""
+
+    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]]) -> None:
+        self._fn = fn
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        return self._fn(items)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _PoolOwner:
+    """Owns a thread pool created on first use and shut down by ``close``."""
+
+    def __init__(self, workers: int, prefix: str) -> None:
+        self._workers = workers
+        self._prefix = prefix
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=self._prefix)
+        return self._pool
+
+    def close(self) -> None:
+        """Shut the pool down (running calls finish first)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
+class ThreadExecutor(_PoolOwner):
+    """Runs a sync model in a worker thread (one worker per execution slot)."""
+
+    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], workers: int = 1) -> None:
+        super().__init__(workers, "adaptive-batcher-model")
+        self._fn = fn
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._get_pool(), self._fn, items)
+
+
+class CompletionEvent(Protocol):
+    """The part of ``torch.cuda.Event`` the CUDA executor uses."""
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+def _torch_cuda_event() -> CompletionEvent:
+    import torch  # imported here so the package imports without torch
+
+    event: CompletionEvent = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    return event
+
+
+class CudaExecutor(_PoolOwner):
+    """ "Split" execution: launch the model's kernels on the loop thread, wait off the loop.
+
+    The model is called on the event-loop thread, so kernel launches never compete with the loop
+    for the GIL; an event is recorded on the current CUDA stream after the call and a worker thread
+    blocks in ``event.synchronize()`` while the loop keeps serving. The results are returned once
+    the GPU has finished them.
+
+    Args:
+        fn: sync model that enqueues CUDA work and returns (possibly not yet computed) results.
+        event_factory: makes a fresh completion event; defaults to ``torch.cuda.Event``. Tests pass
+            a fake (see ``adaptive_batcher.testing.FakeCudaEvent``), so this runs without a GPU.
+        workers: waiter threads (one per execution slot).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[list[Any]], Sequence[Any]],
+        event_factory: Callable[[], CompletionEvent] | None = None,
+        workers: int = 1,
+    ) -> None:
+        super().__init__(workers, "adaptive-batcher-cuda-wait")
+        self._fn = fn
+        self._event_factory = event_factory or _torch_cuda_event
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        results = self._fn(items)
+        event = self._event_factory()
+        event.record()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._get_pool(), event.synchronize)
+        return results
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """True for ``async def`` functions and objects whose ``__call__`` is ``async def``."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def make_executor(
+    fn: Callable[[list[Any]], Any],
+    kind: str,
+    workers: int,
+    event_factory: Callable[[], CompletionEvent] | None = None,
+) -> BatchExecutor:
+    """Build the executor for ``kind``.
+
+    ``"auto"`` picks :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor`
+    otherwise.
+
+    Raises:
+        ValueError: unknown ``kind``.
+        TypeError: an ``async def`` model with a sync executor kind, or the reverse.
+    """
+    if kind not in EXECUTOR_KINDS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
+    is_async = is_async_callable(fn)
+    if kind == "auto":
+        kind = "async" if is_async else "thread"
+    if kind == "async":
+        if not is_async:
+            raise TypeError("executor='async' needs an async def model")
+        return AsyncExecutor(fn)
+    if is_async:
+        raise TypeError(f"executor={kind!r} needs a sync model; an async def model uses 'async'")
+    if kind == "inline":
+        return InlineExecutor(fn)
+    if kind == "thread":
+        return ThreadExecutor(fn, workers)
+    return CudaExecutor(fn, event_factory, workers)
