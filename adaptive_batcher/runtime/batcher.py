@@ -211,7 +211,9 @@ class AdaptiveBatcher(Generic[X, Y]):
             ResultCountError: the model returned the wrong number of results.
             Exception: whatever exception instance the model returned in this request's slot.
         """
-        loop = self._loop or self._bind()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._bind()
         now = loop.time()
         deadline_s = None
         if deadline_ms is not None:
@@ -307,7 +309,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         Raises:
             Exception: whatever the model raises (warm-up failures are not hidden).
         """
-        loop = self._loop or self._bind()
+        loop = self._bind()
         sizes = self._buckets or _powers_of_two_upto(self._engine.hard_max_batch_size)
         timings: dict[int, float] = {}
         for size in sizes:
@@ -354,7 +356,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._executor.close()
 
     async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
-        self._loop or self._bind()
+        self._bind()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

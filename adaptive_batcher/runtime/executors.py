@@ -103,6 +103,15 @@ class CompletionEvent(Protocol):
     def synchronize(self) -> None: ...
 
 
+def _require_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("executor='cuda' needs torch with CUDA; torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("executor='cuda' needs a CUDA device; torch.cuda.is_available() is False")
+
+
 def _torch_cuda_event() -> CompletionEvent:
     import torch  # imported here so the package imports without torch
 
@@ -123,6 +132,9 @@ class CudaExecutor(_PoolOwner):
         event_factory: makes a fresh completion event; defaults to ``torch.cuda.Event``. Tests pass
             a fake (see ``adaptive_batcher.testing.FakeCudaEvent``), so this runs without a GPU.
         workers: waiter threads (one per execution slot).
+
+    Raises:
+        RuntimeError: with the default event factory, when torch or a CUDA device is missing.
     """
 
     def __init__(
@@ -133,6 +145,8 @@ class CudaExecutor(_PoolOwner):
     ) -> None:
         super().__init__(workers, "adaptive-batcher-cuda-wait")
         self._fn = fn
+        if event_factory is None:
+            _require_cuda()
         self._event_factory = event_factory or _torch_cuda_event
 
     async def run(self, items: list[Any]) -> Sequence[Any]:

@@ -1,0 +1,238 @@
+"""The sans-IO engine, one event at a time, with exact times."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive_batcher.engine import (
+    BatchingEngine,
+    Dispatch,
+    EngineLimits,
+    Expire,
+    Request,
+    RequestState,
+    SetTimer,
+)
+from adaptive_batcher.errors import BatcherClosedError, ItemTooLargeError, QueueFullError
+
+
+def make_engine(
+    window_s: float = 0.010, cap: int = 4, slots: int = 1, **kwargs: int | None
+) -> BatchingEngine[int]:
+    return BatchingEngine(EngineLimits(window_s, cap, slots), **kwargs)  # type: ignore[arg-type]
+
+
+def dispatched(actions: list[object]) -> list[list[int]]:
+    return [[r.handle for r in a.batch.requests] for a in actions if isinstance(a, Dispatch)]
+
+
+def timer(actions: list[object]) -> float | None:
+    last = actions[-1]
+    assert isinstance(last, SetTimer)
+    return last.at_s
+
+
+def test_window_counts_from_oldest_arrival() -> None:
+    engine = make_engine(window_s=0.010)
+    assert engine.arrive(Request(1, 1.000), 1.000) is True  # first arrival: a timer is needed
+    assert timer(engine.poll(1.000)) == pytest.approx(1.010)
+    engine.arrive(Request(2, 1.006), 1.006)
+    actions = engine.poll(1.009)
+    assert dispatched(actions) == []
+    assert timer(actions) == pytest.approx(1.010)  # not moved by the second arrival
+    assert dispatched(engine.poll(1.010)) == [[1, 2]]
+
+
+def test_full_cap_dispatches_without_waiting_for_window() -> None:
+    engine = make_engine(window_s=10.0, cap=3)
+    for i in range(3):
+        needs_poll = engine.arrive(Request(i, 0.0), 0.0)
+    assert needs_poll is True
+    assert dispatched(engine.poll(0.0)) == [[0, 1, 2]]
+
+
+def test_leftovers_after_full_batch_go_at_their_window_without_new_arrival() -> None:
+    engine = make_engine(window_s=0.100, cap=4)
+    for i in range(10):
+        engine.arrive(Request(i, 0.0), 0.0)
+    first = engine.poll(0.0)
+    assert dispatched(first) == [[0, 1, 2, 3]]
+    assert timer(first) is None  # slot busy: completion, not a timer, wakes the engine
+    engine.complete(first[0].batch)  # type: ignore[union-attr]
+    second = engine.poll(0.010)
+    assert dispatched(second) == [[4, 5, 6, 7]]  # full cap queued: goes at once
+    engine.complete(second[0].batch)  # type: ignore[union-attr]
+    third = engine.poll(0.020)
+    assert dispatched(third) == []
+    assert timer(third) == pytest.approx(0.100)  # the leftovers' own window, from arrival at 0
+    assert dispatched(engine.poll(0.100)) == [[8, 9]]
+
+
+def test_window_zero_batches_what_queued_while_busy() -> None:
+    engine = make_engine(window_s=0.0, cap=100)
+    engine.arrive(Request(0, 0.000), 0.000)
+    first = engine.poll(0.000)
+    assert dispatched(first) == [[0]]
+    for i, t in enumerate([0.001, 0.002, 0.003, 0.004], start=1):
+        assert engine.arrive(Request(i, t), t) is False  # slot busy: nothing to do yet
+    assert dispatched(engine.poll(0.004)) == []
+    engine.complete(first[0].batch)  # type: ignore[union-attr]
+    assert dispatched(engine.poll(0.050)) == [[1, 2, 3, 4]]
+
+
+def test_batch_keeps_growing_until_a_slot_frees() -> None:
+    engine = make_engine(window_s=0.001, cap=100)
+    engine.arrive(Request(0, 0.0), 0.0)
+    first = engine.poll(0.001)
+    for i in range(1, 6):
+        engine.arrive(Request(i, 0.002 * i), 0.002 * i)
+    assert dispatched(engine.poll(0.011)) == []  # window passed, but no slot
+    engine.complete(first[0].batch)  # type: ignore[union-attr]
+    assert dispatched(engine.poll(0.012)) == [[1, 2, 3, 4, 5]]
+
+
+def test_units_overflow_defers_the_item_in_fifo_order() -> None:
+    engine = make_engine(window_s=0.0, cap=32, slots=3)
+    sizes = [7, 32, 7, 20, 5]
+    for i, size in enumerate(sizes):
+        engine.arrive(Request(i, 0.0, size=size), 0.0)
+    batches = dispatched(engine.poll(0.0))
+    assert batches == [[0], [1], [2, 3, 4]]
+    assert all(sum(sizes[i] for i in b) <= 32 for b in batches)
+
+
+def test_item_over_hard_cap_is_rejected_and_over_current_cap_runs_alone() -> None:
+    engine = make_engine(window_s=0.0, cap=8, hard_max_batch_size=16)
+    with pytest.raises(ItemTooLargeError, match=r"item size 17 is outside 1\.\.16"):
+        engine.arrive(Request(0, 0.0, size=17), 0.0)
+    engine.arrive(Request(1, 0.0, size=12), 0.0)  # fits the hard cap, not the current cap
+    engine.arrive(Request(2, 0.0, size=1), 0.0)
+    assert dispatched(engine.poll(0.0)) == [[1]]
+
+
+def test_queue_full_rejects_at_once_and_counts_only_queued() -> None:
+    engine = make_engine(window_s=0.0, cap=1, max_queue_size=2)
+    engine.arrive(Request(0, 0.0), 0.0)
+    engine.poll(0.0)  # 0 is running, not queued
+    engine.arrive(Request(1, 0.01), 0.01)
+    engine.arrive(Request(2, 0.02), 0.02)
+    rejected = Request(3, 0.03)
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests queued\)"):
+        engine.arrive(rejected, 0.03)
+    assert rejected.state == RequestState.REJECTED
+    assert engine.queue_depth == 2
+
+
+def test_deadline_expires_on_timer_while_slot_is_busy() -> None:
+    engine = make_engine(window_s=0.0, cap=8)
+    engine.arrive(Request(0, 0.0), 0.0)
+    engine.poll(0.0)
+    late = Request(1, 0.010, deadline_s=0.110)
+    assert engine.arrive(late, 0.010) is True  # the timer must move to the deadline
+    assert timer(engine.poll(0.010)) == pytest.approx(0.110)
+    actions = engine.poll(0.110)
+    assert [a.request.handle for a in actions if isinstance(a, Expire)] == [1]
+    assert late.state == RequestState.EXPIRED
+    assert engine.queue_depth == 0
+
+
+def test_cancelled_requests_are_skipped_and_not_counted() -> None:
+    engine = make_engine(window_s=0.010, cap=3)
+    requests = [Request(i, 0.0) for i in range(5)]
+    for r in requests:
+        engine.arrive(r, 0.0)
+    assert engine.cancel(requests[0]) is True
+    assert engine.cancel(requests[0]) is False
+    engine.cancel(requests[2])
+    assert engine.queue_depth == 3
+    assert dispatched(engine.poll(0.0)) == [[1, 3, 4]]  # cap 3 reached by live requests only
+
+
+def test_only_cancelled_requests_form_no_batch() -> None:
+    engine = make_engine(window_s=0.010, cap=4)
+    requests = [Request(i, 0.0) for i in range(2)]
+    for r in requests:
+        engine.arrive(r, 0.0)
+        engine.cancel(r)
+    actions = engine.poll(1.0)
+    assert dispatched(actions) == []
+    assert timer(actions) is None
+    assert engine.idle
+
+
+def test_window_restarts_from_next_live_request_when_head_is_cancelled() -> None:
+    engine = make_engine(window_s=0.010, cap=4)
+    first, second = Request(0, 0.000), Request(1, 0.005)
+    engine.arrive(first, 0.000)
+    engine.arrive(second, 0.005)
+    engine.cancel(first)
+    actions = engine.poll(0.010)
+    assert dispatched(actions) == []
+    assert timer(actions) == pytest.approx(0.015)
+
+
+def test_close_without_drain_returns_queued_and_rejects_arrivals() -> None:
+    engine = make_engine(window_s=1.0, cap=4)
+    requests = [Request(i, 0.0) for i in range(3)]
+    for r in requests:
+        engine.arrive(r, 0.0)
+    engine.cancel(requests[1])
+    dropped = engine.close(drain=False)
+    assert [r.handle for r in dropped] == [0, 2]
+    assert engine.idle
+    with pytest.raises(BatcherClosedError, match="batcher is closed"):
+        engine.arrive(Request(9, 0.1), 0.1)
+
+
+def test_close_with_drain_dispatches_without_waiting_for_window() -> None:
+    engine = make_engine(window_s=10.0, cap=4)
+    for i in range(6):
+        engine.arrive(Request(i, 0.0), 0.0)
+    first = engine.poll(0.0)
+    assert dispatched(first) == [[0, 1, 2, 3]]
+    assert engine.close(drain=True) == []
+    engine.complete(first[0].batch)  # type: ignore[union-attr]
+    assert dispatched(engine.poll(0.001)) == [[4, 5]]
+
+
+def test_concurrent_slots_limit_batches_in_flight() -> None:
+    engine = make_engine(window_s=0.0, cap=2, slots=2)
+    for i in range(7):
+        engine.arrive(Request(i, 0.0), 0.0)
+    assert dispatched(engine.poll(0.0)) == [[0, 1], [2, 3]]
+    assert engine.in_flight == 2
+
+
+def test_set_limits_applies_at_next_poll_and_checks_hard_cap() -> None:
+    engine = make_engine(window_s=1.0, cap=8, hard_max_batch_size=8)
+    for i in range(3):
+        engine.arrive(Request(i, 0.0), 0.0)
+    engine.set_limits(EngineLimits(window_s=0.0, max_batch_size=2))
+    assert dispatched(engine.poll(0.0)) == [[0, 1]]
+    with pytest.raises(ValueError, match="max_batch_size 9 exceeds the hard cap 8"):
+        engine.set_limits(EngineLimits(window_s=0.0, max_batch_size=9))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window_s": -1.0, "max_batch_size": 1}, "window_s must be >= 0, got -1.0"),
+        ({"window_s": 0.0, "max_batch_size": 0}, "max_batch_size must be >= 1, got 0"),
+        (
+            {"window_s": 0.0, "max_batch_size": 1, "max_concurrent_batches": 0},
+            "max_concurrent_batches must be >= 1, got 0",
+        ),
+    ],
+)
+def test_limits_validation_messages(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_complete_without_batch_in_flight_is_an_error() -> None:
+    engine = make_engine()
+    engine.arrive(Request(0, 0.0), 0.0)
+    batch = engine.poll(1.0)[0].batch  # type: ignore[union-attr]
+    engine.complete(batch)
+    with pytest.raises(RuntimeError, match="no batch in flight"):
+        engine.complete(batch)

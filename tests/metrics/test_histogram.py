@@ -1,0 +1,75 @@
+"""Sliding-window log-bucket histogram: ~1 % relative error, expiry by slices."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_batcher.metrics import SlidingHistogram
+from adaptive_batcher.metrics.histogram import GAMMA
+
+BOUND = (GAMMA - 1) / (GAMMA + 1) + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(1e-5, 100.0), min_size=1, max_size=400),
+    q=st.sampled_from([0.5, 0.9, 0.95, 0.99, 1.0]),
+)
+def test_quantiles_within_one_percent_of_exact(values: list[float], q: float) -> None:
+    histogram = SlidingHistogram(window_s=10.0)
+    for v in values:
+        histogram.record(v, now=0.0)
+    exact_ms = float(np.quantile(values, q, method="inverted_cdf")) * 1e3
+    got_ms = histogram.quantile_ms(q, now=0.0)
+    assert abs(got_ms - exact_ms) <= BOUND * exact_ms
+
+
+def test_summary_matches_single_quantiles_and_counts() -> None:
+    histogram = SlidingHistogram()
+    values = [0.001 * i for i in range(1, 1001)]
+    histogram.record_many(values, now=0.0)
+    summary = histogram.quantiles(now=0.0)
+    assert summary.count == 1000
+    assert summary.p99_ms == histogram.quantile_ms(0.99, now=0.0)
+    assert summary.p50_ms == pytest.approx(500, rel=0.01)
+    assert summary.max_ms == pytest.approx(1000, rel=0.01)
+    assert summary.mean_ms == pytest.approx(500.5, rel=1e-9)
+    assert summary.quantile_ms(0.99) == summary.p99_ms
+
+
+def test_old_samples_leave_the_window_slice_by_slice() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    histogram.record(1.0, now=0.0)  # slow sample at t=0
+    for t in range(1, 10):
+        histogram.record(0.001, now=float(t))
+    assert histogram.quantile_ms(1.0, now=9.5) == pytest.approx(1000, rel=0.01)
+    assert histogram.quantile_ms(1.0, now=10.5) == pytest.approx(1, rel=0.01)
+    assert histogram.count(now=10.5) == 9
+    assert histogram.count(now=1000.0) == 0
+    assert math.isnan(histogram.quantiles(now=1000.0).p99_ms)
+
+
+def test_tiny_and_huge_values_are_clamped_not_lost() -> None:
+    histogram = SlidingHistogram()
+    histogram.record(0.0, now=0.0)
+    histogram.record(1e9, now=0.0)
+    assert histogram.count(now=0.0) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"window_s": 0}, "window_s must be > 0, got 0"), ({"slices": 0}, "slices must be >= 1")],
+)
+def test_validation(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SlidingHistogram(**kwargs)  # type: ignore[arg-type]
+
+
+def test_quantile_argument_validation() -> None:
+    with pytest.raises(ValueError, match=r"q must be in \(0, 1\], got 0"):
+        SlidingHistogram().quantile_ms(0, now=0.0)

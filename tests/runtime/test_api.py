@@ -1,0 +1,210 @@
+"""Public API: names, argument validation messages, buckets, warm-up, decorator, stats, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import adaptive_batcher
+from adaptive_batcher import (
+    SLO,
+    AdaptiveBatcher,
+    ItemTooLargeError,
+    batched,
+    pad_rows,
+    row_count,
+)
+from adaptive_batcher.testing import EchoModel
+
+
+def test_public_names() -> None:
+    for name in (
+        "AdaptiveBatcher",
+        "SLO",
+        "BatcherError",
+        "QueueFullError",
+        "DeadlineExceededError",
+        "BatcherClosedError",
+        "batched",
+    ):
+        assert name in adaptive_batcher.__all__
+    for name in adaptive_batcher.__all__:
+        assert hasattr(adaptive_batcher, name), name
+
+
+def identity(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be >= 1, got 0"),
+        ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be an int, got float"),
+        ({"max_batch_size": True}, TypeError, "max_batch_size must be an int, got bool"),
+        ({"window_ms": -1}, ValueError, "window_ms must be a finite number >= 0, got -1"),
+        ({"window_ms": float("nan")}, ValueError, "window_ms must be a finite number >= 0"),
+        ({"window_ms": "5"}, TypeError, "window_ms must be a number, got str"),
+        ({"max_concurrent_batches": 0}, ValueError, "max_concurrent_batches must be >= 1, got 0"),
+        ({"max_queue_size": 0}, ValueError, "max_queue_size must be >= 1, got 0"),
+        ({"size_fn": 3}, TypeError, "size_fn must be callable, got int"),
+        ({"slo": 100}, TypeError, "slo must be an SLO, got int"),
+        ({"batch_sizes": [4, 2]}, ValueError, "batch_sizes must be non-empty and strictly"),
+        ({"batch_sizes": []}, ValueError, "batch_sizes must be non-empty and strictly"),
+        (
+            {"batch_sizes": [1, 2, 4], "max_batch_size": 8},
+            ValueError,
+            r"max_batch_size \(8\) must not exceed the largest of batch_sizes \(4\)",
+        ),
+        (
+            {"batch_sizes": [1, 2], "max_batch_size": 2, "size_fn": len},
+            ValueError,
+            "pad_fn is required when both size_fn and batch_sizes are given",
+        ),
+    ],
+)
+def test_constructor_errors_are_exact(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        AdaptiveBatcher(identity, **kwargs)
+
+
+def test_model_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="model must be callable, got str"):
+        AdaptiveBatcher("model")  # type: ignore[arg-type]
+
+
+async def test_bad_submit_arguments_raise_and_leave_nothing_queued() -> None:
+    async with AdaptiveBatcher(identity, size_fn=len, max_batch_size=4) as batcher:
+        with pytest.raises(ValueError, match="deadline_ms must be a finite number > 0, got 0"):
+            await batcher.submit("ab", deadline_ms=0)
+        with pytest.raises(ValueError, match=r"size_fn must return an int >= 1, got 0"):
+            await batcher.submit("")
+        with pytest.raises(ItemTooLargeError, match=r"item size 5 is outside 1\.\.4"):
+            await batcher.submit("abcde")
+        assert batcher.stats().queue_depth == 0
+        assert await batcher.submit("abcd") == "abcd"
+    assert batcher.stats().counts.rejected == 1
+
+
+async def test_buckets_pad_up_and_drop_padding_results() -> None:
+    model = EchoModel()
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=2, batch_sizes=[1, 2, 4, 8]
+    ) as batcher:
+        assert await batcher.submit_many([10, 11, 12]) == [10, 11, 12]
+        assert await batcher.submit_many(range(5)) == list(range(5))
+    assert model.sizes == [4, 8]
+    assert model.batches[0] == [10, 11, 12, 12]  # padded by repeating the last item
+
+
+async def test_warmup_runs_every_bucket_once_before_serving() -> None:
+    model = EchoModel()
+    batcher = AdaptiveBatcher(model, max_batch_size=8, window_ms=1, batch_sizes=[1, 2, 4, 8])
+    timings = await batcher.warmup(lambda: 0)
+    assert sorted(timings) == [1, 2, 4, 8]
+    assert model.sizes == [1, 2, 4, 8]
+    assert batcher.warmed_sizes == frozenset({1, 2, 4, 8})
+    await batcher.aclose()
+
+
+async def test_warmup_without_buckets_uses_powers_of_two_and_the_cap() -> None:
+    model = EchoModel()
+    batcher = AdaptiveBatcher(model, max_batch_size=12, window_ms=1)
+    await batcher.warmup(lambda: 0)
+    assert model.sizes == [1, 2, 4, 8, 12]
+    await batcher.aclose()
+
+
+async def test_row_buckets_pad_with_a_zero_block() -> None:
+    import numpy as np
+
+    seen_rows: list[int] = []
+
+    def model(batch: list[Any]) -> list[Any]:
+        seen_rows.append(sum(row_count(b) for b in batch))
+        return [b * 3 for b in batch]
+
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=1, size_fn=row_count, batch_sizes=[4, 8],
+        pad_fn=pad_rows, executor="inline",
+    ) as batcher:
+        x = np.ones((3, 2))
+        np.testing.assert_array_equal(await batcher.submit(x), x * 3)
+    assert seen_rows == [4]
+
+
+async def test_function_decorator() -> None:
+    calls: list[int] = []
+
+    @batched(max_batch_size=16, window_ms=2)
+    async def double(batch: list[int]) -> list[int]:
+        calls.append(len(batch))
+        return [2 * x for x in batch]
+
+    assert await asyncio.gather(*(double(i) for i in range(10))) == [2 * i for i in range(10)]
+    assert calls == [10]
+    await double.aclose()
+
+
+async def test_method_decorator_gives_each_instance_its_own_batcher() -> None:
+    class Scaler:
+        def __init__(self, factor: int) -> None:
+            self.factor = factor
+
+        @batched(max_batch_size=8, window_ms=1, executor="inline")
+        def scale(self, batch: list[int]) -> list[int]:
+            return [self.factor * x for x in batch]
+
+    a, b = Scaler(2), Scaler(3)
+    results = await asyncio.gather(a.scale(1), b.scale(1), a.scale(5))
+    assert results == [2, 3, 10]
+    assert a.scale.batcher is not b.scale.batcher
+    await a.scale.aclose()
+    await b.scale.aclose()
+
+
+def test_decorator_validates_options_at_decoration_time() -> None:
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1, got 0"):
+
+        @batched(max_batch_size=0)
+        def model(batch: list[int]) -> list[int]:  # pragma: no cover - never called
+            return batch
+
+
+async def test_stats_snapshot_is_frozen_and_complete() -> None:
+    slo = SLO(p99_ms=50)
+    async with AdaptiveBatcher(EchoModel(), max_batch_size=4, window_ms=1, slo=slo) as batcher:
+        await batcher.submit_many(range(10))
+        stats = batcher.stats()
+    assert stats.slo is slo
+    assert stats.counts.submitted == 10 and stats.counts.completed == 10
+    assert sum(size * n for size, n in stats.batch_sizes.items()) == 10
+    assert stats.latency.count == 10 and stats.latency.p99_ms >= stats.latency.p50_ms > 0
+    assert stats.window_ms == 1.0 and stats.max_batch_size == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.queue_depth = 3  # type: ignore[misc]
+
+
+async def test_set_limits_applies_to_next_batch() -> None:
+    model = EchoModel()
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1000) as batcher:
+        batcher.set_limits(window_ms=0, max_batch_size=2)
+        assert await batcher.submit_many(range(4)) == [0, 1, 2, 3]
+        with pytest.raises(ValueError, match="exceeds the hard cap 8"):
+            batcher.set_limits(max_batch_size=9)
+    assert model.sizes == [2, 2]
+
+
+async def test_dispatch_log_event_has_stable_name_and_unit_keys() -> None:
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(EchoModel(), max_batch_size=4, window_ms=1) as batcher:
+            await batcher.submit_many(range(3))
+    event = next(e for e in logs if e["event"] == "batch.dispatched")
+    assert event["batch_size"] == 3 and event["units"] == 3
+    assert event["queue_wait_ms"] >= 0 and event["batcher"] == "batcher"

@@ -1,0 +1,114 @@
+"""Failure isolation: per-slot exceptions, whole-batch failures, bisection, OOM split, counts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from adaptive_batcher import (
+    AdaptiveBatcher,
+    BatcherError,
+    BatchFailedError,
+    ResultCountError,
+)
+from adaptive_batcher.testing import EchoModel
+
+
+async def gather_outcomes(batcher: AdaptiveBatcher[Any, Any], items: list[Any]) -> list[Any]:
+    return await asyncio.gather(*(batcher.submit(i) for i in items), return_exceptions=True)
+
+
+async def test_exception_in_one_slot_fails_only_that_caller() -> None:
+    async def model(batch: list[int]) -> list[Any]:
+        return [KeyError(i) if i == 3 else i * 10 for i in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1) as batcher:
+        outcomes = await gather_outcomes(batcher, list(range(6)))
+    assert outcomes[:3] == [0, 10, 20] and outcomes[4:] == [40, 50]
+    assert isinstance(outcomes[3], KeyError)
+    assert batcher.stats().counts.failed == 1
+    assert batcher.stats().counts.completed == 5
+
+
+async def test_whole_batch_exception_fails_every_caller_with_cause() -> None:
+    model = EchoModel(fail_on=[2])
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1) as batcher:
+            outcomes = await gather_outcomes(batcher, [0, 1, 2, 3])
+    assert all(isinstance(o, BatchFailedError) for o in outcomes)
+    assert all(isinstance(o.__cause__, ValueError) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 4  # each caller gets its own exception object
+    assert str(outcomes[0]) == "model failed on a batch of 4: ValueError('poisoned item 2')"
+    failed = [e for e in logs if e["event"] == "batch.failed"]
+    assert failed and failed[0]["batch_size"] == 4 and failed[0]["log_level"] == "warning"
+
+
+async def test_bisect_isolates_the_poisoned_item() -> None:
+    model = EchoModel(fail_on=[5])
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=1, bisect_on_error=True
+    ) as batcher:
+        outcomes = await gather_outcomes(batcher, list(range(8)))
+    assert [o for i, o in enumerate(outcomes) if i != 5] == [0, 1, 2, 3, 4, 6, 7]
+    assert isinstance(outcomes[5], BatchFailedError)
+    assert outcomes[5].batch_size == 1
+    assert sorted(model.sizes) == sorted([8, 4, 4, 2, 2, 1, 1])
+
+
+async def test_out_of_memory_batch_is_split_and_nothing_is_lost() -> None:
+    sizes: list[int] = []
+
+    def model(batch: list[int]) -> list[int]:
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return [i + 1 for i in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1, executor="inline") as b:
+        outcomes = await gather_outcomes(b, list(range(8)))
+    assert outcomes == [i + 1 for i in range(8)]
+    assert sizes == [8, 4, 2, 2, 4, 2, 2]
+    assert b.stats().counts.oom_errors == 3
+
+
+@pytest.mark.parametrize("returned", [[1], [1, 2, 3, 4, 5], None])
+async def test_wrong_result_count_fails_every_caller_clearly(returned: Any) -> None:
+    def model(batch: list[int]) -> Any:
+        return returned
+
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=1, executor="inline") as b:
+        outcomes = await gather_outcomes(b, [0, 1, 2, 3])
+    assert all(isinstance(o, ResultCountError) for o in outcomes)
+    assert all(isinstance(o, BatcherError) for o in outcomes)
+    expected = (
+        "model returned NoneType, expected a sequence of 4 results"
+        if returned is None
+        else f"model returned {len(returned)} results for a batch of 4"
+    )
+    assert str(outcomes[0]) == expected
+
+
+async def test_a_failed_batch_does_not_stop_later_batches() -> None:
+    model = EchoModel(fail_on=["bad"])
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=0) as batcher:
+        first = await gather_outcomes(batcher, ["bad"])
+        second = await batcher.submit("good")
+    assert isinstance(first[0], BatchFailedError)
+    assert second == "good"
+
+
+async def test_cancelled_caller_while_its_batch_runs_breaks_nothing() -> None:
+    model = EchoModel(delay_s=0.030)
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=0) as batcher:
+        running = asyncio.create_task(batcher.submit("a"))
+        neighbour = asyncio.create_task(batcher.submit("b"))
+        await asyncio.sleep(0.010)
+        running.cancel()  # its batch already started: the result is dropped, not set
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert await neighbour == "b"
+        assert await batcher.submit("c") == "c"
+    assert model.seen == ["a", "b", "c"]
