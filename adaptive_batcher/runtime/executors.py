@@ -107,9 +107,11 @@ def _require_cuda() -> None:
     try:
         import torch
     except ImportError:
-        raise RuntimeError("executor='cuda' needs torch with CUDA; torch is not installed") from None
+        raise RuntimeError("executor='cuda' needs torch; it is not installed") from None
     if not torch.cuda.is_available():
-        raise RuntimeError("executor='cuda' needs a CUDA device; torch.cuda.is_available() is False")
+        raise RuntimeError(
+            "executor='cuda' needs a CUDA device (torch.cuda.is_available() is False)"
+        )
 
 
 def _torch_cuda_event() -> CompletionEvent:

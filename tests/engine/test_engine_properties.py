@@ -93,8 +93,12 @@ def run(ops: list[tuple[object, ...]], slots: int) -> Harness:
         kind = op[0]
         if kind == "arrive":
             _, size, rel_deadline = op
-            request = Request(len(h.requests), h.now, int(size),  # type: ignore[call-overload]
-                              None if rel_deadline is None else h.now + rel_deadline)
+            request = Request(
+                len(h.requests),
+                h.now,
+                int(size),  # type: ignore[call-overload]
+                None if rel_deadline is None else h.now + rel_deadline,
+            )
             h.requests.append(request)
             try:
                 if h.engine.arrive(request, h.now):

@@ -131,8 +131,13 @@ async def test_row_buckets_pad_with_a_zero_block() -> None:
         return [b * 3 for b in batch]
 
     async with AdaptiveBatcher(
-        model, max_batch_size=8, window_ms=1, size_fn=row_count, batch_sizes=[4, 8],
-        pad_fn=pad_rows, executor="inline",
+        model,
+        max_batch_size=8,
+        window_ms=1,
+        size_fn=row_count,
+        batch_sizes=[4, 8],
+        pad_fn=pad_rows,
+        executor="inline",
     ) as batcher:
         x = np.ones((3, 2))
         np.testing.assert_array_equal(await batcher.submit(x), x * 3)

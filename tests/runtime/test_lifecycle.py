@@ -53,9 +53,7 @@ async def test_submit_after_close_is_rejected() -> None:
     await batcher.aclose()
     with capture_logs() as logs, pytest.raises(BatcherClosedError, match="batcher is closed"):
         await batcher.submit(1)
-    assert [e["reason"] for e in logs if e["event"] == "request.rejected"] == [
-        "BatcherClosedError"
-    ]
+    assert [e["reason"] for e in logs if e["event"] == "request.rejected"] == ["BatcherClosedError"]
     assert batcher.stats().counts.rejected == 1
 
 

@@ -101,9 +101,7 @@ async def test_5_queue_limit_and_deadlines_on_timer() -> None:
         except DeadlineExceededError:
             outcomes[i] = ("deadline", now() - t0)
 
-    async with AdaptiveBatcher(
-        model, max_batch_size=8, window_ms=0, max_queue_size=2
-    ) as batcher:
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=0, max_queue_size=2) as batcher:
         t0 = now()
         tasks = []
         for i in range(6):
@@ -157,8 +155,11 @@ async def test_7_first_batch_closes_at_window_from_first_arrival() -> None:
 
 async def test_8_each_caller_gets_exactly_its_rows() -> None:
     """3 concurrent requests with inputs of 1 and 2 rows."""
-    inputs = [np.arange(1 * 4).reshape(1, 4), np.arange(8).reshape(2, 4) + 100,
-              np.arange(4).reshape(1, 4) + 200]
+    inputs = [
+        np.arange(1 * 4).reshape(1, 4),
+        np.arange(8).reshape(2, 4) + 100,
+        np.arange(4).reshape(1, 4) + 200,
+    ]
     async with AdaptiveBatcher(
         concat_rows(lambda x: x + 0.5), max_batch_size=8, window_ms=5, size_fn=row_count
     ) as batcher:
