@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 from collections.abc import Sequence
+
+import structlog
 
 __all__ = ["build_parser", "main"]
 
@@ -22,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="A dynamic batcher for ML inference whose window and batch cap tune "
         "themselves. Run a sub-command with --help for its options.",
     )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="show library log events at this level and above (default: warning)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         module = importlib.import_module(f"adaptive_batcher.cli.{name}_cmd")
@@ -32,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
+    # the command line is an application: it, not the library, decides what gets logged
+    level = logging.getLevelNamesMapping()[args.log_level.upper()]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
     status: int = args.func(args)
     return status
 

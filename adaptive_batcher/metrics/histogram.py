@@ -21,6 +21,8 @@ GAMMA = 1.02
 MIN_S = 1e-6
 MAX_S = 1e5
 _LOG_GAMMA = math.log(GAMMA)
+_INV_LOG_GAMMA = 1.0 / _LOG_GAMMA
+_INV_MIN_S = 1.0 / MIN_S
 _N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
 _REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
 
@@ -81,14 +83,21 @@ class SlidingHistogram:
         if value_s <= MIN_S:
             index = 0
         else:
-            index = min(int(math.log(value_s / MIN_S) / _LOG_GAMMA), _N_BUCKETS - 1)
+            index = min(int(math.log(value_s * _INV_MIN_S) * _INV_LOG_GAMMA), _N_BUCKETS - 1)
         self._counts[self._current][index] += 1
         self._sums[self._current] += value_s
 
     def record_many(self, values_s: list[float], now: float) -> None:
-        """Add several samples observed at ``now``."""
+        """Add several samples observed at ``now`` (one slice check for all of them)."""
+        if self._slice_end is None or now >= self._slice_end:
+            self._advance(now)
+        counts = self._counts[self._current]
+        log = math.log
+        top = _N_BUCKETS - 1
         for value in values_s:
-            self.record(value, now)
+            index = min(int(log(value * _INV_MIN_S) * _INV_LOG_GAMMA), top) if value > MIN_S else 0
+            counts[index] += 1
+        self._sums[self._current] += sum(values_s)
 
     def quantiles(self, now: float) -> Quantiles:
         """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``."""

@@ -31,6 +31,7 @@ from adaptive_batcher.engine import (
     EngineLimits,
     Expire,
     Request,
+    RequestState,
     SetTimer,
 )
 from adaptive_batcher.errors import (
@@ -102,7 +103,12 @@ class _Pending(Request[asyncio.Future[Any]]):
         size: int,
         deadline_s: float | None,
     ) -> None:
-        super().__init__(future, arrival_s, size, deadline_s)
+        # the engine's fields set directly, not via super().__init__: this runs once per request
+        self.handle = future
+        self.arrival_s = arrival_s
+        self.size = size
+        self.deadline_s = deadline_s
+        self.state = RequestState.QUEUED
         self.item = item
 
 
@@ -519,8 +525,8 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        record = self.recorder.latency.record
-        completed = failed = 0
+        latencies: list[float] = []
+        failed = 0
         for request, result in zip(requests, results, strict=True):
             future = request.handle
             if future.done():
@@ -530,10 +536,11 @@ class AdaptiveBatcher(Generic[X, Y]):
                 failed += 1
             else:
                 future.set_result(result)
-                completed += 1
-            record(now - request.arrival_s, now)
-        self.recorder.completed += completed
-        self.recorder.failed += failed
+            latencies.append(now - request.arrival_s)
+        recorder = self.recorder
+        recorder.latency.record_many(latencies, now)
+        recorder.completed += len(latencies) - failed
+        recorder.failed += failed
 
 
 def _check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:

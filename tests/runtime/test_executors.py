@@ -63,7 +63,9 @@ def test_cuda_executor_without_gpu_is_refused_at_construction() -> None:
 
     if torch.cuda.is_available():  # pragma: no cover - GPU machines run tests/gpu instead
         pytest.skip("a CUDA device is present")
-    with pytest.raises(RuntimeError, match=r"executor='cuda' needs a CUDA device; none is available"):
+    with pytest.raises(
+        RuntimeError, match=r"needs a CUDA device \(torch.cuda.is_available\(\) is False\)"
+    ):
         AdaptiveBatcher(lambda batch: batch, executor="cuda")
 
 

@@ -1,0 +1,172 @@
+"""``adaptive-batcher demo``: a small torch model on CPU behind the batcher, under live traffic.
+
+Open-loop arrivals: Poisson at ``--rate`` for the first 40 % of the run, a burst at
+``--burst-rate`` for the next 20 %, then Poisson at ``--rate`` again. A live table shows queue
+depth, batch size, p50/p99 latency and throughput; a summary table closes the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from adaptive_batcher import AdaptiveBatcher, BatcherError, stacked
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` sub-command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "demo",
+        help="serve a small torch model on CPU under Poisson-then-burst traffic",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="run time, seconds")
+    parser.add_argument("--rate", type=float, default=300.0, help="base arrival rate, req/s")
+    parser.add_argument(
+        "--burst-rate", type=float, default=1500.0, help="arrival rate during the burst, req/s"
+    )
+    parser.add_argument("--window-ms", type=float, default=2.0, help="batching window, ms")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="batch cap, items")
+    parser.add_argument(
+        "--executor",
+        choices=["thread", "inline"],
+        default="thread",
+        help="where the model runs (see AdaptiveBatcher)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="arrival process seed")
+    parser.set_defaults(func=run)
+
+
+@dataclass
+class _Tally:
+    ok: int = 0
+    errors: int = 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; returns the exit status."""
+    if args.duration <= 0 or args.rate <= 0 or args.burst_rate <= 0:
+        Console(stderr=True).print("[red]--duration, --rate and --burst-rate must be > 0[/red]")
+        return 2
+    try:
+        from adaptive_batcher.examples.mlp import make_input, mlp_batch_fn
+    except ImportError:  # pragma: no cover - the torch extra is missing
+        Console(stderr=True).print(
+            "[red]the demo needs torch: pip install 'adaptive-batcher[torch]'"
+        )
+        return 2
+    return asyncio.run(_serve(args, stacked(mlp_batch_fn()), make_input))
+
+
+def _rate_at(elapsed_s: float, args: argparse.Namespace) -> float:
+    phase = elapsed_s / args.duration
+    return float(args.burst_rate if 0.4 <= phase < 0.6 else args.rate)
+
+
+async def _serve(args: argparse.Namespace, model: Any, make_input: Any) -> int:
+    console = Console()
+    batcher = AdaptiveBatcher(
+        model,
+        max_batch_size=args.max_batch_size,
+        window_ms=args.window_ms,
+        executor=args.executor,
+        name="demo",
+    )
+    inputs = [make_input(seed=i) for i in range(256)]
+    await batcher.warmup(lambda: inputs[0])
+    tally = _Tally()
+    started = time.perf_counter()
+    async with batcher:
+        with Live(
+            _live_table(batcher, tally, 0.0, args), console=console, refresh_per_second=4
+        ) as live:
+            arrivals = asyncio.create_task(_open_loop(batcher, inputs, tally, args, started))
+            while not arrivals.done():
+                await asyncio.sleep(0.25)
+                elapsed = time.perf_counter() - started
+                live.update(_live_table(batcher, tally, elapsed, args))
+            await arrivals
+    console.print(_summary_table(batcher, tally, time.perf_counter() - started))
+    return 0
+
+
+async def _open_loop(
+    batcher: AdaptiveBatcher[Any, Any],
+    inputs: list[Any],
+    tally: _Tally,
+    args: argparse.Namespace,
+    started: float,
+) -> None:
+    rng = random.Random(args.seed)
+    pending: set[asyncio.Task[None]] = set()
+    next_at = 0.0
+    while next_at < args.duration:
+        delay = started + next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(_one_request(batcher, inputs[rng.randrange(len(inputs))], tally))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        next_at += rng.expovariate(_rate_at(next_at, args))
+    if pending:
+        await asyncio.gather(*pending)
+
+
+async def _one_request(batcher: AdaptiveBatcher[Any, Any], item: Any, tally: _Tally) -> None:
+    try:
+        await batcher.submit(item)
+        tally.ok += 1
+    except BatcherError:
+        tally.errors += 1
+
+
+def _live_table(
+    batcher: AdaptiveBatcher[Any, Any], tally: _Tally, elapsed_s: float, args: argparse.Namespace
+) -> Table:
+    stats = batcher.stats()
+    table = Table(title=f"adaptive-batcher demo  {elapsed_s:5.1f}/{args.duration:.0f} s")
+    for column in ("offered req/s", "queue", "in flight", "mean batch", "p50 ms", "p99 ms", "done"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{_rate_at(min(elapsed_s, args.duration), args):.0f}",
+        str(stats.queue_depth),
+        str(stats.in_flight_batches),
+        f"{stats.counts.mean_batch_size:.1f}",
+        f"{stats.latency.p50_ms:.1f}",
+        f"{stats.latency.p99_ms:.1f}",
+        str(tally.ok),
+    )
+    return table
+
+
+def _summary_table(batcher: AdaptiveBatcher[Any, Any], tally: _Tally, wall_s: float) -> Table:
+    stats = batcher.stats()
+    counts = stats.counts
+    table = Table(title="summary (latency over the last 10 s)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests completed", f"{counts.completed}"),
+        ("requests failed or rejected", f"{tally.errors}"),
+        ("throughput, req/s", f"{counts.completed / wall_s:.0f}"),
+        ("batches", f"{counts.batches}"),
+        ("mean batch size", f"{counts.mean_batch_size:.1f}"),
+        ("largest batch", f"{max(stats.batch_sizes, default=0)}"),
+        ("p50 latency, ms", f"{stats.latency.p50_ms:.2f}"),
+        ("p99 latency, ms", f"{stats.latency.p99_ms:.2f}"),
+        ("window, ms / batch cap", f"{stats.window_ms:g} / {stats.max_batch_size}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

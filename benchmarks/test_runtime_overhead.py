@@ -1,0 +1,127 @@
+"""Real-time runtime benchmarks: per-request overhead, memory per queued request, torch throughput.
+
+Targets (issue 2): no-op model, cap 64, waves of 1000 concurrent submitters on one core: at least
+2x the requests/s of the faster peer; at most 1 KiB per queued request beyond the item itself
+(tracemalloc, 100k pending). Every batcher runs the same waves in the same session; the summary
+prints them side by side with ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from adaptive_batcher import AdaptiveBatcher, stacked
+from benchmarks.conftest import report
+from benchmarks.peers import PEERS, bare_future
+
+WAVE = 1000
+WAVES = 20
+CAP = 64
+WINDOW_MS = 1.0
+
+
+def noop(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def run_waves(loop: asyncio.AbstractEventLoop, submit: Callable[[Any], Any], item: Any) -> float:
+    """Run WAVES waves of WAVE concurrent submitters; returns requests per second."""
+
+    async def waves() -> None:
+        for _ in range(WAVES):
+            await asyncio.gather(*(submit(item) for _ in range(WAVE)))
+
+    started = time.perf_counter()
+    loop.run_until_complete(waves())
+    return WAVES * WAVE / (time.perf_counter() - started)
+
+
+def measure(benchmark: Any, factory: Any, fn: Any, executor: str, item: Any) -> float:
+    loop = asyncio.new_event_loop()
+    try:
+        submit, close = loop.run_until_complete(_build(factory, fn, executor))
+        run_waves(loop, submit, item)  # warm-up: tasks started, caches filled
+        rates: list[float] = []
+        benchmark.pedantic(
+            lambda: rates.append(run_waves(loop, submit, item)), rounds=5, iterations=1
+        )
+        loop.run_until_complete(close())
+    finally:
+        loop.close()
+    best = max(rates)
+    benchmark.extra_info["requests_per_s"] = best
+    return best
+
+
+async def _build(factory: Any, fn: Any, executor: str) -> Any:
+    return factory(fn, CAP, WINDOW_MS, executor)
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_noop_overhead_per_request(benchmark: Any, one_core: None, name: str) -> None:
+    rate = measure(benchmark, PEERS[name], noop, "inline", 1)
+    report("noop_requests_per_s", name, rate, "req/s")
+
+
+def test_noop_bare_future_reference(benchmark: Any, one_core: None) -> None:
+    rate = measure(benchmark, bare_future, noop, "inline", 1)
+    report("noop_requests_per_s", "bare asyncio future (no batching)", rate, "req/s")
+
+
+def test_memory_per_queued_request(benchmark: Any) -> None:
+    """Bytes the batcher holds per queued request, beyond a caller awaiting a bare future."""
+    pending = 100_000
+
+    def held_bytes(use_batcher: bool) -> float:
+        loop = asyncio.new_event_loop()
+        gate = loop.create_future()
+
+        async def blocked_model(batch: list[Any]) -> list[Any]:
+            await gate
+            return batch
+
+        batcher = AdaptiveBatcher(blocked_model, max_batch_size=CAP, window_ms=0)
+
+        async def bare(item: Any) -> Any:
+            return await loop.create_future()
+
+        submit = batcher.submit if use_batcher else bare
+        item = object()
+        gc.collect()
+        tracemalloc.start()
+        tasks = [loop.create_task(submit(item)) for _ in range(pending)]
+        loop.run_until_complete(asyncio.sleep(0.01))
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        gate.set_result(None)
+        if use_batcher:
+            assert batcher.stats().queue_depth >= pending - CAP
+            loop.run_until_complete(batcher.aclose())
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.close()
+        return held / pending
+
+    per_request: list[float] = []
+    benchmark.pedantic(
+        lambda: per_request.append(held_bytes(True) - held_bytes(False)), rounds=1, iterations=1
+    )
+    benchmark.extra_info["bytes_per_queued_request"] = per_request[0]
+    report("memory_per_queued_request", "adaptive_batcher", per_request[0], "bytes")
+    assert per_request[0] <= 1024
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_torch_mlp_throughput(benchmark: Any, name: str) -> None:
+    from adaptive_batcher.examples.mlp import make_input, mlp_batch_fn
+
+    rate = measure(benchmark, PEERS[name], stacked(mlp_batch_fn()), "thread", make_input(seed=0))
+    report("torch_mlp_requests_per_s", name, rate, "req/s")
