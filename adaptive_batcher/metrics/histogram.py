@@ -99,9 +99,13 @@ class SlidingHistogram:
             counts[index] += 1
         self._sums[self._current] += sum(values_s)
 
-    def quantiles(self, now: float) -> Quantiles:
-        """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``."""
-        counts = self._window_counts(now)
+    def quantiles(self, now: float, span_s: float | None = None) -> Quantiles:
+        """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``.
+
+        ``span_s`` narrows the window to the most recent slices covering at least that many
+        seconds (the controller looks at the last ~2 s; ``stats()`` at the whole window).
+        """
+        counts, slices = self._window_counts(now, span_s)
         total = int(counts.sum())
         if total == 0:
             nan = math.nan
@@ -110,15 +114,15 @@ class SlidingHistogram:
         ranks = np.ceil(np.array([0.5, 0.9, 0.95, 0.99, 1.0]) * total)
         indexes = np.searchsorted(cumulative, ranks, side="left")
         values_ms = _REPRESENTATIVE[indexes] * 1e3
-        mean_ms = sum(self._sums) / total * 1e3
+        mean_ms = sum(self._sums[i] for i in slices) / total * 1e3
         p50, p90, p95, p99, top = (float(v) for v in values_ms)
         return Quantiles(total, p50, p90, p95, p99, top, mean_ms)
 
-    def quantile_ms(self, q: float, now: float) -> float:
-        """Any quantile ``q`` in (0, 1] of the window, milliseconds (NaN when empty)."""
+    def quantile_ms(self, q: float, now: float, span_s: float | None = None) -> float:
+        """Any quantile ``q`` in (0, 1] of the window (or its last ``span_s``), ms; NaN if empty."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"q must be in (0, 1], got {q!r}")
-        counts = self._window_counts(now)
+        counts, _ = self._window_counts(now, span_s)
         total = int(counts.sum())
         if total == 0:
             return math.nan
@@ -137,11 +141,21 @@ class SlidingHistogram:
         self._sums = [0.0] * self.slices
         self._slice_end = None
 
-    def _window_counts(self, now: float) -> np.ndarray[Any, np.dtype[np.int64]]:
+    def _recent_slices(self, span_s: float | None) -> list[int]:
+        if span_s is None:
+            return list(range(self.slices))
+        wanted = min(self.slices, max(1, math.ceil(span_s / self._slice_s)))
+        return [(self._current - k) % self.slices for k in range(wanted)]
+
+    def _window_counts(
+        self, now: float, span_s: float | None
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], list[int]]:
         self._advance(now)
-        counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(self._counts, dtype=np.int64)
+        slices = self._recent_slices(span_s)
+        rows = [self._counts[i] for i in slices]
+        counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(rows, dtype=np.int64)
         total: np.ndarray[Any, np.dtype[np.int64]] = counts.sum(axis=0)
-        return total
+        return total, slices
 
     def _advance(self, now: float) -> None:
         if self._slice_end is None:

@@ -26,13 +26,15 @@ class BatchSample(NamedTuple):
 class Counts:
     """Cumulative request and batch counts since the batcher started.
 
-    ``completed`` counts requests that got a result, ``failed`` those that got an exception from
-    the model or a result-count error, ``rejected`` those refused at submit (queue full, too
-    large, closed), ``expired`` deadline errors, ``cancelled`` callers that gave up while queued.
+    ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
+    the SLO (all of them when no SLO is set), ``failed`` those that got an exception from the
+    model or a result-count error, ``rejected`` those refused at submit (queue full, too large,
+    closed), ``expired`` deadline errors, ``cancelled`` callers that gave up while queued.
     """
 
     submitted: int
     completed: int
+    within_slo: int
     failed: int
     rejected: int
     expired: int
@@ -57,11 +59,13 @@ class Recorder:
     """
 
     def __init__(self, latency_window_s: float = 10.0, batch_samples: int = 512) -> None:
-        self.latency = SlidingHistogram(latency_window_s, slices=10)
+        self.latency = SlidingHistogram(latency_window_s, slices=20)
+        self.slo_latency_s = math.inf
         self.batches: deque[BatchSample] = deque(maxlen=batch_samples)
         self.batch_size_counts: Counter[int] = Counter()
         self.submitted = 0
         self.completed = 0
+        self.within_slo = 0
         self.failed = 0
         self.rejected = 0
         self.expired = 0
@@ -79,11 +83,25 @@ class Recorder:
         self.batch_items += items
         self.batch_units += units
 
+    def record_latencies(self, latencies_s: list[float], failed: int, now: float) -> None:
+        """Requests that got an answer at ``now`` after ``latencies_s``; ``failed`` of them errors.
+
+        Successful answers within ``slo_latency_s`` count towards ``within_slo`` (goodput); a
+        failure never counts as good, so they are counted as if they were the slowest.
+        """
+        self.latency.record_many(latencies_s, now)
+        self.completed += len(latencies_s) - failed
+        self.failed += failed
+        limit = self.slo_latency_s
+        good = len(latencies_s) if limit == math.inf else sum(1 for v in latencies_s if v <= limit)
+        self.within_slo += max(0, good - failed)
+
     def counts(self) -> Counts:
         """A frozen copy of the counters."""
         return Counts(
             submitted=self.submitted,
             completed=self.completed,
+            within_slo=self.within_slo,
             failed=self.failed,
             rejected=self.rejected,
             expired=self.expired,

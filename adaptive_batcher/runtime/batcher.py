@@ -537,10 +537,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             else:
                 future.set_result(result)
             latencies.append(now - request.arrival_s)
-        recorder = self.recorder
-        recorder.latency.record_many(latencies, now)
-        recorder.completed += len(latencies) - failed
-        recorder.failed += failed
+        self.recorder.record_latencies(latencies, failed, now)
 
 
 def _check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:

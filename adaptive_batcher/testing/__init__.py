@@ -5,5 +5,7 @@ Users test their own services with these as we test ours; nothing here needs a G
 
 from adaptive_batcher.testing.cuda import FakeCudaEvent
 from adaptive_batcher.testing.models import EchoModel
+from adaptive_batcher.testing.nvml import FakePynvml
+from adaptive_batcher.testing.telemetry import FakeTelemetry
 
-__all__ = ["EchoModel", "FakeCudaEvent"]
+__all__ = ["EchoModel", "FakeCudaEvent", "FakePynvml", "FakeTelemetry"]

@@ -73,3 +73,15 @@ def test_validation(kwargs: dict[str, float], message: str) -> None:
 def test_quantile_argument_validation() -> None:
     with pytest.raises(ValueError, match=r"q must be in \(0, 1\], got 0"):
         SlidingHistogram().quantile_ms(0, now=0.0)
+
+
+def test_span_narrows_to_recent_slices() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=20)
+    histogram.record(1.0, now=0.0)
+    histogram.record(0.002, now=5.0)
+    histogram.record(0.001, now=6.2)
+    assert histogram.quantiles(now=6.3).count == 3
+    recent = histogram.quantiles(now=6.3, span_s=2.0)
+    assert recent.count == 2
+    assert recent.max_ms == pytest.approx(2, rel=0.01)
+    assert histogram.quantile_ms(1.0, now=6.3, span_s=0.5) == pytest.approx(1, rel=0.01)
