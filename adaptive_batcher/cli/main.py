@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 from collections.abc import Sequence
 
 import structlog
@@ -43,7 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # the command line is an application: it, not the library, decides what gets logged
     level = logging.getLevelNamesMapping()[args.log_level.upper()]
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),  # keep stdout for reports
+    )
     status: int = args.func(args)
     return status
 

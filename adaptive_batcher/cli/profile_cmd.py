@@ -1,20 +1,367 @@
-"""``adaptive-batcher profile``: placeholder until its issue lands."""
+"""``adaptive-batcher profile``: sweep batch sizes, find the knee, recommend a cap and a window.
+
+Exit status: 0 on success (also when the SLO cannot be met: the report says so), 1 when the very
+first batch size already runs out of memory (nothing to report), 2 on a bad argument.
+
+Logging is left to the entry point (``adaptive-batcher --log-level ...``); the progress bar and
+warnings go to stderr, the report to stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
 
+_DESCRIPTION = """\
+Measure a model's latency and throughput at a range of batch sizes (the practitioners'
+three-step method): 1. sweep batch sizes on the real model and hardware, 2. find the knee of
+the throughput curve, 3. keep a margin and check the latency budget against an SLO. It prints
+a markdown table and a recommended batch cap (max_batch_size) and batching window (window_ms).
+
+With no MODEL it profiles the built-in example: a small torch MLP (256 -> 1024 -> 1024 -> 64)
+fed batches of torch.randn(n, 256), so you can try it straight away.
+"""
+
+_EPILOG = """\
+examples:
+  adaptive-batcher profile --batch-sizes 1,2,4,8 --repeats 5
+  adaptive-batcher profile --slo-p99-ms 50 --preprocess-ms 2 --out results/
+  adaptive-batcher profile mypkg.serving:build_model --input mypkg.serving:make_batch
+
+your own model:
+  MODEL is 'module:function' where function() takes no arguments and returns the batch
+  callable model(batch). --input is 'module:function' where function(n) returns a batch of n
+  items (e.g. a tensor of shape (n, ...)), already on the model's device. The current directory
+  is importable, so 'mymodel:build' finds ./mymodel.py.
+
+exit status: 0 done, 1 the smallest batch size ran out of memory, 2 bad arguments.
+"""
+
+_BUILTIN_NAME = "adaptive_batcher.examples.mlp:mlp_batch_fn"
+
+
+class _UsageError(Exception):
+    """A bad argument found after parsing (e.g. a module that cannot be imported)."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``profile`` sub-command."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("profile", help="(not yet available)")
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "profile",
+        help="sweep batch sizes on a model; recommend a batch cap and window",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(parser)
     parser.set_defaults(func=_run)
 
 
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        type=_target,
+        help="'module:function' returning the batch callable (default: the built-in example MLP)",
+    )
+    parser.add_argument(
+        "--input",
+        metavar="MODULE:FUNCTION",
+        type=_target,
+        help="'module:function' with function(n) -> a batch of n items (needed with MODEL)",
+    )
+    sizes = parser.add_argument_group("batch sizes")
+    sizes.add_argument(
+        "--batch-sizes",
+        metavar="LIST",
+        type=_batch_sizes,
+        help="comma-separated batch sizes, e.g. 1,2,4,8 (default: powers of two up to "
+        "--max-batch-size)",
+    )
+    sizes.add_argument(
+        "--max-batch-size",
+        metavar="N",
+        type=_positive_int,
+        default=512,
+        help="largest power of two to try when --batch-sizes is not given (default: 512)",
+    )
+    timing = parser.add_argument_group("timing")
+    timing.add_argument(
+        "--repeats",
+        metavar="N",
+        type=_positive_int,
+        default=20,
+        help="timed calls per batch size; median and p99 are taken over them (default: 20)",
+    )
+    timing.add_argument(
+        "--warmup",
+        metavar="N",
+        type=_nonnegative_int,
+        default=3,
+        help="untimed calls per batch size before timing (default: 3)",
+    )
+    timing.add_argument(
+        "--device",
+        default="auto",
+        help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N' (default: auto)",
+    )
+    slo = parser.add_argument_group("latency objective")
+    slo.add_argument(
+        "--slo-p99-ms",
+        metavar="MS",
+        type=_positive_float,
+        help="end-to-end p99 latency target in ms; the cap and window are checked against it",
+    )
+    slo.add_argument(
+        "--preprocess-ms",
+        metavar="MS",
+        type=_nonnegative_float,
+        default=0.0,
+        help="time per request spent outside the batcher (decode, tokenise), ms (default: 0)",
+    )
+    slo.add_argument(
+        "--margin",
+        metavar="F",
+        type=_margin,
+        default=0.8,
+        help="fraction of the available window to use, in (0, 1] (default: 0.8)",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="write profile.json, profile.md and profile.png into DIR (created if needed)",
+    )
+    output.add_argument(
+        "--no-progress", action="store_true", help="do not show the progress bar (on stderr)"
+    )
+
+
+# --- argument types (argparse turns ArgumentTypeError into "error: ..." and exit status 2) ---
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _float(text, "a number > 0")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    value = _float(text, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _margin(text: str) -> float:
+    value = _float(text, "a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _batch_sizes(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}"
+        ) from None
+    if not sizes or any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}"
+        )
+    return sorted(set(sizes))
+
+
+def _target(text: str) -> str:
+    module, sep, attr = text.partition(":")
+    if not sep or not module or not attr or ":" in attr:
+        raise argparse.ArgumentTypeError(
+            f"expected 'module:function' (e.g. mypkg.serving:build_model), got {text!r}"
+        )
+    return text
+
+
+# --- loading the model and its inputs ---
+
+
+def _load(spec: str, option: str) -> Callable[..., Any]:
+    """Import ``module:attr.path`` and return the callable; _UsageError with a clear message."""
+    module_name, _, attr_path = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # like `python -m` and uvicorn: ./mymodel.py is importable
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _UsageError(
+            f"{option} {spec!r}: cannot import module {module_name!r}: {exc}"
+        ) from None
+    target: Any = module
+    for attr in attr_path.split("."):
+        try:
+            target = getattr(target, attr)
+        except AttributeError:
+            raise _UsageError(
+                f"{option} {spec!r}: module {module_name!r} has no attribute {attr_path!r}"
+            ) from None
+    if not callable(target):
+        raise _UsageError(
+            f"{option} {spec!r}: {attr_path!r} is not callable, got {type(target).__name__}"
+        )
+    return target  # type: ignore[no-any-return]
+
+
+def _builtin_model(device: str) -> tuple[Callable[[Any], Any], Callable[[int], Any]]:
+    """The example MLP on ``device`` and ``make_batch(n) = torch.randn(n, 256)`` there."""
+    try:
+        import torch
+    except ImportError:
+        raise _UsageError(
+            "the built-in example model needs torch: pip install 'adaptive-batcher[torch]', "
+            "or pass your own MODEL and --input"
+        ) from None
+    from adaptive_batcher.examples.mlp import IN_FEATURES, make_mlp, mlp_batch_fn
+
+    net = make_mlp().to(device)
+    generator = torch.Generator().manual_seed(0)
+
+    def make_batch(n: int) -> Any:
+        return torch.randn(n, IN_FEATURES, generator=generator).to(device)
+
+    return mlp_batch_fn(net), make_batch
+
+
 def _run(args: argparse.Namespace) -> int:
-    del args
-    print("adaptive-batcher profile: not available in this version yet")
-    return 2
+    try:
+        return _profile(args)
+    except _UsageError as exc:
+        print(f"adaptive-batcher profile: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from adaptive_batcher.profile import (
+        find_knee,
+        markdown_report,
+        plot_profile,
+        profile_model,
+        recommend,
+        resolve_device,
+        write_profile,
+    )
+    from adaptive_batcher.slo import SLO
+
+    slo: SLO | None = None
+    if args.slo_p99_ms is not None:
+        try:
+            slo = SLO(p99_ms=args.slo_p99_ms, preprocess_ms=args.preprocess_ms)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from None
+    elif args.preprocess_ms:
+        raise _UsageError("--preprocess-ms needs --slo-p99-ms (it is subtracted from the SLO)")
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, RuntimeError) as exc:
+        raise _UsageError(f"--device: {exc}") from None
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise _UsageError(f"--out {str(args.out)!r} exists and is not a directory")
+
+    if args.model is None:
+        model, make_batch = _builtin_model(device)
+        name = _BUILTIN_NAME
+        if args.input is not None:
+            make_batch = _load(args.input, "--input")
+    else:
+        if args.input is None:
+            raise _UsageError(
+                "--input MODULE:FUNCTION is required with MODEL (function(n) returns a batch of n)"
+            )
+        factory = _load(args.model, "MODEL")
+        make_batch = _load(args.input, "--input")
+        model = factory()
+        if not callable(model):
+            raise _UsageError(
+                f"MODEL {args.model!r} returned {type(model).__name__}, which is not callable; "
+                "it must return the batch callable model(batch)"
+            )
+        name = args.model
+
+    result = profile_model(
+        model,
+        make_batch,
+        batch_sizes=args.batch_sizes,
+        max_batch_size=args.max_batch_size,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        device=device,
+        progress=not args.no_progress,
+        model_name=name,
+    )
+    if not result.rows:
+        print(
+            f"adaptive-batcher profile: the smallest batch size ({result.oom_batch_size}) ran out "
+            "of memory; nothing to report",
+            file=sys.stderr,
+        )
+        return 1
+    knee = find_knee(result)
+    rec = recommend(result, slo, args.margin, knee=knee)
+    report = markdown_report(result, knee=knee, recommendation=rec)
+    print(report)
+    if rec.message is not None:
+        print(f"warning: {rec.message}", file=sys.stderr)
+    if args.out is not None:
+        out: Path = args.out
+        out.mkdir(parents=True, exist_ok=True)
+        written = [
+            write_profile(out / "profile.json", result, knee=knee, recommendation=rec),
+            out / "profile.md",
+            plot_profile(result, out / "profile.png", knee=knee, recommendation=rec, slo=slo),
+        ]
+        (out / "profile.md").write_text(report, encoding="utf-8")
+        for path in written:
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,257 @@
+"""Step 3 of the practitioners' method: keep a margin, and check the latency budget.
+
+The rules (sources: the seed article's "sweep, find the knee, take ~80 % of the knee's window"
+method, and the latency budget of DESIGN.md section 1: end-to-end = queueing + preprocessing +
+compute, so window <= SLO - preprocess - compute(batch), with a safety margin):
+
+- **cap** = the knee's batch size. With an SLO whose budget the knee's compute does not fit, the
+  cap is the largest profiled batch size, not above the knee, whose compute fits.
+- **compute(n)** = the p99 batch latency measured at batch size n, so the tail of the compute time
+  is budgeted, not only its median.
+- **budget** = ``slo.p99_ms - slo.preprocess_ms``: what is left for queueing + compute.
+  (``SLO.margin`` is the online controller's aim and is not applied here; ``margin`` is.)
+- **window** = ``margin * (budget - compute(cap))`` with an SLO; without one,
+  ``margin * median latency at the knee`` ("take ~80 % of the knee's window").
+- When even the smallest profiled batch size (normally 1) does not fit the budget, the SLO cannot
+  be met on this model and hardware: ``meets_slo`` is False, the cap is that smallest size and the
+  window 0, and the first reason says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher.profile.knee import Knee, find_knee
+from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.slo import SLO
+
+__all__ = ["DEFAULT_MARGIN", "ControllerBounds", "Recommendation", "controller_bounds", "recommend"]
+
+DEFAULT_MARGIN: Final = 0.8
+"""Safety margin on the window: the seed article's "take ~80 % of the knee's window"."""
+
+
+class ControllerBounds(NamedTuple):
+    """The range the online controller may explore, from an offline recommendation.
+
+    Attributes:
+        min_window_ms: smallest window, ms (0: dispatch what is queued as soon as the model is free,
+            which is as good as or better than 5 ms under load on the H200 measurements).
+        max_window_ms: largest window, ms (the recommended window, which already keeps the margin).
+        max_batch_size: largest batch cap (the recommended cap).
+    """
+
+    min_window_ms: float
+    max_window_ms: float
+    max_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A batch cap and a batching window for a model, with the reasoning behind them.
+
+    Attributes:
+        max_batch_size: the recommended batch cap, items (>= 1).
+        window_ms: the recommended batching window, ms (>= 0).
+        slo_p99_ms: the SLO's latency target the recommendation was checked against, ms, or None.
+        meets_slo: False when even the smallest profiled batch size cannot meet the SLO; True
+            otherwise (also when no SLO was given).
+        reasons: the reasoning, one sentence per step; when ``meets_slo`` is False the first one
+            is the warning (see :attr:`message`).
+
+    Raises:
+        TypeError, ValueError: on a field of the wrong type or out of range (message names it).
+    """
+
+    max_batch_size: int
+    window_ms: float
+    slo_p99_ms: float | None
+    meets_slo: bool
+    reasons: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_int("Recommendation.max_batch_size", self.max_batch_size, 1)
+        window = check_number("Recommendation.window_ms", self.window_ms, 0.0)
+        object.__setattr__(self, "window_ms", window)
+        if self.slo_p99_ms is not None:
+            target = check_number("Recommendation.slo_p99_ms", self.slo_p99_ms, 0.0, strict=True)
+            object.__setattr__(self, "slo_p99_ms", target)
+        if not isinstance(self.meets_slo, bool):
+            raise TypeError(
+                f"Recommendation.meets_slo must be a bool, got {type(self.meets_slo).__name__}"
+            )
+        raw: object = self.reasons
+        if isinstance(raw, str) or not isinstance(raw, Iterable):
+            raise TypeError(
+                f"Recommendation.reasons must be a sequence of str, got {type(raw).__name__}"
+            )
+        reasons = tuple(raw)
+        for i, reason in enumerate(reasons):
+            if not isinstance(reason, str):
+                raise TypeError(
+                    f"Recommendation.reasons[{i}] must be a str, got {type(reason).__name__}"
+                )
+        object.__setattr__(self, "reasons", reasons)
+
+    @property
+    def message(self) -> str | None:
+        """The warning when the SLO cannot be met (the first reason), else None."""
+        if self.meets_slo or not self.reasons:
+            return None
+        return self.reasons[0]
+
+    def controller_bounds(self) -> ControllerBounds:
+        """Same as :func:`controller_bounds` of this recommendation."""
+        return controller_bounds(self)
+
+
+def controller_bounds(recommendation: Recommendation) -> ControllerBounds:
+    """The (min window ms, max window ms, max cap) the online controller should stay within.
+
+    The window ranges from 0 to the recommended window (which keeps the safety margin inside the
+    latency budget when an SLO was given); the cap is at most the recommended cap.
+
+    Raises:
+        TypeError: ``recommendation`` is not a :class:`Recommendation`.
+    """
+    if not isinstance(recommendation, Recommendation):
+        raise TypeError(
+            f"recommendation must be a Recommendation, got {type(recommendation).__name__}"
+        )
+    return ControllerBounds(0.0, recommendation.window_ms, recommendation.max_batch_size)
+
+
+def _check_margin(margin: object) -> float:
+    value = check_number("margin", margin, 0.0, strict=True)
+    if value > 1.0:
+        raise ValueError(f"margin must be in (0, 1], got {margin!r}")
+    return value
+
+
+def _items(value: float) -> str:
+    return f"{value:,.0f} items/s"
+
+
+def recommend(
+    result: ProfileResult,
+    slo: SLO | None = None,
+    margin: float = DEFAULT_MARGIN,
+    *,
+    knee: Knee | None = None,
+) -> Recommendation:
+    """Recommend a batch cap and a batching window from a sweep (rules in the module docstring).
+
+    Args:
+        result: a sweep with at least one row.
+        slo: the latency objective to check against, or None.
+        margin: fraction of the available window to use, in (0, 1]; 0.8 by default (the
+            practitioners' "~80 % of the knee's window").
+        knee: the knee to use; default :func:`find_knee` of ``result``.
+
+    Returns:
+        The :class:`Recommendation`, with its reasoning in ``reasons``.
+
+    Raises:
+        TypeError: ``result`` is not a ProfileResult, ``slo`` not an SLO or None, ``knee`` not a
+            Knee or None, ``margin`` not a number.
+        ValueError: ``result`` has no rows, ``margin`` is outside (0, 1], or ``knee`` is not at a
+            profiled batch size.
+    """
+    if not isinstance(result, ProfileResult):
+        raise TypeError(f"result must be a ProfileResult, got {type(result).__name__}")
+    if slo is not None and not isinstance(slo, SLO):
+        raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
+    m = _check_margin(margin)
+    if not result.rows:
+        raise ValueError(
+            "cannot recommend from a profile with no rows "
+            f"(batch size {result.oom_batch_size} already ran out of memory)"
+        )
+    if knee is None:
+        knee = find_knee(result)
+    elif not isinstance(knee, Knee):
+        raise TypeError(f"knee must be a Knee or None, got {type(knee).__name__}")
+    if knee.batch_size not in result.batch_sizes:
+        raise ValueError(
+            f"knee batch size {knee.batch_size} is not among the profiled batch sizes "
+            f"{list(result.batch_sizes)}"
+        )
+    knee_row = result.row(knee.batch_size)
+
+    how = (
+        "found by Kneedle"
+        if knee.method == "kneedle"
+        else "Kneedle found no knee; fallback: the smallest batch size near the max throughput, "
+        "within find_knee's fallback_fraction (90 % by default)"
+    )
+    share = knee_row.items_per_s / result.max_items_per_s
+    reasons = [
+        f"knee of the throughput curve at batch {knee_row.batch_size}: "
+        f"{_items(knee_row.items_per_s)}, {share:.0%} of the max {_items(result.max_items_per_s)}, "
+        f"median {knee_row.median_ms:.2f} ms ({how})"
+    ]
+    if knee_row is result.rows[-1] and result.oom_batch_size is None and len(result.rows) > 1:
+        reasons.append(
+            f"the knee is the largest batch size profiled ({knee_row.batch_size}): throughput may "
+            "still rise beyond it; profile larger batch sizes to find out"
+        )
+    if result.oom_batch_size is not None:
+        reasons.append(f"batch {result.oom_batch_size} ran out of memory; the cap stays below it")
+
+    if slo is None:
+        window = m * knee_row.median_ms
+        reasons.append(f"cap = the knee: {knee_row.batch_size}")
+        reasons.append(
+            f"no SLO given: window = margin {m:g} x the knee's median batch latency "
+            f"{knee_row.median_ms:.2f} ms = {window:.2f} ms "
+            "(practitioners' method: take ~80 % of the knee's window)"
+        )
+        return Recommendation(knee_row.batch_size, window, None, True, tuple(reasons))
+
+    budget = slo.p99_ms - slo.preprocess_ms
+    budget_text = (
+        f"latency budget for queueing + compute = SLO p{slo.percentile:g} {slo.p99_ms:g} ms "
+        f"- preprocess {slo.preprocess_ms:g} ms = {budget:g} ms "
+        "(end-to-end = queueing + preprocessing + compute)"
+    )
+    smallest = result.rows[0]
+    if smallest.p99_ms > budget:
+        warning = (
+            f"SLO cannot be met: even batch {smallest.batch_size} takes p99 "
+            f"{smallest.p99_ms:.2f} ms of compute, over the budget of {budget:g} ms "
+            f"(SLO {slo.p99_ms:g} ms - preprocess {slo.preprocess_ms:g} ms); use a faster model "
+            f"or hardware, or relax the SLO. Falling back to cap {smallest.batch_size}, window 0 ms"
+        )
+        return Recommendation(
+            smallest.batch_size, 0.0, slo.p99_ms, False, (warning, *reasons, budget_text)
+        )
+
+    reasons.append(budget_text)
+    cap_row: ProfileRow
+    if knee_row.p99_ms <= budget:
+        cap_row = knee_row
+        reasons.append(
+            f"compute at the knee (batch {knee_row.batch_size}, p99 {knee_row.p99_ms:.2f} ms) "
+            f"fits the budget: cap = {knee_row.batch_size}"
+        )
+    else:
+        fitting = [
+            row
+            for row in result.rows
+            if row.batch_size <= knee_row.batch_size and row.p99_ms <= budget
+        ]
+        cap_row = fitting[-1]  # non-empty: the smallest row fits (checked above)
+        reasons.append(
+            f"compute at the knee (batch {knee_row.batch_size}, p99 {knee_row.p99_ms:.2f} ms) "
+            f"exceeds the budget of {budget:g} ms: cap = the largest profiled batch size whose "
+            f"p99 compute fits, {cap_row.batch_size} (p99 {cap_row.p99_ms:.2f} ms)"
+        )
+    window = max(m * (budget - cap_row.p99_ms), 0.0)
+    reasons.append(
+        f"window = margin {m:g} x (budget {budget:g} ms - compute {cap_row.p99_ms:.2f} ms) "
+        f"= {window:.2f} ms"
+    )
+    return Recommendation(cap_row.batch_size, window, slo.p99_ms, True, tuple(reasons))

@@ -1,0 +1,392 @@
+"""Step 1 of the practitioners' method: sweep batch sizes on the real model and hardware.
+
+For each batch size (ascending): build one batch, run ``warmup`` untimed calls (the first call at a
+new shape is slow: algorithm selection, allocator growth; see shared/profiles/h200/README.md), then
+``repeats`` timed calls; keep the median and p99 batch latency, throughput and peak memory. The
+sweep stops at the first batch size that runs out of memory and keeps what it measured before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import structlog
+
+from adaptive_batcher._validate import check_callable, check_int, check_number, check_optional_int
+from adaptive_batcher.profile._devices import (
+    DeviceBackend,
+    is_out_of_memory,
+    make_backend,
+    resolve_device,
+)
+
+__all__ = ["ProfileResult", "ProfileRow", "default_batch_sizes", "profile_model"]
+
+_log = structlog.get_logger("adaptive_batcher")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    """The measurements at one batch size.
+
+    Attributes:
+        batch_size: items per call (>= 1).
+        median_ms: median wall-clock latency of one call, milliseconds (> 0).
+        p99_ms: 99th percentile of the same samples, ms (>= ``median_ms``); computed with
+            ``numpy.percentile`` (linear interpolation, Hyndman & Fan type 7).
+        items_per_s: throughput, ``batch_size / median`` in items per second (> 0).
+        peak_mem_bytes: peak memory in bytes (CUDA: allocator peak; CPU: growth of the process
+            peak RSS since the sweep started), or None where it could not be read.
+
+    Raises:
+        TypeError, ValueError: on a field of the wrong type or out of range (message names it).
+    """
+
+    batch_size: int
+    median_ms: float
+    p99_ms: float
+    items_per_s: float
+    peak_mem_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("ProfileRow.batch_size", self.batch_size, 1)
+        for name in ("median_ms", "p99_ms", "items_per_s"):
+            value = check_number(f"ProfileRow.{name}", getattr(self, name), 0.0, strict=True)
+            object.__setattr__(self, name, value)
+        check_optional_int("ProfileRow.peak_mem_bytes", self.peak_mem_bytes, 0)
+        if self.p99_ms < self.median_ms:
+            raise ValueError(
+                f"ProfileRow.p99_ms ({self.p99_ms!r}) must be >= median_ms ({self.median_ms!r})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    """The outcome of a sweep: one row per batch size measured, in ascending batch size.
+
+    Attributes:
+        rows: the measured rows, batch sizes strictly increasing (may be empty when the very
+            first batch size ran out of memory).
+        oom_batch_size: the batch size that ran out of memory and stopped the sweep, or None.
+            Larger than every row's batch size.
+        device: the device the sweep ran on, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H200)"``.
+        model_name: a name for the model (free text).
+        repeats: timed calls per batch size (>= 1).
+
+    Raises:
+        TypeError, ValueError: on an inconsistent field (message names it).
+    """
+
+    rows: tuple[ProfileRow, ...]
+    oom_batch_size: int | None
+    device: str
+    model_name: str
+    repeats: int
+
+    def __post_init__(self) -> None:
+        rows = tuple(self.rows)
+        object.__setattr__(self, "rows", rows)
+        for i, row in enumerate(rows):
+            if not isinstance(row, ProfileRow):
+                raise TypeError(
+                    f"ProfileResult.rows[{i}] must be a ProfileRow, got {type(row).__name__}"
+                )
+        sizes = [row.batch_size for row in rows]
+        if any(b <= a for a, b in itertools.pairwise(sizes)):
+            raise ValueError(
+                f"ProfileResult.rows must have strictly increasing batch sizes, got {sizes}"
+            )
+        check_optional_int("ProfileResult.oom_batch_size", self.oom_batch_size, 1)
+        if self.oom_batch_size is not None and sizes and self.oom_batch_size <= sizes[-1]:
+            raise ValueError(
+                f"ProfileResult.oom_batch_size ({self.oom_batch_size}) must be larger than "
+                f"every profiled batch size (largest: {sizes[-1]})"
+            )
+        for name in ("device", "model_name"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"ProfileResult.{name} must be a str, got {type(value).__name__}")
+        check_int("ProfileResult.repeats", self.repeats, 1)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The profiled batch sizes, ascending."""
+        return tuple(row.batch_size for row in self.rows)
+
+    @property
+    def max_items_per_s(self) -> float:
+        """The highest throughput measured, items/s.
+
+        Raises:
+            ValueError: the result has no rows.
+        """
+        if not self.rows:
+            raise ValueError("the profile has no rows")
+        return max(row.items_per_s for row in self.rows)
+
+    def row(self, batch_size: int) -> ProfileRow:
+        """The row measured at ``batch_size``.
+
+        Raises:
+            KeyError: that batch size was not profiled (message lists those that were).
+        """
+        for row in self.rows:
+            if row.batch_size == batch_size:
+                return row
+        raise KeyError(
+            f"batch size {batch_size} was not profiled; profiled: {list(self.batch_sizes)}"
+        )
+
+
+def default_batch_sizes(max_batch_size: int = 512) -> tuple[int, ...]:
+    """Powers of two ``1, 2, 4, ...`` up to and including ``max_batch_size`` if it is one.
+
+    Powers of two are the usual bucket set (padding to the next bucket; see DESIGN.md section 4).
+
+    Raises:
+        TypeError, ValueError: ``max_batch_size`` is not an int >= 1.
+    """
+    check_int("max_batch_size", max_batch_size, 1)
+    sizes = [1]
+    while sizes[-1] * 2 <= max_batch_size:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sizes)
+
+
+def _check_batch_sizes(batch_sizes: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(batch_sizes, str | bytes) or not isinstance(batch_sizes, Iterable):
+        raise TypeError(
+            f"batch_sizes must be an iterable of ints, got {type(batch_sizes).__name__}"
+        )
+    sizes = list(batch_sizes)
+    if not sizes:
+        raise ValueError("batch_sizes must not be empty")
+    for i, size in enumerate(sizes):
+        check_int(f"batch_sizes[{i}]", size, 1)
+    return tuple(sorted(set(sizes)))
+
+
+def _model_name(model: Callable[..., Any]) -> str:
+    name = getattr(model, "__qualname__", None)
+    return name if isinstance(name, str) else type(model).__name__
+
+
+class _Progress:
+    """A rich progress bar on stderr, or nothing when disabled."""
+
+    def __init__(self, bar: Any, task: Any) -> None:
+        self._bar = bar
+        self._task = task
+
+    def show(self, batch_size: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"profiling batch {batch_size}")
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def done(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+
+@contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[_Progress]:
+    if not enabled:
+        yield _Progress(None, None)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+    with bar:
+        yield _Progress(bar, bar.add_task("profiling", total=total))
+
+
+def _measure(
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    batch_size: int,
+    *,
+    repeats: int,
+    warmup: int,
+    timer: Callable[[], float],
+    backend: DeviceBackend,
+) -> ProfileRow:
+    """One batch size: build the batch, warm up, time ``repeats`` calls. May raise OOM."""
+    batch = make_batch(batch_size)
+    for _ in range(warmup):
+        model(batch)
+    backend.synchronize()
+    backend.start_memory_window()
+    samples_s: list[float] = []
+    for _ in range(repeats):
+        backend.synchronize()
+        start = timer()
+        out = model(batch)
+        backend.synchronize()
+        samples_s.append(timer() - start)
+        del out
+    peak_mem_bytes = backend.peak_memory_bytes()
+    median_s = statistics.median(samples_s)
+    if not (math.isfinite(median_s) and median_s > 0):
+        raise RuntimeError(
+            f"batch size {batch_size}: median latency is {median_s!r} s; the timer must be "
+            "monotonic with sub-millisecond resolution (time.perf_counter is)"
+        )
+    p99_s = max(float(np.percentile(samples_s, 99)), median_s)
+    return ProfileRow(
+        batch_size=batch_size,
+        median_ms=median_s * 1e3,
+        p99_ms=p99_s * 1e3,
+        items_per_s=batch_size / median_s,
+        peak_mem_bytes=peak_mem_bytes,
+    )
+
+
+def profile_model(
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    *,
+    batch_sizes: Iterable[int] | None = None,
+    max_batch_size: int = 512,
+    repeats: int = 20,
+    warmup: int = 3,
+    device: str = "auto",
+    progress: bool = True,
+    timer: Callable[[], float] = time.perf_counter,
+    model_name: str | None = None,
+) -> ProfileResult:
+    """Sweep batch sizes: median / p99 batch latency, throughput and peak memory at each.
+
+    The method is the one in shared/profiles/h200/README.md: wall clock around the call (with
+    ``torch.cuda.synchronize()`` before and after it on CUDA), median of ``repeats`` calls after
+    ``warmup`` untimed calls, at every batch size. ``make_batch`` is called once per batch size,
+    outside the timing; the same batch is fed to every call.
+
+    ``device`` selects how timing and memory are measured; it does not move the model or the
+    batch, which ``model`` and ``make_batch`` must place themselves. On CUDA the peak memory is
+    ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``; on CPU it is
+    the growth of the process peak RSS (``resource.getrusage().ru_maxrss``, stdlib) since the sweep
+    started (None where ``resource`` is missing, i.e. Windows).
+
+    The first batch size that raises an out-of-memory error (``torch.OutOfMemoryError``,
+    ``MemoryError``, or a ``RuntimeError`` whose message contains "out of memory"), while building
+    the batch or running it, stops the sweep: it is recorded as ``oom_batch_size`` and the rows
+    measured before it are kept. Any other exception from ``model`` or ``make_batch`` propagates.
+
+    Args:
+        model: ``model(batch)`` runs one batch (any callable; its result is discarded).
+        make_batch: ``make_batch(n)`` returns a batch of ``n`` items.
+        batch_sizes: the batch sizes to try (ints >= 1; run in ascending order, duplicates
+            dropped). Default: :func:`default_batch_sizes` of ``max_batch_size``; when given,
+            ``max_batch_size`` is ignored.
+        max_batch_size: largest power-of-two batch size for the default sweep (>= 1).
+        repeats: timed calls per batch size (>= 1).
+        warmup: untimed calls per batch size before the timed ones (>= 0).
+        device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        progress: show a rich progress bar on stderr.
+        timer: clock in seconds (monotonic); injectable so tests run on a fake clock.
+        model_name: stored in the result; default: the callable's ``__qualname__``.
+
+    Returns:
+        A :class:`ProfileResult`; its ``rows`` may be empty if the first batch size ran out of
+        memory.
+
+    Raises:
+        TypeError: an argument has the wrong type (``model must be callable, got int``, ...).
+        ValueError: an argument is out of range (``repeats must be >= 1, got 0``, ...).
+        RuntimeError: a CUDA device was requested but is not available, or the timer measured a
+            median of zero.
+    """
+    check_callable("model", model)
+    check_callable("make_batch", make_batch)
+    if batch_sizes is None:
+        sizes = default_batch_sizes(max_batch_size)
+    else:
+        check_int("max_batch_size", max_batch_size, 1)
+        sizes = _check_batch_sizes(batch_sizes)
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
+    check_callable("timer", timer)
+    if model_name is not None and not isinstance(model_name, str):
+        raise TypeError(f"model_name must be a str or None, got {type(model_name).__name__}")
+    resolved = resolve_device(device)
+    backend = make_backend(resolved)
+    name = model_name if model_name is not None else _model_name(model)
+
+    _log.info(
+        "profile.started",
+        model=name,
+        device=backend.description,
+        batch_sizes=list(sizes),
+        repeats=repeats,
+        warmup=warmup,
+    )
+    rows: list[ProfileRow] = []
+    oom_batch_size: int | None = None
+    with _progress(progress, len(sizes)) as bar:
+        for size in sizes:
+            bar.show(size)
+            try:
+                row = _measure(
+                    model,
+                    make_batch,
+                    size,
+                    repeats=repeats,
+                    warmup=warmup,
+                    timer=timer,
+                    backend=backend,
+                )
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                oom_batch_size = size
+                _log.warning("profile.oom", batch_size=size, error=repr(exc))
+                break
+            rows.append(row)
+            _log.debug(
+                "profile.batch_size_done",
+                batch_size=row.batch_size,
+                median_ms=row.median_ms,
+                p99_ms=row.p99_ms,
+                items_per_s=row.items_per_s,
+                peak_mem_bytes=row.peak_mem_bytes,
+            )
+            bar.advance()
+        bar.done(
+            f"profiled {len(rows)} batch sizes"
+            + ("" if oom_batch_size is None else f", out of memory at {oom_batch_size}")
+        )
+    if oom_batch_size is not None:
+        backend.release_memory()
+    _log.info(
+        "profile.finished",
+        model=name,
+        batch_sizes_done=len(rows),
+        oom_batch_size=oom_batch_size,
+    )
+    return ProfileResult(
+        rows=tuple(rows),
+        oom_batch_size=oom_batch_size,
+        device=backend.description,
+        model_name=name,
+        repeats=repeats,
+    )

@@ -1,0 +1,290 @@
+"""``adaptive-batcher profile`` end to end, on the real example torch MLP and on a user module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from structlog.testing import capture_logs
+
+from adaptive_batcher.cli.main import main
+from adaptive_batcher.profile import load_profile
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TABLE_HEADER = "| batch | median ms | p99 ms | items/s | peak mem MiB | note |"
+
+
+def run_cli(*argv: str) -> int:
+    """``adaptive-batcher profile ARGV...`` in this process, through the real entry point."""
+    return main(["profile", *argv])
+
+
+@pytest.fixture(autouse=True)
+def _keep_sys_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command makes the current directory importable; undo that after each test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def test_builtin_mlp_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    status = run_cli(
+        "--batch-sizes", "1,2,4", "--repeats", "3", "--warmup", "1", "--device", "cpu",
+        "--no-progress", "--out", str(out),
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    assert TABLE_HEADER in captured.out
+    assert "# Profile of `adaptive_batcher.examples.mlp:mlp_batch_fn`" in captured.out
+    assert "## Recommendation" in captured.out
+    for name in ("profile.json", "profile.md", "profile.png"):
+        assert (out / name).is_file()
+        assert f"wrote {out / name}" in captured.out
+    result, rec = load_profile(out / "profile.json")
+    assert result.batch_sizes == (1, 2, 4)
+    assert result.repeats == 3
+    assert result.device == "cpu"
+    assert rec is not None and rec.slo_p99_ms is None and rec.max_batch_size in (1, 2, 4)
+    assert (out / "profile.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert TABLE_HEADER in (out / "profile.md").read_text(encoding="utf-8")
+    assert "profiled" not in captured.err  # --no-progress
+
+
+def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = run_cli(
+        "--max-batch-size", "4", "--repeats", "2", "--warmup", "0", "--device", "cpu",
+        "--slo-p99-ms", "5000", "--preprocess-ms", "1", "--margin", "0.5", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert status == 0
+    result, rec = load_profile(tmp_path / "profile.json")
+    assert result.batch_sizes == (1, 2, 4)
+    assert rec is not None
+    assert rec.slo_p99_ms == 5000.0
+    assert rec.meets_slo is True
+    compute_ms = result.row(rec.max_batch_size).p99_ms
+    assert rec.window_ms == pytest.approx(0.5 * (5000.0 - 1.0 - compute_ms))
+    assert "- SLO: p99 <= 5000 ms, can be met" in capsys.readouterr().out
+
+
+def test_unmeetable_slo_warns_on_stderr_and_still_succeeds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = run_cli(
+        "--batch-sizes", "1,2", "--repeats", "2", "--device", "cpu", "--no-progress",
+        "--slo-p99-ms", "0.000001",
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    assert "**cannot be met**" in captured.out
+    assert "warning: SLO cannot be met: even batch 1" in captured.err
+
+
+def test_progress_bar_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("--batch-sizes", "1,2", "--repeats", "1", "--device", "cpu") == 0
+    captured = capsys.readouterr()
+    assert "profiled 2 batch sizes" in captured.err
+    assert "profiled 2 batch sizes" not in captured.out
+
+
+def test_stdout_holds_the_report_not_the_info_log(capsys: pytest.CaptureFixture[str]) -> None:
+    run_cli("--batch-sizes", "1", "--repeats", "1", "--device", "cpu", "--no-progress")
+    captured = capsys.readouterr()
+    assert TABLE_HEADER in captured.out
+    assert "profile.started" not in captured.out + captured.err
+
+
+def test_log_level_debug_shows_one_event_per_batch_size() -> None:
+    with capture_logs() as logs:
+        status = main(
+            ["--log-level", "debug", "profile", "--batch-sizes", "1,2", "--repeats", "1",
+             "--device", "cpu", "--no-progress"]
+        )  # fmt: skip
+    assert status == 0
+    done = [entry for entry in logs if entry["event"] == "profile.batch_size_done"]
+    assert [entry["batch_size"] for entry in done] == [1, 2]
+
+
+USER_MODULE = """
+def build():
+    def model(batch):
+        return [x * 2 for x in batch]
+    return model
+
+def make_batch(n):
+    return list(range(n))
+
+def not_a_factory():
+    return 42
+
+NOT_CALLABLE = 3
+
+def no_memory(n):
+    raise MemoryError
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module ``user_model_<id>.py`` in a fresh current directory; returns its name."""
+    name = f"user_model_{abs(hash(tmp_path)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_MODULE), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+def test_user_model_from_the_current_directory(
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = run_cli(
+        f"{user_module}:build", "--input", f"{user_module}:make_batch",
+        "--batch-sizes", "1,8,64", "--repeats", "3", "--no-progress", "--out", "res",
+    )  # fmt: skip
+    assert status == 0
+    result, _ = load_profile(tmp_path / "res" / "profile.json")
+    assert result.model_name == f"{user_module}:build"
+    assert result.batch_sizes == (1, 8, 64)
+    assert f"# Profile of `{user_module}:build`" in capsys.readouterr().out
+
+
+def test_out_of_memory_at_the_smallest_size_exits_1(
+    user_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = run_cli(
+        f"{user_module}:build", "--input", f"{user_module}:no_memory", "--no-progress",
+    )  # fmt: skip
+    assert status == 1
+    assert capsys.readouterr().err.endswith(
+        "adaptive-batcher profile: the smallest batch size (1) ran out of memory; "
+        "nothing to report\n"
+    )
+
+
+# --- argument errors: exit status 2, a clear message, no traceback ---
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no_such_module_xyz:build", "--input", "no_such_module_xyz:f"],
+         "MODEL 'no_such_module_xyz:build': cannot import module 'no_such_module_xyz': "
+         "No module named 'no_such_module_xyz'"),
+        (["{mod}:missing", "--input", "{mod}:make_batch"],
+         "MODEL '{mod}:missing': module '{mod}' has no attribute 'missing'"),
+        (["{mod}:NOT_CALLABLE", "--input", "{mod}:make_batch"],
+         "MODEL '{mod}:NOT_CALLABLE': 'NOT_CALLABLE' is not callable, got int"),
+        (["{mod}:build", "--input", "{mod}:nope"],
+         "--input '{mod}:nope': module '{mod}' has no attribute 'nope'"),
+        (["{mod}:not_a_factory", "--input", "{mod}:make_batch"],
+         "MODEL '{mod}:not_a_factory' returned int, which is not callable; it must return the "
+         "batch callable model(batch)"),
+        (["{mod}:build"],
+         "--input MODULE:FUNCTION is required with MODEL (function(n) returns a batch of n)"),
+        (["--preprocess-ms", "2"],
+         "--preprocess-ms needs --slo-p99-ms (it is subtracted from the SLO)"),
+        (["--slo-p99-ms", "5", "--preprocess-ms", "6"],
+         "SLO.preprocess_ms (6.0) must be below p99_ms (5.0)"),
+        (["--device", "tpu"],
+         "--device: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ],
+)  # fmt: skip
+def test_argument_errors_exit_2_with_a_clear_message(
+    user_module: str, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    argv = [arg.replace("{mod}", user_module) for arg in argv]
+    assert run_cli(*argv, "--no-progress") == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.err
+        == f"adaptive-batcher profile: error: {message.replace('{mod}', user_module)}\n"
+    )
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_cuda_device_without_cuda_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_cli("--device", "cuda") == 2
+    assert "--device: device='cuda' but CUDA is not available" in capsys.readouterr().err
+
+
+def test_builtin_model_without_torch_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    assert run_cli("--device", "cpu", "--no-progress") == 2
+    assert capsys.readouterr().err == (
+        "adaptive-batcher profile: error: the built-in example model needs torch: "
+        "pip install 'adaptive-batcher[torch]', or pass your own MODEL and --input\n"
+    )
+
+
+def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "file.txt"
+    file.write_text("x", encoding="utf-8")
+    assert run_cli("--out", str(file)) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nocolon"], "expected 'module:function' (e.g. mypkg.serving:build_model), got 'nocolon'"),
+        (["--batch-sizes", "1,x"], "expected comma-separated integers >= 1 such as 1,2,4,8"),
+        (["--batch-sizes", "0,2"], "expected comma-separated integers >= 1 such as 1,2,4,8"),
+        (["--repeats", "0"], "expected an integer >= 1, got '0'"),
+        (["--warmup", "-1"], "expected an integer >= 0, got '-1'"),
+        (["--margin", "1.5"], "expected a number in (0, 1], got '1.5'"),
+        (["--slo-p99-ms", "nan"], "expected a number > 0, got 'nan'"),
+        (["--slo-p99-ms", "-5"], "expected a number > 0, got '-5'"),
+        (["--input", "a:b:c"], "expected 'module:function'"),
+    ],
+)
+def test_malformed_options_are_rejected_by_argparse_with_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        run_cli(*argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_help_explains_model_and_input(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        run_cli("--help")
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for text in (
+        "usage: adaptive-batcher profile [-h]",
+        "MODEL",
+        "--input MODULE:FUNCTION",
+        "--slo-p99-ms MS",
+        "built-in example",
+        "callable model(batch)",
+        "exit status: 0 done",
+    ):
+        assert text in out
+
+
+def test_runs_as_a_command_and_fails_cleanly() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "adaptive_batcher.cli.main", "profile", "--batch-sizes", "1,2",
+         "--repeats", "2", "--device", "cpu", "--no-progress"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert TABLE_HEADER in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "adaptive_batcher.cli.main", "profile", "no_such_mod_q:f",
+         "--input", "no_such_mod_q:g"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "cannot import module 'no_such_mod_q'" in bad.stderr
+    assert "Traceback" not in bad.stderr
