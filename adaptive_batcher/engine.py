@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
@@ -160,9 +161,13 @@ class BatchingEngine(Generic[H]):
         hard_max_batch_size: the cap no setting may exceed and the largest request accepted, units.
             Defaults to ``limits.max_batch_size``.
         max_queue_size: most requests queued (not counting running ones); None for unbounded.
+        window_origin: ``"arrival"`` (default): the window counts from the oldest queued request's
+            arrival. ``"slot_free"``: it counts from the later of that arrival and the moment a
+            slot last freed up, TorchServe's behaviour (#2478), kept only as a baseline for
+            comparisons; it makes requests queued behind a busy model wait a second window.
 
     Raises:
-        ValueError: if a limit is out of range.
+        ValueError: if a limit is out of range or ``window_origin`` is unknown.
     """
 
     def __init__(
@@ -171,7 +176,12 @@ class BatchingEngine(Generic[H]):
         *,
         hard_max_batch_size: int | None = None,
         max_queue_size: int | None = None,
+        window_origin: str = "arrival",
     ) -> None:
+        if window_origin not in ("arrival", "slot_free"):
+            raise ValueError(
+                f"window_origin must be 'arrival' or 'slot_free', got {window_origin!r}"
+            )
         hard = limits.max_batch_size if hard_max_batch_size is None else hard_max_batch_size
         if hard < limits.max_batch_size:
             raise ValueError(
@@ -195,6 +205,8 @@ class BatchingEngine(Generic[H]):
         self._timer_at: float | None = None
         self._closed = False
         self._draining = False
+        self._from_slot_free = window_origin == "slot_free"
+        self._slot_freed_s = -math.inf
 
     # -- read-only state -------------------------------------------------------------------
 
@@ -275,12 +287,17 @@ class BatchingEngine(Generic[H]):
         self._forget(request)
         return True
 
-    def complete(self, batch: Batch[H]) -> None:
-        """The batch has ended (success or failure): its slot is free. Call :meth:`poll` next."""
+    def complete(self, batch: Batch[H], now: float | None = None) -> None:
+        """The batch has ended (success or failure) at ``now``: its slot is free.
+
+        Call :meth:`poll` next. ``now`` matters only with ``window_origin="slot_free"``.
+        """
         del batch
         if self._in_flight <= 0:
             raise RuntimeError("complete() called with no batch in flight")
         self._in_flight -= 1
+        if now is not None:
+            self._slot_freed_s = now
 
     def set_limits(self, limits: EngineLimits) -> None:
         """Change window, cap and slots; they apply from the next :meth:`poll`.
@@ -350,7 +367,11 @@ class BatchingEngine(Generic[H]):
     def _ready(self, now: float) -> bool:
         if self._draining or self._window_s <= 0.0 or self._queued_units >= self._cap:
             return True
-        return now >= self._head().arrival_s + self._window_s
+        return now >= self._window_start() + self._window_s
+
+    def _window_start(self) -> float:
+        start = self._head().arrival_s
+        return max(start, self._slot_freed_s) if self._from_slot_free else start
 
     def _form_batch(self, now: float) -> Batch[H]:
         queue = self._queue
@@ -397,7 +418,7 @@ class BatchingEngine(Generic[H]):
     def _next_wakeup(self) -> float | None:
         wake: float | None = None
         if self._queued and self._in_flight < self._slots and self._window_s > 0.0:
-            wake = self._head().arrival_s + self._window_s
+            wake = self._window_start() + self._window_s
         heap = self._deadlines
         while heap and heap[0][2].state != RequestState.QUEUED:
             heapq.heappop(heap)

@@ -24,6 +24,8 @@ from adaptive_batcher._validate import (
     check_number,
     check_optional_int,
 )
+from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
+from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import (
     Batch,
     BatchingEngine,
@@ -43,9 +45,12 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.metrics.histogram import Quantiles
 from adaptive_batcher.metrics.recorder import Counts, Recorder
+from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
 from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
+from adaptive_batcher.telemetry.sampler import TelemetrySampler
 
 __all__ = ["AdaptiveBatcher", "BatcherStats", "default_is_oom"]
 
@@ -53,6 +58,7 @@ X = TypeVar("X")
 Y = TypeVar("Y")
 
 _log = structlog.get_logger("adaptive_batcher")
+_UNKNOWN = TelemetrySample(source="none")
 
 
 def default_is_oom(exc: BaseException) -> bool:
@@ -75,6 +81,9 @@ class BatcherStats:
         latency: end-to-end latency quantiles (ms) over the sliding window, with their sample count.
         window_ms, max_batch_size, max_concurrent_batches: the settings in force now.
         slo: the latency objective, if one was set.
+        policy: the controller's policy chain (None: static settings, no controller).
+        slo_unreachable: True while the SLO cannot be met even by a batch of one.
+        decisions: controller decisions taken so far.
     """
 
     name: str
@@ -88,6 +97,9 @@ class BatcherStats:
     max_batch_size: int
     max_concurrent_batches: int
     slo: SLO | None
+    policy: str | None
+    slo_unreachable: bool
+    decisions: int
 
 
 class _Pending(Request[asyncio.Future[Any]]):
@@ -137,7 +149,19 @@ class AdaptiveBatcher(Generic[X, Y]):
         bisect_on_error: when the model raises for a whole batch, re-run it split in halves until
             the failing item is isolated; only that caller gets the error.
         is_oom: tells out-of-memory errors apart; an OOM batch is always re-run split in halves.
-        slo: the latency objective (recorded in stats; the controller makes it act).
+        slo: the latency objective. With an SLO and no ``policy``, the batcher tunes itself with
+            :class:`~adaptive_batcher.policies.PID`.
+        policy: the control law that tunes window and cap online (see
+            :mod:`adaptive_batcher.policies`); None with no SLO keeps the settings static.
+        bounds: the range the controller keeps window and cap in. Default: window 0 to
+            ``max(100, window_ms)`` ms, cap 1 to ``max_batch_size``, on ``batch_sizes`` if given.
+        guards: guard factories around the policy, innermost first (default: unused-window,
+            budget, memory, and bucket guards; see :mod:`adaptive_batcher.control.guards`).
+        telemetry: a GPU telemetry source (e.g. ``adaptive_batcher.telemetry.auto_telemetry()``),
+            sampled in a background thread at ``telemetry_hz`` while the batcher is open.
+        control_interval_ms: time between controller decisions, ms.
+        shed_late: with an SLO, fail at once (``DeadlineExceededError``) the queued requests that
+            can no longer meet it, instead of serving them late (see ``ShedGuard``).
         name: the ``batcher`` field of this batcher's log events.
         cuda_event_factory: for ``executor="cuda"``: makes completion events (tests pass a fake).
 
@@ -164,6 +188,13 @@ class AdaptiveBatcher(Generic[X, Y]):
         bisect_on_error: bool = False,
         is_oom: Callable[[BaseException], bool] = default_is_oom,
         slo: SLO | None = None,
+        policy: Policy | None = None,
+        bounds: Bounds | None = None,
+        guards: Sequence[GuardFactory] | None = None,
+        telemetry: Telemetry | None = None,
+        telemetry_hz: float = 20.0,
+        control_interval_ms: float = 250.0,
+        shed_late: bool = False,
         name: str = "batcher",
         cuda_event_factory: Callable[[], CompletionEvent] | None = None,
     ) -> None:
@@ -190,6 +221,21 @@ class AdaptiveBatcher(Generic[X, Y]):
         self.slo = slo
         self.name = name
         self.recorder = Recorder()
+        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
+        if policy is None and slo is not None:
+            from adaptive_batcher.policies.pid import PID
+
+            policy = PID()
+        self._bounds = bounds or Bounds(0.0, max(100.0, window_ms), 1, cap, self._buckets)
+        self._guards = guards
+        self._shed_late = shed_late
+        self._shed_after_s: float | None = None
+        self._controller: Controller | None = None
+        if policy is not None:
+            self._controller = self._make_controller(policy, control_interval_ms / 1e3)
+        self._sampler = (
+            TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -224,6 +270,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         deadline_s = None
         if deadline_ms is not None:
             deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
+        if self._shed_after_s is not None:
+            shed_at = now + self._shed_after_s
+            deadline_s = shed_at if deadline_s is None else min(deadline_s, shed_at)
         size = 1 if self._size_fn is None else self._item_size(item)
         recorder = self.recorder
         recorder.submitted += 1
@@ -274,6 +323,9 @@ class AdaptiveBatcher(Generic[X, Y]):
             max_batch_size=limits.max_batch_size,
             max_concurrent_batches=limits.max_concurrent_batches,
             slo=self.slo,
+            policy=self._controller.chain.name if self._controller else None,
+            slo_unreachable=self._controller.slo_unreachable if self._controller else False,
+            decisions=self._controller.decisions if self._controller else 0,
         )
 
     def set_limits(
@@ -303,6 +355,34 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._engine.set_limits(limits)
         if self._loop is not None:
             self._schedule_pump()
+
+    def set_slo(self, slo: SLO | None) -> None:
+        """Change the latency objective at run time; the controller uses it from its next tick.
+
+        Raises:
+            TypeError: ``slo`` is not an SLO or None.
+        """
+        if slo is not None and not isinstance(slo, SLO):
+            raise TypeError(f"slo must be an SLO, got {type(slo).__name__}")
+        self.slo = slo
+        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
+        if self._controller is not None:
+            self._controller.set_slo(slo)
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Switch the control law at run time; it continues from the settings in force.
+
+        None stops the controller: the settings in force stay as they are.
+        """
+        if policy is None:
+            self._controller = None
+            return
+        if self._controller is None:
+            self._controller = self._make_controller(policy, 0.25)
+            if self._loop is not None:
+                self._start_controller()
+        else:
+            self._controller.set_policy(policy)
 
     async def warmup(self, make_item: Callable[[], X]) -> dict[int, float]:
         """Run the model once at every bucket size before serving; returns {size: seconds}.
@@ -360,6 +440,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._timer.cancel()
             self._timer = None
         self._executor.close()
+        if self._sampler is not None and self._sampler.running:
+            self._sampler.stop()
 
     async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
         self._bind()
@@ -377,10 +459,44 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
+        if self._loop is loop:
+            return loop
+        if self._loop is not None:
             raise RuntimeError("this AdaptiveBatcher is bound to another event loop")
         self._loop = loop
+        if self._controller is not None:
+            self._start_controller()
+        if self._sampler is not None and not self._closed:
+            self._sampler.start()
         return loop
+
+    def _make_controller(self, policy: Policy, interval_s: float) -> Controller:
+        guards = self._guards
+        if guards is None:
+            guards = default_guards(lambda: self.warmed_sizes, shed_late=self._shed_late)
+        return Controller(policy, self._bounds, slo=self.slo, interval_s=interval_s, guards=guards)
+
+    def _start_controller(self) -> None:
+        assert self._controller is not None and self._loop is not None
+        limits = self._engine.limits
+        current = Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
+        self._controller.start(current, self._loop.time(), self.recorder.counts())
+
+    def _control_tick(self, now: float) -> None:
+        controller = self._controller
+        assert controller is not None
+        telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
+        engine = self._engine
+        decision = controller.tick(
+            now, self.recorder, engine.queue_depth, engine.queued_units, telemetry
+        )
+        if decision is not None:
+            shed = decision.shed_after_ms
+            self._shed_after_s = None if shed is None else shed / 1e3
+            slots = engine.limits.max_concurrent_batches
+            engine.set_limits(
+                EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
+            )
 
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
@@ -458,6 +574,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._engine.complete(batch)
             if live:
                 self.recorder.record_batch(ended, len(live), batch.units, ended - started)
+            if self._controller is not None and self._controller.due(ended):
+                self._control_tick(ended)
             self._pump(ended)
 
     async def _execute(self, requests: list[Any]) -> None:

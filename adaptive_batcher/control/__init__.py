@@ -1,0 +1,31 @@
+"""The sans-IO controller: observations in, decisions out; guards; the service-time model."""
+
+from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
+from adaptive_batcher.control.guards import (
+    BucketGuard,
+    BudgetGuard,
+    Guard,
+    MemoryGuard,
+    PowerGuard,
+    ShedGuard,
+    UnusedWindowGuard,
+)
+from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.types import Bounds, Decision, Observation
+
+__all__ = [
+    "Bounds",
+    "BucketGuard",
+    "BudgetGuard",
+    "Controller",
+    "Decision",
+    "Guard",
+    "GuardFactory",
+    "MemoryGuard",
+    "Observation",
+    "PowerGuard",
+    "ServiceTimeModel",
+    "ShedGuard",
+    "UnusedWindowGuard",
+    "default_guards",
+]

@@ -1,0 +1,246 @@
+"""The sans-IO controller: counters and samples in (with ``now``), a Decision out, once per tick.
+
+The runtime and the simulator both own a :class:`~adaptive_batcher.metrics.Recorder` and a
+:class:`~adaptive_batcher.engine.BatchingEngine`; after each batch they call
+:meth:`Controller.maybe_tick`, and apply the returned decision to the engine. Every decision is a
+``controller.decision`` log event with the inputs that drove it. A policy that raises is logged
+(``controller.policy_failed``) and the last decision stands: serving never stops for the
+controller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from adaptive_batcher.control.guards import (
+    BucketGuard,
+    BudgetGuard,
+    Guard,
+    MemoryGuard,
+    ShedGuard,
+    UnusedWindowGuard,
+)
+from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.metrics.recorder import Counts, Recorder
+from adaptive_batcher.policies.base import Policy
+from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import TelemetrySample
+
+__all__ = ["Controller", "GuardFactory", "default_guards"]
+
+_log = structlog.get_logger("adaptive_batcher")
+
+GuardFactory = Callable[[Policy], Policy]
+
+
+def default_guards(
+    warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
+) -> list[GuardFactory]:
+    """The standard guard chain, innermost first: unused window, budget, memory, buckets, and
+    SLO-aware shedding when ``shed_late`` is True."""
+    guards: list[GuardFactory] = [UnusedWindowGuard, BudgetGuard, MemoryGuard]
+    if shed_late:
+        guards.append(ShedGuard)
+    if warmed is not None:
+        guards.append(lambda inner: BucketGuard(inner, warmed))
+    return guards
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    now_s: float
+    counts: Counts
+
+
+class Controller:
+    """Runs a policy (wrapped in guards) on a tick and keeps the last safe decision.
+
+    Args:
+        policy: the control law.
+        bounds: the range every decision is clamped into.
+        slo: the latency objective (None: policies that need one hold).
+        interval_s: seconds between decisions (ticks happen on batch completions).
+        guards: guard factories, innermost first (default :func:`default_guards`).
+        service_model: the service-time model to feed (default: a new one).
+        latency_span_s: the span of recent latencies the observation reports.
+
+    Raises:
+        ValueError: a non-positive ``interval_s`` or ``latency_span_s``.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        bounds: Bounds,
+        *,
+        slo: SLO | None = None,
+        interval_s: float = 0.25,
+        guards: Sequence[GuardFactory] | None = None,
+        service_model: ServiceTimeModel | None = None,
+        latency_span_s: float = 2.0,
+    ) -> None:
+        if not interval_s > 0 or not latency_span_s > 0:
+            raise ValueError("interval_s and latency_span_s must be > 0")
+        self.bounds = bounds
+        self.slo = slo
+        self.interval_s = interval_s
+        self.latency_span_s = latency_span_s
+        self.service_model = service_model or ServiceTimeModel()
+        self._guard_factories = list(default_guards() if guards is None else guards)
+        self.policy = policy
+        self.chain: Policy = self._wrap(policy)
+        self.decision: Decision | None = None
+        self.decisions = 0
+        self.failures = 0
+        self._last: _Snapshot | None = None
+
+    @property
+    def slo_unreachable(self) -> bool:
+        """True while the budget guard finds the SLO out of reach even at the smallest batch."""
+        chain: Policy | None = self.chain
+        while isinstance(chain, Guard):
+            if isinstance(chain, BudgetGuard):
+                return chain.slo_unreachable
+            chain = chain.inner
+        return False
+
+    def start(self, current: Decision, now: float, counts: Counts) -> None:
+        """Begin from the settings in force at ``now`` (the policy is reset to them)."""
+        self.decision = self.bounds.clamp(current)
+        self.chain.reset(self.decision)
+        self._last = _Snapshot(now, counts)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Switch policy; it takes over from the settings in force at the next tick (bumpless)."""
+        self.policy = policy
+        self.chain = self._wrap(policy)
+        if self.decision is not None:
+            self.chain.reset(self.decision)
+
+    def set_slo(self, slo: SLO | None) -> None:
+        """Change the objective; it applies from the next tick."""
+        self.slo = slo
+
+    def due(self, now: float) -> bool:
+        """True when a tick is due at ``now``."""
+        return self._last is None or now - self._last.now_s >= self.interval_s
+
+    def tick(
+        self,
+        now: float,
+        recorder: Recorder,
+        queue_depth: int,
+        queued_units: int,
+        telemetry: TelemetrySample,
+    ) -> Decision | None:
+        """Observe, decide, and return the new decision if it differs from the one in force."""
+        counts = recorder.counts()
+        if self.decision is None or self._last is None:
+            raise RuntimeError("Controller.start() must be called before tick()")
+        self.service_model.update(recorder.batches, counts.batches)
+        observation = self._observe(now, recorder, counts, queue_depth, queued_units, telemetry)
+        self._last = _Snapshot(now, counts)
+        try:
+            proposed = self.chain.decide(observation)
+        except Exception as exc:
+            self.failures += 1
+            _log.error(
+                "controller.policy_failed",
+                policy=self.chain.name,
+                error=repr(exc),
+                window_ms=self.decision.window_ms,
+                max_batch_size=self.decision.max_batch_size,
+            )
+            return None
+        decision = self.bounds.clamp(proposed)
+        self.decisions += 1
+        _log_decision(observation, decision, self.chain.name)
+        changed = decision != self.decision.with_(reason=decision.reason)
+        self.decision = decision
+        return decision if changed else None
+
+    def _wrap(self, policy: Policy) -> Policy:
+        chain = policy
+        for factory in self._guard_factories:
+            chain = factory(chain)
+        return chain
+
+    def _observe(
+        self,
+        now: float,
+        recorder: Recorder,
+        counts: Counts,
+        queue_depth: int,
+        queued_units: int,
+        telemetry: TelemetrySample,
+    ) -> Observation:
+        assert self._last is not None and self.decision is not None
+        before = self._last.counts
+        interval = max(now - self._last.now_s, 1e-9)
+        batches = counts.batches - before.batches
+        items = counts.batch_items - before.batch_items
+        units = counts.batch_units - before.batch_units
+        answered = (counts.completed - before.completed) + (counts.failed - before.failed)
+        quantile = self.slo.quantile if self.slo is not None else 0.99
+        recent = recorder.latency.quantiles(now, span_s=self.latency_span_s)
+        latency = recorder.latency.quantile_ms(quantile, now, span_s=self.latency_span_s)
+        return Observation(
+            now_s=now,
+            interval_s=interval,
+            current=self.decision,
+            bounds=self.bounds,
+            slo=self.slo,
+            latency_ms=latency,
+            p50_ms=recent.p50_ms,
+            mean_ms=recent.mean_ms,
+            latency_samples=recent.count,
+            queue_depth=queue_depth,
+            queued_units=queued_units,
+            arrival_rate_rps=(counts.submitted - before.submitted) / interval,
+            throughput_rps=answered / interval,
+            goodput_rps=(counts.within_slo - before.within_slo) / interval,
+            rejected=counts.rejected - before.rejected,
+            expired=counts.expired - before.expired,
+            failed=counts.failed - before.failed,
+            oom_errors=counts.oom_errors - before.oom_errors,
+            batches=batches,
+            mean_batch_size=items / batches if batches else math.nan,
+            fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,
+            mean_request_units=units / items if items else 1.0,
+            service_ms=self.service_model.predict_ms,
+            service_samples=self.service_model.samples,
+            telemetry=telemetry,
+        )
+
+
+def _log_decision(observation: Observation, decision: Decision, policy: str) -> None:
+    _log.debug(
+        "controller.decision",
+        policy=policy,
+        reason=decision.reason,
+        window_ms=round(decision.window_ms, 3),
+        max_batch_size=decision.max_batch_size,
+        shed_after_ms=decision.shed_after_ms,
+        previous_window_ms=round(observation.current.window_ms, 3),
+        previous_max_batch_size=observation.current.max_batch_size,
+        latency_ms=_round(observation.latency_ms),
+        target_ms=_round(observation.target_ms),
+        latency_samples=observation.latency_samples,
+        queue_depth=observation.queue_depth,
+        arrival_rate_rps=round(observation.arrival_rate_rps, 1),
+        throughput_rps=round(observation.throughput_rps, 1),
+        goodput_rps=round(observation.goodput_rps, 1),
+        mean_batch_size=_round(observation.mean_batch_size),
+        service_ms_at_cap=_round(observation.service_ms(decision.max_batch_size)),
+        free_memory_fraction=observation.telemetry.free_fraction,
+        oom_errors=observation.oom_errors,
+    )
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)

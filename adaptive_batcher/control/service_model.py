@@ -1,0 +1,133 @@
+"""A service-time model fitted online: how long the model takes for a batch of n units.
+
+Per-size medians of recent batches (medians: robust to stragglers) are fitted with scikit-learn's
+isotonic regression (service time never falls as the batch grows) for sizes inside the observed
+range; beyond it, the model extends the least-squares slope of the upper half of that fit.
+A linear model alone misses the shape measured on GPUs, flat while launch-bound and linear
+after (resnet50 on an H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64 and 16.6 ms at 256;
+../shared/profiles/h200/batch_profile.csv).
+Beyond the largest observed size the model is deliberately optimistic: it grows at ``OPTIMISM``
+times the per-unit cost of the largest observed batch ("optimism in the face of uncertainty", as
+in UCB). A controller that only ever saw small batches must still try larger ones when load
+grows, and the first large batches correct the model; a pessimistic extrapolation (proportional
+to n, or the steep slope of a launch-bound knee) kept caps small forever in replays. Below the
+smallest observed size it is flat (conservative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+from adaptive_batcher.metrics.recorder import BatchSample
+
+__all__ = ["OPTIMISM", "ServiceTimeModel"]
+
+OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
+
+
+class ServiceTimeModel:
+    """Predicts batch service time (ms) from batch size (units).
+
+    Args:
+        min_samples: batches needed before the model predicts anything but NaN (or the seed).
+        refit_every: refit after this many new batches (fits cost ~1 ms; batches arrive often).
+        seed: optional prior ``(batch_size, median_ms)`` rows, e.g. from ``adaptive-batcher
+            profile``; used until enough batches have been seen, and blended in afterwards for
+            sizes never observed.
+        per_size: recent samples kept per batch size.
+
+    Raises:
+        ValueError: ``min_samples`` < 1 or ``refit_every`` < 1.
+    """
+
+    def __init__(
+        self,
+        min_samples: int = 8,
+        refit_every: int = 16,
+        seed: Sequence[tuple[int, float]] = (),
+        per_size: int = 32,
+    ) -> None:
+        if min_samples < 1 or refit_every < 1:
+            raise ValueError("min_samples and refit_every must be >= 1")
+        self.min_samples = min_samples
+        self.refit_every = refit_every
+        self.per_size = per_size
+        self._reservoir: dict[int, deque[float]] = {}
+        self._seed = sorted((int(n), float(ms)) for n, ms in seed)
+        self._seen_total = 0
+        self._fitted_at = -refit_every
+        self._sizes = np.empty(0)
+        self._medians = np.empty(0)
+        self.samples = 0
+        if self._seed:
+            self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
+
+    def update(self, batches: Sequence[BatchSample], total_seen: int) -> None:
+        """Take in the batches recorded since the last call and refit if due.
+
+        ``batches`` are the most recent batch samples (oldest first) and ``total_seen`` the
+        running count of batches ever recorded; the samples new since the last call are kept in
+        a small per-size reservoir (``per_size`` most recent each), so sizes seen long ago stay
+        known when one size dominates for a while.
+        """
+        new = min(total_seen - self._seen_total, len(batches))
+        self._seen_total = total_seen
+        for sample in list(batches)[len(batches) - new :] if new > 0 else ():
+            if sample.units > 0:
+                reservoir = self._reservoir.get(sample.units)
+                if reservoir is None:
+                    reservoir = self._reservoir[sample.units] = deque(maxlen=self.per_size)
+                reservoir.append(sample.service_s * 1e3)
+        count = sum(len(r) for r in self._reservoir.values())
+        if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
+            return
+        self._fitted_at = total_seen
+        self.samples = count
+        sizes = sorted(self._reservoir)
+        medians = [float(np.median(self._reservoir[n])) for n in sizes]
+        counts = [float(len(self._reservoir[n])) for n in sizes]
+        for n, ms in self._seed:  # prior points for sizes outside the observed range
+            if n < sizes[0] or n > sizes[-1]:
+                sizes.append(n)
+                medians.append(ms)
+                counts.append(1.0)
+        order = sorted(range(len(sizes)), key=sizes.__getitem__)
+        self._fit_points(
+            [sizes[i] for i in order], [medians[i] for i in order], [counts[i] for i in order]
+        )
+
+    def predict_ms(self, batch_size: int) -> float:
+        """Predicted service time of a batch of ``batch_size`` units, ms (NaN before a fit)."""
+        sizes = self._sizes
+        if sizes.size == 0:
+            return math.nan
+        if batch_size <= sizes[0]:
+            return float(self._medians[0])
+        if batch_size >= sizes[-1]:
+            last = float(self._medians[-1])
+            slope = OPTIMISM * last / float(sizes[-1])
+            return last + slope * (batch_size - float(sizes[-1]))
+        return float(np.interp(batch_size, sizes, self._medians))
+
+    def __call__(self, batch_size: int) -> float:
+        return self.predict_ms(batch_size)
+
+    def largest_within(self, budget_ms: float, candidates: Iterable[int]) -> int | None:
+        """The largest candidate size whose predicted service time is <= ``budget_ms``."""
+        fitting = [n for n in candidates if self.predict_ms(n) <= budget_ms]
+        return max(fitting) if fitting else None
+
+    def _fit_points(
+        self, sizes: Sequence[int], medians: Sequence[float], weights: Sequence[float] | None
+    ) -> None:
+        x = np.asarray(sizes, dtype=float)
+        y = np.asarray(medians, dtype=float)
+        if x.size >= 2:
+            iso = IsotonicRegression(increasing=True, out_of_bounds="clip")
+            y = iso.fit(x, y, sample_weight=weights).predict(x)
+        self._sizes, self._medians = x, y

@@ -1,0 +1,183 @@
+"""What the controller sees and what it says: Observation in, Decision out; Bounds around both."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import TelemetrySample
+
+__all__ = ["Bounds", "Decision", "Observation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The knobs a policy sets, and why.
+
+    Attributes:
+        window_ms: batching window, ms (>= 0).
+        max_batch_size: batch cap in size units (>= 1).
+        reason: a short machine-readable tag for the log (``pid``, ``memory_pressure``, ...).
+        shed_after_ms: SLO-aware shedding: a request still queued this long after arrival fails
+            at once with ``DeadlineExceededError`` instead of being served late (applies to
+            requests that arrive after the decision; None: no shedding).
+    """
+
+    window_ms: float
+    max_batch_size: int
+    reason: str = ""
+    shed_after_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.window_ms) and self.window_ms >= 0):
+            raise ValueError(
+                f"Decision.window_ms must be a finite number >= 0, got {self.window_ms!r}"
+            )
+        if self.max_batch_size < 1:
+            raise ValueError(f"Decision.max_batch_size must be >= 1, got {self.max_batch_size!r}")
+        if self.shed_after_ms is not None and not self.shed_after_ms >= 0:
+            raise ValueError(f"Decision.shed_after_ms must be >= 0, got {self.shed_after_ms!r}")
+
+    def with_(self, **changes: object) -> Decision:
+        """A copy with some fields changed (``reason`` usually among them)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Where any decision must stay; the controller clamps every decision into them.
+
+    Attributes:
+        min_window_ms, max_window_ms: window range, ms.
+        min_batch_size, max_batch_size: cap range, size units; ``max_batch_size`` is the hard cap.
+        batch_sizes: allowed caps ("buckets"), increasing; empty means any size in range.
+
+    Raises:
+        ValueError: an empty or inverted range.
+    """
+
+    min_window_ms: float = 0.0
+    max_window_ms: float = 100.0
+    min_batch_size: int = 1
+    max_batch_size: int = 256
+    batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_window_ms <= self.max_window_ms:
+            raise ValueError(
+                f"Bounds need 0 <= min_window_ms <= max_window_ms, got "
+                f"{self.min_window_ms!r}..{self.max_window_ms!r}"
+            )
+        if not 1 <= self.min_batch_size <= self.max_batch_size:
+            raise ValueError(
+                f"Bounds need 1 <= min_batch_size <= max_batch_size, got "
+                f"{self.min_batch_size!r}..{self.max_batch_size!r}"
+            )
+
+    def clamp(self, decision: Decision) -> Decision:
+        """``decision`` with window and cap moved into range (and onto a bucket, if any)."""
+        window = min(max(decision.window_ms, self.min_window_ms), self.max_window_ms)
+        cap = min(max(decision.max_batch_size, self.min_batch_size), self.max_batch_size)
+        if self.batch_sizes:
+            cap = self.bucket_at_most(cap)
+        if window == decision.window_ms and cap == decision.max_batch_size:
+            return decision
+        return decision.with_(window_ms=window, max_batch_size=cap)
+
+    def bucket_at_most(self, size: int) -> int:
+        """The largest allowed size <= ``size`` (the smallest allowed size if none is)."""
+        if not self.batch_sizes:
+            return size
+        fitting = [b for b in self.batch_sizes if b <= size]
+        return fitting[-1] if fitting else self.batch_sizes[0]
+
+    def cap_candidates(self) -> list[int]:
+        """The caps a policy may choose: the buckets, or powers of two in range plus the maximum."""
+        if self.batch_sizes:
+            return [b for b in self.batch_sizes if self.min_batch_size <= b <= self.max_batch_size]
+        sizes = {self.min_batch_size, self.max_batch_size}
+        size = 1
+        while size < self.max_batch_size:
+            if size >= self.min_batch_size:
+                sizes.add(size)
+            size *= 2
+        return sorted(sizes)
+
+
+def _no_model(batch_size: int) -> float:
+    del batch_size
+    return math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything a policy may look at, measured over the last control tick unless noted.
+
+    Attributes:
+        now_s: time of the observation, seconds on the batcher's clock.
+        interval_s: length of the tick the rates and counts cover, seconds.
+        current: the decision in force during the tick.
+        bounds: the range decisions must stay in.
+        slo: the latency objective (None: no SLO set).
+        latency_ms: end-to-end latency at the SLO's percentile (p99 without an SLO) over the
+            recent control span (~2 s), ms; NaN without samples.
+        p50_ms, mean_ms: median and mean latency over the same span, ms.
+        latency_samples: requests behind those figures.
+        queue_depth, queued_units: requests (and units) queued at the tick.
+        arrival_rate_rps, throughput_rps, goodput_rps: arrivals, answers, and answers within the
+            SLO per second over the tick.
+        rejected, expired, failed, oom_errors: counts over the tick.
+        batches: batches finished in the tick; mean_batch_size their mean items, fill_ratio the
+            mean units over the cap in force; mean_request_units the mean units per request
+            (1.0 when every item counts as one).
+        service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
+            enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeModel`.
+        service_samples: batches behind the fit.
+        telemetry: the latest GPU reading (all unknown without a GPU).
+        power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
+    """
+
+    now_s: float
+    interval_s: float
+    current: Decision
+    bounds: Bounds
+    slo: SLO | None = None
+    latency_ms: float = math.nan
+    p50_ms: float = math.nan
+    mean_ms: float = math.nan
+    latency_samples: int = 0
+    queue_depth: int = 0
+    queued_units: int = 0
+    arrival_rate_rps: float = 0.0
+    throughput_rps: float = 0.0
+    goodput_rps: float = 0.0
+    rejected: int = 0
+    expired: int = 0
+    failed: int = 0
+    oom_errors: int = 0
+    batches: int = 0
+    mean_batch_size: float = math.nan
+    fill_ratio: float = math.nan
+    mean_request_units: float = 1.0
+    service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
+    service_samples: int = 0
+    telemetry: TelemetrySample = field(default_factory=TelemetrySample)
+
+    @property
+    def power(self) -> float:
+        """Throughput over mean latency (Kleinrock 1979), NaN when either is unknown or 0."""
+        if not self.mean_ms > 0 or not self.throughput_rps > 0:
+            return math.nan
+        return self.throughput_rps / (self.mean_ms / 1e3)
+
+    @property
+    def target_ms(self) -> float:
+        """The latency the controller aims at: the SLO's ``target_ms`` (NaN without an SLO)."""
+        return self.slo.target_ms if self.slo is not None else math.nan
+
+    @property
+    def budget_ms(self) -> float:
+        """Queueing + compute time allowed inside the batcher (NaN without an SLO)."""
+        return self.slo.batcher_budget_ms if self.slo is not None else math.nan

@@ -1,0 +1,97 @@
+"""AIMD on the batch cap: the control law of Clipper (Crankshaw et al., NSDI 2017).
+
+Clipper raises the batch size by a fixed amount while the latency of a batch stays under the
+objective and cuts it by 10 % when it goes over. Our objective is end-to-end, so this policy
+compares ``observation.latency_ms`` (end-to-end latency at the SLO's percentile, queueing
+included) with ``observation.target_ms`` (``SLO.margin * SLO.p99_ms``) instead of the batch's
+service time with the SLO. Waiting in the window counts against the cap, which Clipper's rule
+did not see.
+"""
+
+from __future__ import annotations
+
+import math
+
+from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher.control.types import Decision, Observation
+
+__all__ = ["AIMD"]
+
+
+class AIMD:
+    """Additive increase, multiplicative decrease of the batch cap; the window is left alone.
+
+    Each tick, with an SLO and latency samples:
+
+    - latency over target (``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at
+      least one unit lower ("aimd.decrease");
+    - otherwise, if batches filled (``fill_ratio >= fill_threshold``): ``cap += step``
+      ("aimd.increase"); raising a cap that is never reached teaches nothing;
+    - otherwise, and without an SLO, latency samples or batches: the cap is held ("aimd.hold").
+
+    The result is clamped into ``observation.bounds``. With buckets (``bounds.batch_sizes``) the
+    additive steps accumulate in the policy until they reach the next bucket (the cap in force is
+    the largest bucket at most the accumulated cap), so a step smaller than the gap between
+    buckets still climbs; a decrease starts from the cap in force and lands on the bucket at most
+    ``floor(cap * backoff)``. When the cap in force is not the one this policy last chose (a guard
+    or another policy changed it), the policy continues from the cap in force.
+
+    Args:
+        step: additive increase, size units per tick (int >= 1); the paper gives no value, 1 is
+            the +1 of Netflix concurrency-limits' AIMDLimit.
+        backoff: multiplicative decrease factor, in (0, 1); 0.9 (a 10 % cut) as in Clipper.
+        fill_threshold: the ``fill_ratio`` at or above which batches count as full, in [0, 1].
+        window_ms: a fixed window, ms (>= 0); None keeps the window in force.
+
+    Raises:
+        TypeError: ``step`` not an int, or a number argument not a number.
+        ValueError: an argument out of range; the message names it (``AIMD.step``, ...).
+    """
+
+    name = "aimd"
+
+    def __init__(
+        self,
+        step: int = 1,
+        backoff: float = 0.9,
+        fill_threshold: float = 0.8,
+        window_ms: float | None = None,
+    ) -> None:
+        self.step = check_int("AIMD.step", step, 1)
+        self.backoff = check_number("AIMD.backoff", backoff, 0.0, strict=True)
+        if not self.backoff < 1.0:
+            raise ValueError(f"AIMD.backoff must be in (0, 1), got {backoff!r}")
+        self.fill_threshold = check_number("AIMD.fill_threshold", fill_threshold, 0.0)
+        if not self.fill_threshold <= 1.0:
+            raise ValueError(f"AIMD.fill_threshold must be in [0, 1], got {fill_threshold!r}")
+        self.window_ms = None if window_ms is None else check_number("AIMD.window_ms", window_ms, 0)
+        self._cap: int | None = None  # accumulated cap, units (above the bucket in force)
+        self._last_cap: int | None = None  # the cap this policy last chose
+
+    def reset(self, current: Decision) -> None:
+        """Continue from ``current`` (bumpless transfer)."""
+        self._cap = self._last_cap = current.max_batch_size
+
+    def decide(self, observation: Observation) -> Decision:
+        """The next (window, cap); see the class docstring for the rule."""
+        current, bounds = observation.current, observation.bounds
+        if self._cap is None or current.max_batch_size != self._last_cap:
+            self.reset(current)
+        assert self._cap is not None
+        latency_ms = observation.latency_ms
+        if observation.slo is None or observation.latency_samples == 0 or math.isnan(latency_ms):
+            reason = "aimd.hold"
+        elif latency_ms > observation.target_ms:
+            cut = math.floor(current.max_batch_size * self.backoff + 1e-9)
+            self._cap = min(cut, current.max_batch_size - 1)
+            reason = "aimd.decrease"
+        elif observation.fill_ratio >= self.fill_threshold:  # False for NaN (no batches)
+            self._cap += self.step
+            reason = "aimd.increase"
+        else:
+            reason = "aimd.hold"
+        self._cap = min(max(self._cap, bounds.min_batch_size), bounds.max_batch_size)
+        window_ms = current.window_ms if self.window_ms is None else self.window_ms
+        decision = bounds.clamp(Decision(window_ms, self._cap, reason))
+        self._last_cap = decision.max_batch_size
+        return decision

@@ -1,0 +1,119 @@
+"""PID on the latency error against the SLO, driving window and cap in split range.
+
+The measurement is the end-to-end latency at the SLO's percentile over the last ~2 s; the
+setpoint is the SLO's target (``margin * p99_ms``). Both are divided by the target, so the error
+``e = (target - latency) / target`` is dimensionless and the same gains serve a 4 ms model and a
+400 ms one (no per-model tuning).
+
+One output ``u`` in [-1, 1] drives two actuators in sequence ("split-range control", a standard
+process-control arrangement):
+
+* ``u`` in [0, 1]: there is slack; the window is ``u * W`` with ``W = min(max window, budget)``,
+  and the cap is the largest whose predicted latency (``window + 2 * service(cap)``) fits the
+  budget.
+* ``u`` in [-1, 0): latency is over target even with no window; the window is 0 and the cap's
+  latency budget shrinks to ``(1 + 0.9 * u) * budget``, so batches get shorter.
+
+In both ranges the cap never drops below the smallest cap that keeps up with the arrivals and
+the backlog, and under overload it is the highest-throughput cap (see
+:func:`adaptive_batcher.control.capacity.choose_cap`): a smaller cap would only grow the queue.
+
+PID practice (Åström & Hägglund, "Advanced PID Control", 2006): velocity (incremental) form, so
+clamping the output is the anti-windup and a switch-over is bumpless (``reset`` derives ``u`` from
+the settings in force); derivative on the measurement, not the error, so setpoint changes (a new
+SLO) cause no derivative kick.
+"""
+
+from __future__ import annotations
+
+import math
+
+from adaptive_batcher.control.capacity import choose_cap
+from adaptive_batcher.control.types import Decision, Observation
+
+__all__ = ["PID"]
+
+
+class PID:
+    """PID control of (window, cap) on the SLO latency error.
+
+    Args:
+        kp: proportional gain on the change of the normalised error, per tick.
+        ki: integral gain: output change per tick per unit of normalised error.
+        kd: derivative gain on the normalised measurement's second difference.
+        min_samples: latency samples needed in the span before the PID acts (else it holds).
+        max_window_ms: ceiling of the window range; default: the bounds' maximum.
+
+    Raises:
+        ValueError: a negative gain, or ``min_samples`` < 1.
+    """
+
+    name = "pid"
+
+    def __init__(
+        self,
+        kp: float = 0.3,
+        ki: float = 0.15,
+        kd: float = 0.05,
+        min_samples: int = 20,
+        max_window_ms: float | None = None,
+    ) -> None:
+        if min(kp, ki, kd) < 0:
+            raise ValueError(f"PID gains must be >= 0, got kp={kp}, ki={ki}, kd={kd}")
+        if min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {min_samples}")
+        self.kp, self.ki, self.kd = kp, ki, kd
+        self.min_samples = min_samples
+        self.max_window_ms = max_window_ms
+        self.output = 0.0
+        self._error: float | None = None
+        self._measurements: list[float] = []
+        self._current: Decision | None = None
+
+    def reset(self, current: Decision) -> None:
+        """Continue from ``current``: ``u`` is set from its window; derivative memory cleared."""
+        self._current = current
+        self._error = None
+        self._measurements = []
+
+    def decide(self, observation: Observation) -> Decision:
+        if self._current is None:
+            self.reset(observation.current)
+        slo = observation.slo
+        latency = observation.latency_ms
+        if slo is None or observation.latency_samples < self.min_samples or math.isnan(latency):
+            return observation.current.with_(reason="pid.hold")
+        span = self._window_span_ms(observation)
+        if self._error is None and span > 0:  # bumpless: start from the window in force
+            self.output = min(1.0, observation.current.window_ms / span)
+        target = slo.target_ms
+        error = max(-2.0, min(1.0, (target - latency) / target))
+        self._measurements = [*self._measurements[-2:], latency / target]
+        self.output = max(-1.0, min(1.0, self.output + self._step(error)))
+        self._error = error
+        return self._actuate(observation, span)
+
+    def _step(self, error: float) -> float:
+        previous = self._error if self._error is not None else error
+        change = self.kp * (error - previous) + self.ki * error
+        if len(self._measurements) == 3:  # velocity-form derivative on the measurement
+            oldest, older, newest = self._measurements
+            change -= self.kd * (newest - 2.0 * older + oldest)
+        return change
+
+    def _window_span_ms(self, observation: Observation) -> float:
+        ceiling = observation.bounds.max_window_ms
+        if self.max_window_ms is not None:
+            ceiling = min(ceiling, self.max_window_ms)
+        budget = observation.budget_ms
+        return max(0.0, min(ceiling, budget)) if not math.isnan(budget) else ceiling
+
+    def _actuate(self, observation: Observation, span_ms: float) -> Decision:
+        u = self.output
+        window = u * span_ms if u > 0 else 0.0
+        budget = observation.budget_ms * (1.0 if u >= 0 else 1.0 + 0.9 * u)
+        cap = choose_cap(observation, budget, window)
+        if cap is None:  # the service model is not ready yet
+            cap = observation.current.max_batch_size
+        reason = "pid.slack" if u > 0 else ("pid.tighten" if u < 0 else "pid.neutral")
+        return Decision(window, cap, reason)

@@ -1,0 +1,213 @@
+"""What a replay measured: per-request outcomes, summary metrics and time series."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.slo import SLO
+
+__all__ = ["Outcome", "SimResult", "TimeSeries"]
+
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+
+
+class Outcome:
+    """Per-request outcome codes."""
+
+    PENDING = 0
+    OK = 1
+    EXPIRED = 2
+    REJECTED = 3
+    FAILED = 4
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """Per-bin series for plots: bin start (s), arrivals/s, p99 latency (ms) of requests that
+    arrived in the bin (NaN if none completed), goodput (req/s within SLO); and the controller's
+    decisions as (time_s, window_ms, max_batch_size) rows."""
+
+    bin_s: float
+    start_s: FloatArray
+    arrivals_rps: FloatArray
+    p99_ms: FloatArray
+    goodput_rps: FloatArray
+    decisions: np.ndarray[Any, np.dtype[np.float64]]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Summary of one replay. Latencies are end-to-end inside the batcher (queue + compute), ms.
+
+    Attributes:
+        name: label of the configuration.
+        requests, completed, expired, rejected, failed: counts (completed = answered with a
+            result).
+        oom_errors: model calls that ran out of memory (each was split and re-run).
+        duration_s: span from the first to the last arrival, s (rates divide by it).
+        p50_ms, p95_ms, p99_ms, mean_ms: latency of completed requests (exact, not sketched).
+        slo_attainment: fraction of *all* requests answered within the SLO (rejected, expired
+            and failed requests count as misses); NaN without an SLO.
+        goodput_rps: requests answered within the SLO per second (all completed without SLO).
+        throughput_rps: completed requests per second.
+        power: throughput / mean latency (Kleinrock), req/s per s.
+        mean_batch_size: items per model call.
+        busy_fraction: share of slot time spent computing (including failed OOM attempts).
+        series: per-second time series and controller decisions.
+    """
+
+    name: str
+    requests: int
+    completed: int
+    expired: int
+    rejected: int
+    failed: int
+    oom_errors: int
+    duration_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    slo_attainment: float
+    goodput_rps: float
+    throughput_rps: float
+    power: float
+    mean_batch_size: float
+    busy_fraction: float
+    series: TimeSeries = field(repr=False)
+    latency_ms: FloatArray = field(repr=False)
+
+    @property
+    def lost(self) -> int:
+        """Requests that ended with neither a result nor an explicit error (must be 0)."""
+        return self.requests - self.completed - self.expired - self.rejected - self.failed
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The scalar metrics as a flat dict (for tables and ``extra_info``)."""
+        return {
+            "name": self.name,
+            "requests": self.requests,
+            "completed": self.completed,
+            "expired": self.expired,
+            "rejected": self.rejected,
+            "failed": self.failed,
+            "oom_errors": self.oom_errors,
+            "lost": self.lost,
+            "p50_ms": round(self.p50_ms, 3),
+            "p99_ms": round(self.p99_ms, 3),
+            "slo_attainment": round(self.slo_attainment, 5),
+            "goodput_rps": round(self.goodput_rps, 2),
+            "throughput_rps": round(self.throughput_rps, 2),
+            "mean_batch_size": round(self.mean_batch_size, 2),
+            "busy_fraction": round(self.busy_fraction, 4),
+        }
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        name: str,
+        arrival_s: FloatArray,
+        done_s: FloatArray,
+        outcome: np.ndarray[Any, np.dtype[np.int8]],
+        sizes: np.ndarray[Any, np.dtype[np.int64]],
+        slo: SLO | None,
+        recorder: Recorder,
+        busy_s: float,
+        decisions: list[tuple[float, float, int]],
+        slots: int,
+        bin_s: float = 1.0,
+    ) -> SimResult:
+        """Compute the metrics from per-request arrays (index = request id)."""
+        del sizes
+        ok = outcome == Outcome.OK
+        latency_ms = (done_s[ok] - arrival_s[ok]) * 1e3
+        requests = int(outcome.size)
+        duration = float(arrival_s.max() - arrival_s.min()) if requests > 1 else math.nan
+        duration = duration if duration > 0 else math.nan
+        limit_ms = slo.p99_ms if slo is not None else math.inf
+        good = int(np.count_nonzero(latency_ms <= limit_ms))
+        completed = int(np.count_nonzero(ok))
+        p50, p95, p99 = _percentiles(latency_ms, (50, 95, 99))
+        mean_ms = float(latency_ms.mean()) if latency_ms.size else math.nan
+        throughput = completed / duration
+        counts = recorder.counts()
+        return cls(
+            name=name,
+            requests=requests,
+            completed=completed,
+            expired=int(np.count_nonzero(outcome == Outcome.EXPIRED)),
+            rejected=int(np.count_nonzero(outcome == Outcome.REJECTED)),
+            failed=int(np.count_nonzero(outcome == Outcome.FAILED)),
+            oom_errors=counts.oom_errors,
+            duration_s=duration,
+            p50_ms=p50,
+            p95_ms=p95,
+            p99_ms=p99,
+            mean_ms=mean_ms,
+            slo_attainment=good / requests if slo is not None and requests else math.nan,
+            goodput_rps=good / duration,
+            throughput_rps=throughput,
+            power=throughput / (mean_ms / 1e3) if mean_ms > 0 else math.nan,
+            mean_batch_size=counts.mean_batch_size,
+            busy_fraction=busy_s / (duration * slots),
+            series=_series(arrival_s, done_s, ok, limit_ms, decisions, bin_s),
+            latency_ms=latency_ms,
+        )
+
+    def recovery_time_s(self, after_s: float, limit_ms: float, hold_s: float = 5.0) -> float:
+        """Seconds after ``after_s`` until the per-bin p99 stays <= ``limit_ms`` for ``hold_s``.
+
+        NaN if it never settles. Bins are those of :attr:`series` (by arrival time).
+        """
+        series = self.series
+        need = max(1, math.ceil(hold_s / series.bin_s))
+        start = int(np.searchsorted(series.start_s, after_s, side="left"))
+        p99 = series.p99_ms
+        for index in range(start, len(p99) - need + 1):
+            window = p99[index : index + need]
+            if np.all(np.isnan(window) | (window <= limit_ms)):
+                return max(0.0, float(series.start_s[index]) - after_s)
+        return math.nan
+
+
+def _percentiles(values: FloatArray, qs: tuple[float, ...]) -> tuple[float, ...]:
+    if values.size == 0:
+        return tuple(math.nan for _ in qs)
+    return tuple(float(v) for v in np.percentile(values, qs))
+
+
+def _series(
+    arrival_s: FloatArray,
+    done_s: FloatArray,
+    ok: np.ndarray[Any, np.dtype[np.bool_]],
+    limit_ms: float,
+    decisions: list[tuple[float, float, int]],
+    bin_s: float,
+) -> TimeSeries:
+    if arrival_s.size == 0:
+        empty = np.empty(0)
+        return TimeSeries(bin_s, empty, empty, empty, empty, np.empty((0, 3)))
+    bins = np.floor(arrival_s / bin_s).astype(np.int64)
+    n_bins = int(bins.max()) + 1
+    arrivals: FloatArray = np.bincount(bins, minlength=n_bins).astype(np.float64) / bin_s
+    latency_ms = (done_s - arrival_s) * 1e3
+    good = ok & (latency_ms <= limit_ms)
+    goodput: FloatArray = np.bincount(bins[good], minlength=n_bins).astype(np.float64) / bin_s
+    p99 = np.full(n_bins, np.nan)
+    ok_bins, ok_latency = bins[ok], latency_ms[ok]
+    order = np.argsort(ok_bins, kind="stable")
+    ok_bins, ok_latency = ok_bins[order], ok_latency[order]
+    edges = np.searchsorted(ok_bins, np.arange(n_bins + 1))
+    for b in range(n_bins):
+        lo, hi = edges[b], edges[b + 1]
+        if hi > lo:
+            p99[b] = np.percentile(ok_latency[lo:hi], 99)
+    decision_rows = np.asarray(decisions, dtype=float).reshape(-1, 3)
+    starts: FloatArray = np.arange(n_bins, dtype=np.float64) * bin_s
+    return TimeSeries(bin_s, starts, arrivals, p99, goodput, decision_rows)

@@ -1,0 +1,576 @@
+"""Service-time and memory models for the simulator: how long a batch takes, how much it holds.
+
+A batch is measured in *units*: items (rows, images, sequences) or tokens, whatever the engine's
+size function counts. Every model answers two questions:
+
+- ``service_s(units, rng)``: seconds the model takes for one batch of ``units`` (>= 1). All
+  randomness comes from the passed :class:`numpy.random.Generator`, so a replay with the same
+  seed is identical.
+- ``memory_bytes(units)``: peak device memory while such a batch runs, in bytes, weights included
+  (``units == 0``: the idle footprint); NaN when the model does not know.
+
+Models:
+
+- :class:`LinearService`: ``fixed_s + per_unit_s * units`` (BentoML's ``a*n + b`` fit, DESIGN.md
+  section 6).
+- :class:`TableService`: linear interpolation in a measured table, e.g. the shipped H200 tables
+  (:meth:`TableService.from_h200`) or a file from ``adaptive-batcher profile``
+  (:meth:`TableService.from_profile_json`).
+- :class:`Noisy`: multiplies another model's time by a lognormal factor with mean 1.
+- :class:`ColdShapes`: the first call at each new batch size pays a one-off cost (GPU algorithm
+  selection; ../shared/profiles/h200/executor_diag_*.csv: cold shapes put p99 at 100-970 ms).
+
+:class:`MemoryLimit` is the device's capacity over time (with "squeezes": another tenant takes
+memory at a given time), to decide out-of-memory batches and report free memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from adaptive_batcher.sim.profiles import MIB, Row, load_h200_table
+
+__all__ = [
+    "H200_MODELS",
+    "PROFILE_SCHEMA",
+    "ColdShapes",
+    "LinearService",
+    "MemoryLimit",
+    "Noisy",
+    "ServiceModel",
+    "TableService",
+]
+
+H200_MODELS: Final = ("resnet50", "bert_base_seq128", "llama_1b_decode", "llama_1b_prefill")
+"""Model names accepted by :meth:`TableService.from_h200`."""
+
+PROFILE_SCHEMA: Final = "adaptive_batcher.profile/1"
+"""The ``"schema"`` value of the profiler's JSON files (adaptive_batcher/profile/report.py)."""
+
+
+@runtime_checkable
+class ServiceModel(Protocol):
+    """What the simulator asks of a service-time model.
+
+    ``name`` identifies the model in reports. ``service_s`` returns seconds (> 0 for every model
+    here) for a batch of ``units`` >= 1 and raises ValueError for ``units`` < 1.
+    ``memory_bytes`` returns the peak memory in bytes of a batch of ``units`` >= 0 (0: idle), or
+    NaN when unknown, and raises ValueError for ``units`` < 0.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float: ...
+
+    def memory_bytes(self, units: int) -> float: ...
+
+
+def _check_batch(units: int) -> None:
+    if units < 1:
+        raise ValueError(f"units must be >= 1, got {units}")
+
+
+def _check_memory_units(units: int) -> None:
+    if units < 0:
+        raise ValueError(f"units must be >= 0, got {units}")
+
+
+def _check_nonnegative(name: str, value: float, *, allow_nan: bool = False) -> None:
+    if allow_nan and math.isnan(value):
+        return
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LinearService:
+    """Service time ``fixed_s + per_unit_s * units`` seconds, memory likewise in bytes.
+
+    Deterministic: ``rng`` is not used (wrap it in :class:`Noisy` for variation). The linear form
+    is BentoML's ``duration = a*n + b`` fit (DESIGN.md section 6); it misses the flat launch-bound
+    start measured on GPUs, for which use :class:`TableService`.
+
+    Args:
+        fixed_s: seconds per batch whatever its size (>= 0).
+        per_unit_s: seconds per unit (>= 0).
+        memory_fixed_bytes: resident bytes (weights, workspace); NaN (default) when unknown.
+        memory_per_unit_bytes: bytes per unit of the batch; NaN (default) when unknown.
+        name: the model's name in reports.
+
+    Raises:
+        ValueError: a time is negative or not finite, or a memory figure is negative or infinite.
+    """
+
+    fixed_s: float
+    per_unit_s: float
+    memory_fixed_bytes: float = math.nan
+    memory_per_unit_bytes: float = math.nan
+    name: str = "linear"
+
+    def __post_init__(self) -> None:
+        _check_nonnegative("fixed_s", self.fixed_s)
+        _check_nonnegative("per_unit_s", self.per_unit_s)
+        _check_nonnegative("memory_fixed_bytes", self.memory_fixed_bytes, allow_nan=True)
+        _check_nonnegative("memory_per_unit_bytes", self.memory_per_unit_bytes, allow_nan=True)
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Seconds for a batch of ``units`` (>= 1, else ValueError)."""
+        _check_batch(units)
+        return self.fixed_s + self.per_unit_s * units
+
+    def memory_bytes(self, units: int) -> float:
+        """Bytes for a batch of ``units`` (>= 0, else ValueError); NaN if either figure is NaN."""
+        _check_memory_units(units)
+        return self.memory_fixed_bytes + self.memory_per_unit_bytes * units
+
+
+def _as_table(values: Any, what: str, n: int | None) -> npt.NDArray[np.float64]:
+    array = np.array(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {array.shape}")
+    if n is not None and array.size != n:
+        raise ValueError(f"{what} has {array.size} values but sizes has {n}")
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{what} must be finite and >= 0")
+    array.flags.writeable = False
+    return array
+
+
+class TableService:
+    """Service time and memory interpolated in a table measured at a few batch sizes.
+
+    Between two measured sizes the value is interpolated linearly (:func:`numpy.interp`). Below
+    the smallest size it is flat (the smallest size's value). Beyond the largest size it is
+    extrapolated along the line through the last two points, but never below the last value (a
+    falling last segment extrapolates flat); a one-row table is flat everywhere. Memory follows
+    the same rule; ``memory_bytes(0)`` (idle) is the smallest size's value, an overestimate of
+    the idle footprint since the table does not measure it. Deterministic: ``rng`` is not used.
+    Results are memoised per ``units``.
+
+    Args:
+        sizes: measured batch sizes in units, 1-D, strictly increasing integers >= 1.
+        latencies_s: seconds per batch at each size, same shape, finite and >= 0.
+        memory_bytes: peak bytes at each size, same shape, finite and >= 0; None when unknown
+            (then :meth:`memory_bytes` returns NaN).
+        name: the model's name in reports.
+
+    Raises:
+        ValueError: empty or mismatched arrays, sizes not strictly increasing integers >= 1,
+            negative or non-finite values.
+    """
+
+    __slots__ = (
+        "_cache_mem",
+        "_cache_s",
+        "_name",
+        "_xs",
+        "latencies_s",
+        "memory_table_bytes",
+        "sizes",
+    )
+
+    def __init__(
+        self,
+        sizes: Sequence[int] | npt.ArrayLike,
+        latencies_s: Sequence[float] | npt.ArrayLike,
+        memory_bytes: Sequence[float] | npt.ArrayLike | None = None,
+        *,
+        name: str = "table",
+    ) -> None:
+        size_values = _as_table(sizes, "sizes", None)
+        if np.any(size_values < 1) or np.any(size_values != np.round(size_values)):
+            raise ValueError("sizes must be integers >= 1")
+        if np.any(np.diff(size_values) <= 0):
+            raise ValueError("sizes must be strictly increasing")
+        self._xs = size_values
+        sizes_int = size_values.astype(np.int64)
+        sizes_int.flags.writeable = False
+        self.sizes: npt.NDArray[np.int64] = sizes_int
+        """Measured batch sizes in units, int64, shape (n,), read-only."""
+        self.latencies_s: npt.NDArray[np.float64] = _as_table(
+            latencies_s, "latencies_s", size_values.size
+        )
+        """Seconds per batch at each size, float64, shape (n,), read-only."""
+        self.memory_table_bytes: npt.NDArray[np.float64] | None = (
+            None
+            if memory_bytes is None
+            else _as_table(memory_bytes, "memory_bytes", size_values.size)
+        )
+        """Peak bytes at each size, float64, shape (n,), read-only; None when unknown."""
+        self._name = name
+        self._cache_s: dict[int, float] = {}
+        self._cache_mem: dict[int, float] = {}
+
+    @property
+    def name(self) -> str:
+        """The model's name in reports."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return (
+            f"TableService(name={self._name!r}, sizes={self.sizes.tolist()}, "
+            f"memory={'known' if self.memory_table_bytes is not None else 'unknown'})"
+        )
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Seconds for a batch of ``units`` (>= 1, else ValueError), interpolated."""
+        cached = self._cache_s.get(units)
+        if cached is not None:
+            return cached
+        _check_batch(units)
+        value = _interpolate(float(units), self._xs, self.latencies_s)
+        self._cache_s[units] = value
+        return value
+
+    def memory_bytes(self, units: int) -> float:
+        """Peak bytes for a batch of ``units`` (>= 0, else ValueError); NaN when unknown."""
+        if self.memory_table_bytes is None:
+            _check_memory_units(units)
+            return math.nan
+        cached = self._cache_mem.get(units)
+        if cached is not None:
+            return cached
+        _check_memory_units(units)
+        value = _interpolate(float(units), self._xs, self.memory_table_bytes)
+        self._cache_mem[units] = value
+        return value
+
+    @classmethod
+    def from_h200(cls, model: str) -> TableService:
+        """A table measured on one NVIDIA H200 (shipped in ``adaptive_batcher/data/h200/``).
+
+        PyTorch 2.11.0+cu130, bf16 eager, random weights, median of 20 calls after 3 warm-up
+        calls; memory is the peak allocated, weights included (``peak_mib`` x 2**20 bytes).
+
+        Args:
+            model: one of :data:`H200_MODELS`:
+
+                - ``"resnet50"``, ``"bert_base_seq128"``: ``batch_profile.csv`` (``median_ms``,
+                  ``peak_mib``), units = images / sequences of 128 tokens, sizes 1..512. E.g.
+                  resnet50 at 256 takes 16.651 ms. Below ~64 the times are launch-bound and not
+                  monotone (resnet50 batch 2: 6.284 ms, batch 4: 3.881 ms), kept as measured.
+                - ``"llama_1b_decode"``: ``decoder_profile.csv`` phase ``decode``: one decode
+                  step of a Llama-shaped 1.2B decoder with a 512-token KV cache; units =
+                  sequences, sizes 1..256 (49-55 ms).
+                - ``"llama_1b_prefill"``: phase ``prefill``: a 512-token prompt per sequence;
+                  units = sequences, sizes 2..256. The batch-1 row (988.776 ms) is dropped: it is
+                  a cold first call (batch 2 takes 61.006 ms), so below 2 the table is flat at
+                  batch 2's value.
+
+        Raises:
+            ValueError: an unknown model name.
+        """
+        if model in ("resnet50", "bert_base_seq128"):
+            rows = [r for r in load_h200_table("batch_profile") if r["model"] == model]
+            return cls._from_rows(rows, "batch", "median_ms", f"h200:{model}")
+        if model in ("llama_1b_decode", "llama_1b_prefill"):
+            phase = model.removeprefix("llama_1b_")
+            rows = [
+                r
+                for r in load_h200_table("decoder_profile")
+                if r["model"] == "llama_1b" and r["phase"] == phase
+            ]
+            if phase == "prefill":
+                rows = [r for r in rows if float(r["batch"]) != 1]  # cold outlier, see docstring
+            return cls._from_rows(rows, "batch", "median_ms", f"h200:{model}")
+        raise ValueError(f"unknown H200 model {model!r}; available: {', '.join(H200_MODELS)}")
+
+    @classmethod
+    def _from_rows(cls, rows: list[Row], size_key: str, ms_key: str, name: str) -> TableService:
+        ordered = sorted(rows, key=lambda r: float(r[size_key]))
+        return cls(
+            [int(float(r[size_key])) for r in ordered],
+            [float(r[ms_key]) / 1e3 for r in ordered],
+            [float(r["peak_mib"]) * MIB for r in ordered],
+            name=name,
+        )
+
+    @classmethod
+    def from_profile_json(
+        cls, path: str | os.PathLike[str], *, name: str | None = None
+    ) -> TableService:
+        """A table from a profile written by ``adaptive-batcher profile`` (JSON).
+
+        Reads schema ``adaptive_batcher.profile/1`` (adaptive_batcher/profile/report.py):
+        ``{"schema": ..., "rows": [{"batch_size": int, "median_ms": float, "p99_ms": float,
+        "items_per_s": float, "peak_mem_bytes": int | null}, ...], ...}``. Service time is
+        ``median_ms / 1000``; memory is ``peak_mem_bytes``, unknown (NaN) unless every row has
+        one. Other keys are ignored.
+
+        Args:
+            path: the JSON file.
+            name: the model's name in reports; default the file's ``"model"`` value, else
+                ``"profile:<file name>"``.
+
+        Raises:
+            OSError: the file cannot be read (FileNotFoundError when absent).
+            ValueError: not JSON, another schema, or a bad key; the message starts with the
+                path and names the key, e.g. ``p.json: key 'rows[1].median_ms': must be a
+                number > 0, got 'fast'``.
+        """
+        where = os.fspath(path)
+
+        def fail(key: str, problem: str) -> ValueError:
+            return ValueError(f"{where}: key {key!r}: {problem}")
+
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where}: not UTF-8 text: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ValueError(f"{where}: the document must be a JSON object")
+        if doc.get("schema") != PROFILE_SCHEMA:
+            raise fail("schema", f"must be {PROFILE_SCHEMA!r}, got {doc.get('schema')!r}")
+        raw_rows = doc.get("rows")
+        if not isinstance(raw_rows, list) or not raw_rows:
+            raise fail("rows", f"must be a non-empty array, got {raw_rows!r}")
+        sizes: list[int] = []
+        latencies_s: list[float] = []
+        memory: list[float | None] = []
+        for i, raw in enumerate(raw_rows):
+            prefix = f"rows[{i}]"
+            if not isinstance(raw, dict):
+                raise fail(prefix, f"must be an object, got {raw!r}")
+            size = raw.get("batch_size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise fail(f"{prefix}.batch_size", f"must be an integer >= 1, got {size!r}")
+            if sizes and size <= sizes[-1]:
+                raise fail(
+                    f"{prefix}.batch_size",
+                    f"must be larger than the previous row's ({sizes[-1]}), got {size}",
+                )
+            median = raw.get("median_ms")
+            if (
+                isinstance(median, bool)
+                or not isinstance(median, int | float)
+                or not math.isfinite(median)
+                or median <= 0
+            ):
+                raise fail(f"{prefix}.median_ms", f"must be a number > 0, got {median!r}")
+            peak = raw.get("peak_mem_bytes")
+            if peak is not None and (
+                isinstance(peak, bool) or not isinstance(peak, int | float) or not peak >= 0
+            ):
+                raise fail(
+                    f"{prefix}.peak_mem_bytes", f"must be a number >= 0 or null, got {peak!r}"
+                )
+            sizes.append(size)
+            latencies_s.append(float(median) / 1e3)
+            memory.append(None if peak is None else float(peak))
+        known = [m for m in memory if m is not None]
+        table_memory = known if len(known) == len(memory) else None
+        model_name = doc.get("model")
+        if name is None:
+            name = model_name if isinstance(model_name, str) else f"profile:{Path(path).name}"
+        return cls(sizes, latencies_s, table_memory, name=name)
+
+
+def _interpolate(x: float, xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float64]) -> float:
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        if xs.size == 1:
+            return float(ys[-1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return float(ys[-1] + max(float(slope), 0.0) * (x - xs[-1]))
+    return float(np.interp(x, xs, ys))
+
+
+@dataclass(frozen=True, slots=True)
+class Noisy:
+    """Another model's service time times a lognormal factor with mean 1 and CV ``cv``.
+
+    The factor is ``exp(N(mu, sigma))`` with ``sigma**2 = ln(1 + cv**2)`` and
+    ``mu = -sigma**2 / 2``, so its mean is exactly 1 and its coefficient of variation ``cv``
+    (moments of the lognormal distribution). Each call draws one normal from ``rng`` after the
+    inner model's draws; with ``cv == 0`` nothing is drawn. Memory is the inner model's.
+
+    Args:
+        inner: the model whose time is perturbed.
+        cv: coefficient of variation of the factor (>= 0); 0.05 is the default, the order of
+            the p90/median spread of the H200 tables at large batches (resnet50 at 256:
+            16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
+
+    Raises:
+        ValueError: ``cv`` negative or not finite.
+    """
+
+    inner: ServiceModel
+    cv: float = 0.05
+    _mu: float = field(init=False, repr=False, compare=False)
+    _sigma: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_nonnegative("cv", self.cv)
+        sigma = math.sqrt(math.log1p(self.cv * self.cv))
+        object.__setattr__(self, "_sigma", sigma)
+        object.__setattr__(self, "_mu", -0.5 * sigma * sigma)
+
+    @property
+    def name(self) -> str:
+        """``noisy(<inner>, cv=<cv>)``."""
+        return f"noisy({self.inner.name}, cv={self.cv:g})"
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Seconds for a batch of ``units`` (>= 1, else ValueError): inner time x factor."""
+        base = self.inner.service_s(units, rng)
+        if self._sigma == 0.0:
+            return base
+        return base * math.exp(self._mu + self._sigma * float(rng.standard_normal()))
+
+    def memory_bytes(self, units: int) -> float:
+        """The inner model's peak bytes (NaN when unknown)."""
+        return self.inner.memory_bytes(units)
+
+
+class ColdShapes:
+    """Adds ``cold_s`` to the first call at each batch size not seen (or warmed) before.
+
+    On GPUs the first call at a new input shape selects kernels/algorithms: on an H200 cold
+    shapes put p99 at 100-970 ms in every execution mode, while warmed shapes gave p99
+    11-14 ms (../shared/profiles/h200/executor_diag_a.csv, executor_diag_b.csv). The default
+    0.3 s lies in that range. Stateful: each instance remembers the sizes it has run; use one
+    instance per simulated replica and :meth:`reset` between replays. Memory is the inner
+    model's; ``rng`` is passed to the inner model only.
+
+    Args:
+        inner: the warm model.
+        cold_s: extra seconds on a size's first call (>= 0).
+        warmed: sizes already warm at the start (and after :meth:`reset`), e.g. the buckets a
+            ``warmup()`` ran.
+
+    Raises:
+        ValueError: ``cold_s`` negative or not finite, a warmed size < 1.
+    """
+
+    __slots__ = ("_initial", "_seen", "cold_s", "inner")
+
+    def __init__(
+        self, inner: ServiceModel, cold_s: float = 0.3, warmed: Iterable[int] = ()
+    ) -> None:
+        _check_nonnegative("cold_s", cold_s)
+        initial = frozenset(int(u) for u in warmed)
+        if any(u < 1 for u in initial):
+            raise ValueError(f"warmed sizes must be >= 1, got {sorted(initial)}")
+        self.inner = inner
+        self.cold_s = float(cold_s)
+        self._initial = initial
+        self._seen: set[int] = set(initial)
+
+    @property
+    def name(self) -> str:
+        """``cold(<inner>, +<cold_s>s)``."""
+        return f"cold({self.inner.name}, +{self.cold_s:g}s)"
+
+    @property
+    def warm_sizes(self) -> frozenset[int]:
+        """The sizes that run without the cold cost now."""
+        return frozenset(self._seen)
+
+    def is_warm(self, units: int) -> bool:
+        """True when a batch of ``units`` would not pay ``cold_s``."""
+        return units in self._seen
+
+    def warm(self, sizes: Iterable[int]) -> None:
+        """Mark ``sizes`` warm, as a ``warmup()`` that runs them once would (no time passes)."""
+        self._seen.update(int(u) for u in sizes)
+
+    def reset(self) -> None:
+        """Forget every size run since construction; only the ``warmed`` ones stay warm."""
+        self._seen = set(self._initial)
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Inner seconds for ``units`` (>= 1, else ValueError), plus ``cold_s`` the first time."""
+        base = self.inner.service_s(units, rng)
+        if units in self._seen:
+            return base
+        self._seen.add(units)
+        return base + self.cold_s
+
+    def memory_bytes(self, units: int) -> float:
+        """The inner model's peak bytes (NaN when unknown)."""
+        return self.inner.memory_bytes(units)
+
+    def __repr__(self) -> str:
+        return f"ColdShapes({self.inner!r}, cold_s={self.cold_s!r}, warm={sorted(self._seen)})"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """Device memory capacity in bytes, optionally changing over (simulated) time.
+
+    Args:
+        capacity_bytes: capacity from time 0 (> 0), e.g. ``141e9`` for an H200 (141 GB HBM3e).
+        squeezes: ``(time_s, capacity_bytes)`` pairs: from ``time_s`` on (inclusive), the
+            capacity is ``capacity_bytes`` (> 0), until the next squeeze. Stored sorted by time;
+            a later entry for the same time wins. Models another tenant taking (or giving back)
+            memory.
+
+    Raises:
+        ValueError: a capacity not finite or <= 0, a squeeze time not finite.
+    """
+
+    capacity_bytes: float
+    squeezes: Sequence[tuple[float, float]] = ()
+    _times: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.capacity_bytes) or self.capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be finite and > 0, got {self.capacity_bytes!r}")
+        pairs = [(float(t), float(c)) for t, c in self.squeezes]
+        for t, c in pairs:
+            if not math.isfinite(t):
+                raise ValueError(f"squeeze time_s must be finite, got {t!r}")
+            if not math.isfinite(c) or c <= 0:
+                raise ValueError(f"squeeze capacity_bytes must be finite and > 0, got {c!r}")
+        ordered = tuple(sorted(pairs, key=lambda p: p[0]))  # stable: later entry wins at a tie
+        object.__setattr__(self, "squeezes", ordered)
+        object.__setattr__(self, "_times", tuple(t for t, _ in ordered))
+
+    def capacity_at(self, t: float) -> float:
+        """Capacity in bytes at time ``t`` seconds."""
+        i = bisect_right(self._times, t)
+        return self.capacity_bytes if i == 0 else self.squeezes[i - 1][1]
+
+    def is_oom(self, model: ServiceModel, units: int, t: float) -> bool:
+        """True when a batch of ``units`` needs more than the capacity at ``t`` seconds.
+
+        ``model.memory_bytes(units) > capacity_at(t)``; False when the model's memory is
+        unknown (NaN): an unknown footprint never runs out of memory here.
+        """
+        need = model.memory_bytes(units)
+        return not math.isnan(need) and need > self.capacity_at(t)
+
+    def free_bytes(self, model: ServiceModel, running_units: int, t: float) -> float | None:
+        """Bytes still free at ``t`` while batches totalling ``running_units`` run (0: idle).
+
+        ``max(0, capacity_at(t) - model.memory_bytes(running_units))``: concurrent batches are
+        modelled as one batch of their summed size. None when the model's memory is unknown.
+        """
+        used = model.memory_bytes(running_units)
+        if math.isnan(used):
+            return None
+        return max(0.0, self.capacity_at(t) - used)
+
+    def free_fraction(self, model: ServiceModel, running_units: int, t: float) -> float | None:
+        """:meth:`free_bytes` / :meth:`capacity_at`, in [0, 1]; None when memory is unknown.
+
+        The same convention as ``TelemetrySample.free_fraction``.
+        """
+        free = self.free_bytes(model, running_units, t)
+        if free is None:
+            return None
+        return min(1.0, free / self.capacity_at(t))

@@ -1,0 +1,369 @@
+"""A discrete-event simulator that drives the real engine and controller on a virtual clock.
+
+No batching logic lives here: arrivals go to :class:`~adaptive_batcher.engine.BatchingEngine`,
+its actions are carried out on a virtual clock, finished batches feed the same
+:class:`~adaptive_batcher.metrics.Recorder` and :class:`~adaptive_batcher.control.Controller` as in
+production, and decisions are applied to the engine. Service times come from a
+:class:`~adaptive_batcher.sim.service.ServiceModel`; the same inputs and seed give the same result
+on every run.
+
+Out-of-memory: a batch whose predicted memory exceeds the device capacity fails after a quarter
+of its service time and is re-run split in halves, exactly as the runtime does, so no request is
+lost unless a single item does not fit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adaptive_batcher.control.controller import Controller, GuardFactory
+from adaptive_batcher.control.types import Bounds, Decision
+from adaptive_batcher.engine import (
+    Batch,
+    BatchingEngine,
+    Dispatch,
+    EngineLimits,
+    Expire,
+    Request,
+    SetTimer,
+)
+from adaptive_batcher.errors import BatcherError
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.policies.base import Policy
+from adaptive_batcher.sim.result import Outcome, SimResult
+from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
+from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import TelemetrySample
+
+__all__ = ["OOM_DETECT_FRACTION", "SimConfig", "Simulator"]
+
+OOM_DETECT_FRACTION = 0.25  # an OOM batch fails a quarter of the way through its service time
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The batcher under test, as a user would configure it.
+
+    Attributes:
+        max_batch_size: starting cap, units; also the hard cap unless ``bounds`` says otherwise.
+        window_ms: starting window, ms.
+        max_concurrent_batches: execution slots (the simulated device runs one batch at a time
+            per slot).
+        max_queue_size: bounded queue (None: unbounded).
+        policy: the control law (None: static settings, no controller).
+        slo: the latency objective (used by policies and for goodput).
+        bounds: controller bounds (default: window 0-100 ms, cap 1..max_batch_size).
+        guards: guard factories (default: the controller's default chain).
+        control_interval_s: seconds between controller ticks.
+        deadline_ms: per-request deadline from arrival (None: none).
+        window_origin: ``"arrival"`` (ours) or ``"slot_free"`` (TorchServe-like baseline).
+        name: label in results.
+    """
+
+    max_batch_size: int
+    window_ms: float
+    max_concurrent_batches: int = 1
+    max_queue_size: int | None = None
+    policy: Policy | None = None
+    slo: SLO | None = None
+    bounds: Bounds | None = None
+    guards: Sequence[GuardFactory] | None = None
+    control_interval_s: float = 0.25
+    deadline_ms: float | None = None
+    window_origin: str = "arrival"
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One model call within a dispatched batch (several when an OOM split it)."""
+
+    start_s: float
+    end_s: float
+    ids: list[int]
+    units: int
+    ok: bool
+
+
+_Completion = tuple[float, int, Batch[int], list[_Part]]
+
+
+@dataclass
+class _Run:
+    """Mutable per-run state."""
+
+    arrival_s: list[float] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    done_s: list[float] = field(default_factory=list)
+    outcome: list[int] = field(default_factory=list)
+    client: list[int] = field(default_factory=list)
+    busy_s: float = 0.0
+    decisions: list[tuple[float, float, int]] = field(default_factory=list)
+
+
+class Simulator:
+    """Replays arrivals against one batcher configuration on a virtual clock.
+
+    Args:
+        service: service-time (and memory) model of the device.
+        config: the batcher configuration.
+        memory: device memory capacity over time (None: unlimited).
+        seed: seed of the service-time noise (the arrivals carry their own).
+    """
+
+    def __init__(
+        self,
+        service: ServiceModel,
+        config: SimConfig,
+        *,
+        memory: MemoryLimit | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.service = service
+        self.config = config
+        self.memory = memory
+        self.seed = seed
+
+    def run(self, workload: Arrivals | tuple[ClosedLoop, float]) -> SimResult:
+        """Replay ``workload``: open-loop arrivals, or ``(ClosedLoop, duration_s)``.
+
+        Returns:
+            The per-request outcomes and the summary metrics (see :class:`SimResult`).
+        """
+        return _Replay(self, workload).run()
+
+
+class _Replay:
+    """One replay: the event loop over arrivals, batch completions and the engine's timer."""
+
+    def __init__(self, sim: Simulator, workload: Arrivals | tuple[ClosedLoop, float]) -> None:
+        config = sim.config
+        self.sim = sim
+        self.config = config
+        self.rng = np.random.default_rng(sim.seed)
+        hard_cap = config.bounds.max_batch_size if config.bounds else config.max_batch_size
+        self.engine: BatchingEngine[int] = BatchingEngine(
+            EngineLimits(
+                config.window_ms / 1e3, config.max_batch_size, config.max_concurrent_batches
+            ),
+            hard_max_batch_size=max(hard_cap, config.max_batch_size),
+            max_queue_size=config.max_queue_size,
+            window_origin=config.window_origin,
+        )
+        self.recorder = Recorder()
+        if config.slo is not None:
+            self.recorder.slo_latency_s = config.slo.p99_ms / 1e3
+        self.controller = self._make_controller()
+        self.state = _Run()
+        self.completions: list[_Completion] = []
+        self.sequence = itertools.count()
+        self.timer_at: float | None = None
+        self.shed_after_s: float | None = None
+        self.now = 0.0
+        self.running_units = 0
+        self.open_times: np.ndarray = np.empty(0)
+        self.open_sizes: np.ndarray = np.empty(0, dtype=np.int64)
+        self.closed: ClosedLoop | None = None
+        self.closed_heap: list[tuple[float, int, int]] = []
+        self.end_s = math.inf
+        if isinstance(workload, tuple):
+            self.closed, self.end_s = workload
+            for client, at in enumerate(self.closed.first_arrivals(self.rng)):
+                heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
+        else:
+            self.open_times, self.open_sizes = workload.times_s, workload.sizes
+        self.name = workload.name if isinstance(workload, Arrivals) else "closed_loop"
+
+    def _make_controller(self) -> Controller | None:
+        config = self.config
+        if config.policy is None:
+            return None
+        bounds = config.bounds or Bounds(
+            0.0, max(100.0, config.window_ms), 1, config.max_batch_size
+        )
+        controller = Controller(
+            config.policy,
+            bounds,
+            slo=config.slo,
+            interval_s=config.control_interval_s,
+            guards=config.guards,
+        )
+        controller.start(
+            Decision(config.window_ms, config.max_batch_size, "start"), 0.0, self.recorder.counts()
+        )
+        return controller
+
+    # -- the event loop ---------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        times, sizes = self.open_times, self.open_sizes
+        count = len(times)
+        index = 0
+        completions, closed_heap = self.completions, self.closed_heap
+        inf = math.inf
+        while True:
+            next_open = float(times[index]) if index < count else inf
+            next_closed = closed_heap[0][0] if closed_heap else inf
+            next_done = completions[0][0] if completions else inf
+            next_timer = self.timer_at if self.timer_at is not None else inf
+            next_arrival = min(next_open, next_closed)
+            if next_done <= next_arrival and next_done <= next_timer:
+                if next_done == inf:
+                    break
+                self.now = next_done
+                self._complete(heapq.heappop(completions))
+            elif next_timer <= next_arrival:
+                self.now = next_timer
+                self.timer_at = None
+                self._poll()
+            elif next_open <= next_closed:
+                self.now = next_open
+                self._arrive(int(sizes[index]), -1)
+                index += 1
+            else:
+                self.now, _, client = heapq.heappop(closed_heap)
+                if self.now <= self.end_s:
+                    self._arrive(1, client)
+        return SimResult.build(
+            name=self.config.name or self.name,
+            arrival_s=np.asarray(self.state.arrival_s),
+            done_s=np.asarray(self.state.done_s),
+            outcome=np.asarray(self.state.outcome, dtype=np.int8),
+            sizes=np.asarray(self.state.size, dtype=np.int64),
+            slo=self.config.slo,
+            recorder=self.recorder,
+            busy_s=self.state.busy_s,
+            decisions=self.state.decisions,
+            slots=self.config.max_concurrent_batches,
+        )
+
+    def _arrive(self, size: int, client: int) -> None:
+        state, now = self.state, self.now
+        request_id = len(state.arrival_s)
+        state.arrival_s.append(now)
+        state.size.append(size)
+        state.done_s.append(math.nan)
+        state.outcome.append(Outcome.PENDING)
+        state.client.append(client)
+        deadline = None if self.config.deadline_ms is None else now + self.config.deadline_ms / 1e3
+        if self.shed_after_s is not None:
+            shed_at = now + self.shed_after_s
+            deadline = shed_at if deadline is None else min(deadline, shed_at)
+        self.recorder.submitted += 1
+        try:
+            if self.engine.arrive(Request(request_id, now, size, deadline), now):
+                self._poll()
+        except BatcherError:
+            self.recorder.rejected += 1
+            self._finish(request_id, Outcome.REJECTED)
+
+    def _poll(self) -> None:
+        for action in self.engine.poll(self.now):
+            if type(action) is Dispatch:
+                self._dispatch(action.batch)
+            elif type(action) is Expire:
+                self.recorder.expired += 1
+                self._finish(action.request.handle, Outcome.EXPIRED)
+            elif type(action) is SetTimer:
+                self.timer_at = action.at_s
+
+    def _finish(self, request_id: int, outcome: int, at_s: float | None = None) -> None:
+        state = self.state
+        done = self.now if at_s is None else at_s
+        state.done_s[request_id] = done
+        state.outcome[request_id] = outcome
+        client = state.client[request_id]
+        if client >= 0 and self.closed is not None:
+            at = max(self.closed.next_arrival(done, self.rng), self.now)  # never in the past
+            heapq.heappush(self.closed_heap, (at, next(self.sequence), client))
+
+    # -- running a batch --------------------------------------------------------------------
+
+    def _dispatch(self, batch: Batch[int]) -> None:
+        parts: list[_Part] = []
+        end = self._execute([r.handle for r in batch.requests], self.now, parts)
+        self.running_units += batch.units
+        heapq.heappush(self.completions, (end, next(self.sequence), batch, parts))
+
+    def _execute(self, ids: list[int], start: float, parts: list[_Part]) -> float:
+        """Schedule ``ids`` from ``start``, split on OOM; returns when the slot frees."""
+        units = sum(self.state.size[i] for i in ids)
+        service = self.sim.service.service_s(units, self.rng)
+        memory = self.sim.memory
+        if memory is not None and memory.is_oom(self.sim.service, units, start):
+            failed_at = start + OOM_DETECT_FRACTION * service
+            self.recorder.oom_errors += 1
+            self.state.busy_s += failed_at - start
+            if len(ids) == 1:
+                parts.append(_Part(start, failed_at, ids, units, ok=False))
+                return failed_at
+            middle = len(ids) // 2
+            after_first = self._execute(ids[:middle], failed_at, parts)
+            return self._execute(ids[middle:], after_first, parts)
+        self.state.busy_s += service
+        parts.append(_Part(start, start + service, ids, units, ok=True))
+        return start + service
+
+    def _complete(self, event: _Completion) -> None:
+        _, _, batch, parts = event
+        state, recorder = self.state, self.recorder
+        for part in parts:
+            if part.ok:
+                latencies = [part.end_s - state.arrival_s[i] for i in part.ids]
+                recorder.record_latencies(latencies, 0, part.end_s)
+                recorder.record_batch(
+                    part.end_s, len(part.ids), part.units, part.end_s - part.start_s
+                )
+            else:
+                recorder.failed += len(part.ids)
+            outcome = Outcome.OK if part.ok else Outcome.FAILED
+            for request_id in part.ids:
+                self._finish(request_id, outcome, part.end_s)
+        self.running_units -= batch.units
+        self.engine.complete(batch, self.now)
+        if self.controller is not None and self.controller.due(self.now):
+            self._control_tick()
+        self._poll()
+
+    def _control_tick(self) -> None:
+        controller = self.controller
+        assert controller is not None
+        decision = controller.tick(
+            self.now,
+            self.recorder,
+            self.engine.queue_depth,
+            self.engine.queued_units,
+            self._telemetry(),
+        )
+        current = controller.decision
+        assert current is not None
+        self.state.decisions.append((self.now, current.window_ms, current.max_batch_size))
+        if decision is not None:
+            shed = decision.shed_after_ms
+            self.shed_after_s = None if shed is None else shed / 1e3
+            self.engine.set_limits(
+                EngineLimits(
+                    decision.window_ms / 1e3,
+                    decision.max_batch_size,
+                    self.config.max_concurrent_batches,
+                )
+            )
+
+    def _telemetry(self) -> TelemetrySample:
+        memory = self.sim.memory
+        if memory is None:
+            return TelemetrySample(time_s=self.now, source="sim")
+        total = memory.capacity_at(0.0)
+        capacity = memory.capacity_at(self.now)
+        used = self.sim.service.memory_bytes(max(self.running_units, 1))
+        free = max(0.0, capacity - (0.0 if math.isnan(used) else used))
+        return TelemetrySample(
+            time_s=self.now, mem_total_bytes=int(total), mem_free_bytes=int(free), source="sim"
+        )

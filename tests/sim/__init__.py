@@ -1,0 +1,1 @@
+"""Tests of the simulator and its building blocks."""
