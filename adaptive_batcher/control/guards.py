@@ -29,6 +29,8 @@ __all__ = [
 
 _log = structlog.get_logger("adaptive_batcher")
 
+SHED_SERVICE_SAFETY = 1.1  # the batch a late request joins may run ~10 % longer than the median
+
 
 class Guard:
     """Base of the guards: forwards to ``inner`` and lets a subclass correct the decision."""
@@ -176,13 +178,14 @@ class PowerGuard(Guard):
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    A request that has not started ``p99_ms - preprocess_ms - service(cap)`` after its arrival
-    cannot finish within the SLO; serving it late only delays the requests behind it (under
-    overload every request would miss). The guard sets ``shed_after_ms`` to that time, so such a
-    request fails with ``DeadlineExceededError`` at that moment (the same idea as BentoML's cork
-    dispatcher, which cancels requests whose predicted latency exceeds its max latency, and
-    Clockwork's admission control). Under overload it also moves the cap to the
-    highest-throughput one that fits the budget: the most requests served within the SLO.
+    A request that has not started ``p99_ms - preprocess_ms - 1.1 * service(cap)`` after its
+    arrival cannot finish within the SLO (10 % for batches slower than the median); serving it
+    late only delays the requests behind it (under overload every request would miss). The
+    guard sets ``shed_after_ms`` to that time, so such a request fails with
+    ``DeadlineExceededError`` at that moment (the same idea as BentoML's cork dispatcher, which
+    cancels requests whose predicted latency exceeds its max latency, and Clockwork's admission
+    control). Under overload it also moves the cap to the highest-throughput one that fits the
+    budget: the most requests served within the SLO.
     """
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -192,7 +195,8 @@ class ShedGuard(Guard):
         cap = decision.max_batch_size
         if stability_cap(observation) is None:  # overload: serve the most within the SLO
             cap = throughput_cap(observation, observation.budget_ms) or cap
-        shed_after = max(0.0, slo.p99_ms - slo.preprocess_ms - observation.service_ms(cap))
+        service = SHED_SERVICE_SAFETY * observation.service_ms(cap)
+        shed_after = max(0.0, slo.p99_ms - slo.preprocess_ms - service)
         return decision.with_(max_batch_size=cap, shed_after_ms=shed_after)
 
 

@@ -88,17 +88,17 @@ class PID:
             self.output = min(1.0, observation.current.window_ms / span)
         target = slo.target_ms
         error = max(-2.0, min(1.0, (target - latency) / target))
-        self._measurements = [*self._measurements[-2:], latency / target]
-        self.output = max(-1.0, min(1.0, self.output + self._step(error)))
+        self._measurements = [*self._measurements[-2:], latency]
+        self.output = max(-1.0, min(1.0, self.output + self._step(error, target)))
         self._error = error
         return self._actuate(observation, span)
 
-    def _step(self, error: float) -> float:
+    def _step(self, error: float, target_ms: float) -> float:
         previous = self._error if self._error is not None else error
         change = self.kp * (error - previous) + self.ki * error
-        if len(self._measurements) == 3:  # velocity-form derivative on the measurement
+        if len(self._measurements) == 3:  # velocity-form derivative on the raw measurement
             oldest, older, newest = self._measurements
-            change -= self.kd * (newest - 2.0 * older + oldest)
+            change -= self.kd * (newest - 2.0 * older + oldest) / target_ms
         return change
 
     def _window_span_ms(self, observation: Observation) -> float:

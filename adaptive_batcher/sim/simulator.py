@@ -64,6 +64,8 @@ class SimConfig:
         control_interval_s: seconds between controller ticks.
         deadline_ms: per-request deadline from arrival (None: none).
         window_origin: ``"arrival"`` (ours) or ``"slot_free"`` (TorchServe-like baseline).
+        slo_changes: ``(time_s, slo)`` pairs: the SLO given to the controller from then on (as
+            ``AdaptiveBatcher.set_slo`` would); goodput keeps using ``slo``.
         name: label in results.
     """
 
@@ -78,6 +80,7 @@ class SimConfig:
     control_interval_s: float = 0.25
     deadline_ms: float | None = None
     window_origin: str = "arrival"
+    slo_changes: tuple[tuple[float, SLO], ...] = ()
     name: str = ""
 
 
@@ -166,6 +169,8 @@ class _Replay:
         self.sequence = itertools.count()
         self.timer_at: float | None = None
         self.shed_after_s: float | None = None
+        self.poll_pending = False
+        self.slo_changed_s = -math.inf
         self.now = 0.0
         self.running_units = 0
         self.open_times: np.ndarray = np.empty(0)
@@ -214,6 +219,11 @@ class _Replay:
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
             next_arrival = min(next_open, next_closed)
+            if self.poll_pending and min(next_arrival, next_done, next_timer) > self.now:
+                # like the runtime's pump: arrivals at the same instant join one batch
+                self.poll_pending = False
+                self._poll()
+                continue
             if next_done <= next_arrival and next_done <= next_timer:
                 if next_done == inf:
                     break
@@ -259,12 +269,13 @@ class _Replay:
         self.recorder.submitted += 1
         try:
             if self.engine.arrive(Request(request_id, now, size, deadline), now):
-                self._poll()
+                self.poll_pending = True
         except BatcherError:
             self.recorder.rejected += 1
             self._finish(request_id, Outcome.REJECTED)
 
     def _poll(self) -> None:
+        self.poll_pending = False
         for action in self.engine.poll(self.now):
             if type(action) is Dispatch:
                 self._dispatch(action.batch)
@@ -335,6 +346,10 @@ class _Replay:
     def _control_tick(self) -> None:
         controller = self.controller
         assert controller is not None
+        for at_s, slo in self.config.slo_changes:
+            if at_s <= self.now and controller.slo is not slo and at_s > self.slo_changed_s:
+                controller.set_slo(slo)
+                self.slo_changed_s = at_s
         decision = controller.tick(
             self.now,
             self.recorder,

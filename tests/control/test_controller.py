@@ -1,0 +1,142 @@
+"""The sans-IO controller: ticks, observations from counters, fallback, logging, switching."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from adaptive_batcher.control.controller import Controller
+from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.policies import PID, Static
+from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import TelemetrySample
+
+UNKNOWN = TelemetrySample()
+
+
+class Spy:
+    """Records observations; proposes a fixed decision or raises."""
+
+    name = "spy"
+
+    def __init__(self, decision: Decision | None = None, fail: bool = False) -> None:
+        self.decision = decision
+        self.fail = fail
+        self.seen: list[Observation] = []
+        self.resets: list[Decision] = []
+
+    def reset(self, current: Decision) -> None:
+        self.resets.append(current)
+
+    def decide(self, observation: Observation) -> Decision:
+        self.seen.append(observation)
+        if self.fail:
+            raise RuntimeError("policy bug")
+        return self.decision or observation.current
+
+
+def started(policy: Spy, **kwargs: object) -> tuple[Controller, Recorder]:
+    recorder = Recorder()
+    controller = Controller(policy, Bounds(0.0, 50.0, 1, 128), guards=[], **kwargs)  # type: ignore[arg-type]
+    controller.start(Decision(5.0, 32), 0.0, recorder.counts())
+    return controller, recorder
+
+
+def test_observation_rates_come_from_counter_deltas() -> None:
+    spy = Spy()
+    controller, recorder = started(spy, slo=SLO(p99_ms=100))
+    recorder.slo_latency_s = 0.1
+    recorder.submitted += 500
+    recorder.record_latencies([0.01] * 400 + [0.2] * 50, 0, now=0.4)
+    recorder.record_batch(0.4, 10, 10, 0.004)
+    recorder.record_batch(0.45, 30, 30, 0.006)
+    controller.tick(0.5, recorder, queue_depth=7, queued_units=7, telemetry=UNKNOWN)
+    obs = spy.seen[-1]
+    assert obs.interval_s == pytest.approx(0.5)
+    assert obs.arrival_rate_rps == pytest.approx(1000.0)
+    assert obs.throughput_rps == pytest.approx(900.0)
+    assert obs.goodput_rps == pytest.approx(800.0)
+    assert obs.batches == 2
+    assert obs.mean_batch_size == pytest.approx(20.0)
+    assert obs.fill_ratio == pytest.approx(20 / 32)
+    assert obs.queue_depth == 7
+    assert obs.latency_samples == 450
+    assert obs.latency_ms == pytest.approx(200, rel=0.01)  # p99 of 450 with 50 at 200 ms
+
+
+def test_decision_is_returned_only_when_it_changes_and_is_clamped() -> None:
+    spy = Spy(Decision(500.0, 1000, "big"))
+    controller, recorder = started(spy)
+    decision = controller.tick(1.0, recorder, 0, 0, UNKNOWN)
+    assert decision == Decision(50.0, 128, "big")  # clamped into the bounds
+    assert controller.tick(2.0, recorder, 0, 0, UNKNOWN) is None  # same again: no change
+
+
+def test_failing_policy_keeps_the_last_safe_decision_and_logs() -> None:
+    spy = Spy(fail=True)
+    controller, recorder = started(spy)
+    with capture_logs() as logs:
+        assert controller.tick(1.0, recorder, 0, 0, UNKNOWN) is None
+        assert controller.tick(2.0, recorder, 0, 0, UNKNOWN) is None
+    assert controller.decision == Decision(5.0, 32)
+    assert controller.failures == 2
+    failed = [e for e in logs if e["event"] == "controller.policy_failed"]
+    assert len(failed) == 2
+    assert failed[0]["error"] == "RuntimeError('policy bug')"
+
+
+def test_every_decision_is_logged_with_its_inputs() -> None:
+    controller, recorder = started(Spy(Decision(3.0, 16, "why")))
+    with capture_logs() as logs:
+        controller.tick(1.0, recorder, 4, 4, UNKNOWN)
+    event = next(e for e in logs if e["event"] == "controller.decision")
+    for key in (
+        "window_ms",
+        "max_batch_size",
+        "reason",
+        "latency_ms",
+        "queue_depth",
+        "arrival_rate_rps",
+        "previous_window_ms",
+        "service_ms_at_cap",
+    ):
+        assert key in event
+    assert event["reason"] == "why"
+    assert event["queue_depth"] == 4
+
+
+def test_tick_interval() -> None:
+    controller, _ = started(Spy(), interval_s=0.25)
+    assert not controller.due(0.1)
+    assert controller.due(0.25)
+
+
+def test_switching_policy_is_bumpless() -> None:
+    controller, recorder = started(Spy(Decision(8.0, 64, "first")))
+    controller.tick(1.0, recorder, 0, 0, UNKNOWN)
+    second = Spy()
+    controller.set_policy(second)
+    assert second.resets == [Decision(8.0, 64, "first")]
+    controller.tick(2.0, recorder, 0, 0, UNKNOWN)
+    assert second.seen[-1].current.window_ms == 8.0
+
+
+def test_slo_change_reaches_the_next_observation() -> None:
+    spy = Spy()
+    controller, recorder = started(spy, slo=SLO(p99_ms=100))
+    controller.set_slo(SLO(p99_ms=20))
+    controller.tick(1.0, recorder, 0, 0, UNKNOWN)
+    assert spy.seen[-1].target_ms == pytest.approx(16.0)
+
+
+def test_tick_before_start_is_an_error() -> None:
+    controller = Controller(Static(), Bounds())
+    with pytest.raises(RuntimeError, match=r"start\(\) must be called"):
+        controller.tick(0.0, Recorder(), 0, 0, UNKNOWN)
+
+
+def test_default_guard_chain_wraps_the_policy() -> None:
+    controller = Controller(PID(), Bounds(), slo=SLO(p99_ms=50))
+    assert controller.chain.name == "MemoryGuard(BudgetGuard(UnusedWindowGuard(pid)))"
+    assert controller.slo_unreachable is False

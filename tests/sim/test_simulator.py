@@ -1,0 +1,118 @@
+"""The simulator: a hand-worked schedule, the M/D/1 closed form, determinism, OOM splitting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptive_batcher.sim.result import Outcome
+from adaptive_batcher.sim.service import LinearService, MemoryLimit
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
+from adaptive_batcher.sim.traces import load_trace
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, Poisson
+from adaptive_batcher.slo import SLO
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def arrivals_at(*times_ms: float, sizes: list[int] | None = None) -> Arrivals:
+    times = np.asarray(times_ms, dtype=float) / 1e3
+    return Arrivals(times, np.asarray(sizes or [1] * len(times)), name="hand")
+
+
+def test_hand_worked_schedule_with_natural_batching() -> None:
+    """Arrivals at 0..4 ms, service 2 ms + 1 ms/item, window 0, one slot.
+
+    [0] runs 0-3 ms; [1, 2] queued meanwhile run 3-7 ms; [3, 4] run 7-11 ms.
+    Latencies: 3, 6, 5, 8, 7 ms.
+    """
+    service = LinearService(fixed_s=0.002, per_unit_s=0.001)
+    result = Simulator(service, SimConfig(max_batch_size=8, window_ms=0.0)).run(
+        arrivals_at(0, 1, 2, 3, 4)
+    )
+    np.testing.assert_allclose(result.latency_ms, [3, 6, 5, 8, 7], atol=1e-9)
+    assert result.mean_batch_size == pytest.approx(5 / 3)
+    assert result.lost == 0
+
+
+def test_hand_worked_schedule_with_a_window_and_a_cap() -> None:
+    """Window 5 ms from the oldest arrival, cap 2: [0, 1] goes full at 1 ms (runs 1-5),
+    [2] waits for its window until 7 ms (runs 7-10)... unless [3] fills it at 3 ms, when the
+    slot is busy; at 5 ms [2, 3] is full and goes (5-9); [4] goes at its window, 9 ms (9-12)."""
+    service = LinearService(fixed_s=0.002, per_unit_s=0.001)
+    result = Simulator(service, SimConfig(max_batch_size=2, window_ms=5.0)).run(
+        arrivals_at(0, 1, 2, 3, 4)
+    )
+    np.testing.assert_allclose(result.latency_ms, [5, 4, 7, 6, 8], atol=1e-9)
+
+
+def test_md1_mean_latency_matches_pollaczek_khinchine() -> None:
+    """No batching (cap 1), Poisson arrivals, deterministic service D: M/D/1.
+
+    Mean wait Wq = rho * D / (2 (1 - rho)); at rho = 0.5, D = 10 ms: Wq = 5 ms, so the mean
+    latency is 15 ms.
+    """
+    service = LinearService(fixed_s=0.0, per_unit_s=0.010)
+    arrivals = Poisson(50.0).generate(4000.0, np.random.default_rng(7))
+    result = Simulator(service, SimConfig(max_batch_size=1, window_ms=0.0)).run(arrivals)
+    assert result.mean_ms == pytest.approx(15.0, rel=0.03)
+    assert result.busy_fraction == pytest.approx(0.5, rel=0.03)
+
+
+def test_same_inputs_same_result() -> None:
+    service = LinearService(fixed_s=0.003, per_unit_s=0.0002)
+    arrivals = Poisson(2000.0).generate(20.0, np.random.default_rng(3))
+    config = SimConfig(max_batch_size=64, window_ms=2.0, slo=SLO(p99_ms=30))
+    first = Simulator(service, config, seed=5).run(arrivals)
+    second = Simulator(service, config, seed=5).run(arrivals)
+    np.testing.assert_array_equal(first.latency_ms, second.latency_ms)
+    assert first.summary() == second.summary()
+
+
+def test_out_of_memory_batches_split_and_nothing_is_lost() -> None:
+    # memory 100 B + 10 B per item; capacity 400 B fits 30 items; it drops to 200 B (10 items)
+    service = LinearService(0.002, 0.0001, memory_fixed_bytes=100, memory_per_unit_bytes=10)
+    memory = MemoryLimit(400, squeezes=[(1.0, 200)])
+    arrivals = Poisson(3000.0).generate(3.0, np.random.default_rng(1))
+    result = Simulator(service, SimConfig(max_batch_size=64, window_ms=5.0), memory=memory).run(
+        arrivals
+    )
+    assert result.oom_errors > 0
+    assert result.lost == 0
+    assert result.failed == 0
+    assert result.completed == result.requests
+
+
+def test_single_item_that_never_fits_fails_explicitly() -> None:
+    service = LinearService(0.002, 0.0, memory_fixed_bytes=500, memory_per_unit_bytes=0)
+    result = Simulator(service, SimConfig(4, 0.0), memory=MemoryLimit(100)).run(arrivals_at(0, 1))
+    assert result.failed == 2
+    assert result.lost == 0
+
+
+def test_queue_limit_and_deadlines_are_explicit_outcomes() -> None:
+    service = LinearService(0.050, 0.0)
+    config = SimConfig(max_batch_size=1, window_ms=0.0, max_queue_size=2, deadline_ms=80.0)
+    result = Simulator(service, config).run(arrivals_at(0, 1, 2, 3, 4))
+    assert (result.completed, result.expired, result.rejected) == (2, 1, 2)
+    assert result.lost == 0
+
+
+def test_closed_loop_clients() -> None:
+    """4 clients, no think time, 4 ms batches: all four arrive at 0 and ride together for ever."""
+    service = LinearService(0.004, 0.0)
+    result = Simulator(service, SimConfig(8, 0.0)).run((ClosedLoop(clients=4, think_s=0.0), 2.0))
+    assert result.mean_batch_size == pytest.approx(4.0, rel=0.05)
+    assert result.throughput_rps == pytest.approx(1000.0, rel=0.05)
+
+
+def test_trace_replay_from_fixture() -> None:
+    arrivals = load_trace(FIXTURES / "tiny_trace.csv", compress=10.0)
+    result = Simulator(LinearService(0.001, 0.0), SimConfig(8, 1.0)).run(arrivals)
+    assert result.requests == len(arrivals)
+    assert result.completed == len(arrivals)
+
+
+def test_outcome_codes_are_distinct() -> None:
+    codes = {Outcome.PENDING, Outcome.OK, Outcome.EXPIRED, Outcome.REJECTED, Outcome.FAILED}
+    assert len(codes) == 5
