@@ -19,6 +19,7 @@ from adaptive_batcher.errors import (
     QueueFullError,
     ResultCountError,
 )
+from adaptive_batcher.presets import Preset, PresetError, list_presets, load_preset
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
 from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
 from adaptive_batcher.runtime.decorator import BatchedFunction, batched
@@ -36,11 +37,15 @@ __all__ = [
     "BatcherStats",
     "DeadlineExceededError",
     "ItemTooLargeError",
+    "Preset",
+    "PresetError",
     "QueueFullError",
     "ResultCountError",
     "__version__",
     "batched",
     "concat_rows",
+    "list_presets",
+    "load_preset",
     "pad_rows",
     "repeat_last",
     "row_count",

@@ -2,10 +2,10 @@
 
 The runtime and the simulator both own a :class:`~adaptive_batcher.metrics.Recorder` and a
 :class:`~adaptive_batcher.engine.BatchingEngine`; after each batch they call
-:meth:`Controller.maybe_tick`, and apply the returned decision to the engine. Every decision is a
-``controller.decision`` log event with the inputs that drove it. A policy that raises is logged
-(``controller.policy_failed``) and the last decision stands: serving never stops for the
-controller.
+:meth:`Controller.drive`, which ticks when due and applies the decision to the engine. Every
+decision is a ``controller.decision`` log event with the inputs that drove it. A policy that
+raises is logged (``controller.policy_failed``) and the last decision stands: serving never
+stops for the controller.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -26,6 +27,7 @@ from adaptive_batcher.control.guards import (
 )
 from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.engine import BatchingEngine, EngineLimits
 from adaptive_batcher.metrics.recorder import Counts, Recorder
 from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.slo import SLO
@@ -163,6 +165,34 @@ class Controller:
         changed = decision != self.decision.with_(reason=decision.reason)
         self.decision = decision
         return decision if changed else None
+
+    @property
+    def shed_after_s(self) -> float | None:
+        """Seconds after arrival at which a still-queued request is shed (None: no shedding)."""
+        shed = self.decision.shed_after_ms if self.decision is not None else None
+        return None if shed is None else shed / 1e3
+
+    def drive(
+        self,
+        engine: BatchingEngine[Any],
+        recorder: Recorder,
+        now: float,
+        telemetry: TelemetrySample,
+    ) -> Decision | None:
+        """Tick if one is due at ``now`` and apply a changed decision to ``engine``.
+
+        This is the whole control loop of a shell (the asyncio runtime, the simulator): call it
+        after every finished batch. Returns the decision applied, if any.
+        """
+        if not self.due(now):
+            return None
+        decision = self.tick(now, recorder, engine.queue_depth, engine.queued_units, telemetry)
+        if decision is not None:
+            slots = engine.limits.max_concurrent_batches
+            engine.set_limits(
+                EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
+            )
+        return decision
 
     def _wrap(self, policy: Policy) -> Policy:
         chain = policy

@@ -178,14 +178,16 @@ class PowerGuard(Guard):
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    A request that has not started ``p99_ms - preprocess_ms - 1.1 * service(cap)`` after its
-    arrival cannot finish within the SLO (10 % for batches slower than the median); serving it
-    late only delays the requests behind it (under overload every request would miss). The
-    guard sets ``shed_after_ms`` to that time, so such a request fails with
+    With shedding on, batches too slow to meet the SLO are pointless, so the cap is held at or
+    below ``best``, the highest-throughput cap whose two-batch latency fits the budget (under
+    overload it is set to it: the most requests served within the SLO). A request that has not
+    started ``p99_ms - preprocess_ms - 1.1 * service(best)`` after its arrival cannot finish
+    within the SLO (10 % for batches slower than the median; ``best``, as a burst may follow its
+    arrival); serving it late only delays the requests behind it (under overload every request
+    would miss). The guard sets ``shed_after_ms`` to that time, so such a request fails with
     ``DeadlineExceededError`` at that moment (the same idea as BentoML's cork dispatcher, which
     cancels requests whose predicted latency exceeds its max latency, and Clockwork's admission
-    control). Under overload it also moves the cap to the highest-throughput one that fits the
-    budget: the most requests served within the SLO.
+    control).
     """
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -193,10 +195,14 @@ class ShedGuard(Guard):
         if slo is None or math.isnan(observation.service_ms(decision.max_batch_size)):
             return decision
         cap = decision.max_batch_size
-        if stability_cap(observation) is None:  # overload: serve the most within the SLO
-            cap = throughput_cap(observation, observation.budget_ms) or cap
-        service = SHED_SERVICE_SAFETY * observation.service_ms(cap)
-        shed_after = max(0.0, slo.p99_ms - slo.preprocess_ms - service)
+        best = throughput_cap(observation, observation.budget_ms) or cap
+        # never a batch too slow to meet the SLO; under overload, the most served within it
+        cap = best if stability_cap(observation) is None else min(cap, best)
+        # a request admitted now may run in the largest such batch when a burst follows
+        slowest = SHED_SERVICE_SAFETY * max(
+            observation.service_ms(cap), observation.service_ms(best)
+        )
+        shed_after = max(0.0, slo.p99_ms - slo.preprocess_ms - slowest)
         return decision.with_(max_batch_size=cap, shed_after_ms=shed_after)
 
 

@@ -89,7 +89,7 @@ class ServiceTimeModel:
         self._fitted_at = total_seen
         self.samples = count
         sizes = sorted(self._reservoir)
-        medians = [float(np.median(self._reservoir[n])) for n in sizes]
+        medians = [_median(self._reservoir[n]) for n in sizes]
         counts = [float(len(self._reservoir[n])) for n in sizes]
         for n, ms in self._seed:  # prior points for sizes outside the observed range
             if n < sizes[0] or n > sizes[-1]:
@@ -131,3 +131,12 @@ class ServiceTimeModel:
             iso = IsotonicRegression(increasing=True, out_of_bounds="clip")
             y = iso.fit(x, y, sample_weight=weights).predict(x)
         self._sizes, self._medians = x, y
+
+
+def _median(values: Iterable[float]) -> float:
+    """Median of a short sequence (pure Python: faster than numpy below ~100 values)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2.0

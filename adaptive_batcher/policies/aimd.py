@@ -1,11 +1,12 @@
 """AIMD on the batch cap: the control law of Clipper (Crankshaw et al., NSDI 2017).
 
 Clipper raises the batch size by a fixed amount while the latency of a batch stays under the
-objective and cuts it by 10 % when it goes over. Our objective is end-to-end, so this policy
-compares ``observation.latency_ms`` (end-to-end latency at the SLO's percentile, queueing
-included) with ``observation.target_ms`` (``SLO.margin * SLO.p99_ms``) instead of the batch's
-service time with the SLO. Waiting in the window counts against the cap, which Clipper's rule
-did not see.
+objective and cuts it by 10 % when it goes over. As in Clipper, the measured quantity is the
+batch's own processing time: the fitted service time of a batch at the cap in force
+(``observation.service_ms(cap)``, medians of measured batches), compared with the SLO's
+``p99_ms``. Queueing is not seen, exactly as in Clipper; that is its known weakness under
+overload, and why it is a baseline here. Before the service model has data, the end-to-end
+latency at the SLO percentile is compared with the target instead.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ class AIMD:
 
     Each tick, with an SLO and latency samples:
 
-    - latency over target (``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at
-      least one unit lower ("aimd.decrease");
+    - batch latency over the SLO (``service_ms(cap) > slo.p99_ms``; before the service model
+      has data, ``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at least one unit
+      lower ("aimd.decrease");
     - otherwise, if batches filled (``fill_ratio >= fill_threshold``): ``cap += step``
       ("aimd.increase"); raising a cap that is never reached teaches nothing;
     - otherwise, and without an SLO, latency samples or batches: the cap is held ("aimd.hold").
@@ -72,16 +74,26 @@ class AIMD:
         """Continue from ``current`` (bumpless transfer)."""
         self._cap = self._last_cap = current.max_batch_size
 
+    @staticmethod
+    def _measure(observation: Observation) -> tuple[float, float]:
+        """(batch latency, its limit), ms: Clipper's batch time vs the SLO when known."""
+        batch_ms = observation.service_ms(observation.current.max_batch_size)
+        if observation.slo is not None and not math.isnan(batch_ms):
+            return batch_ms, observation.slo.p99_ms
+        if observation.latency_samples == 0:
+            return math.nan, math.nan
+        return observation.latency_ms, observation.target_ms
+
     def decide(self, observation: Observation) -> Decision:
         """The next (window, cap); see the class docstring for the rule."""
         current, bounds = observation.current, observation.bounds
         if self._cap is None or current.max_batch_size != self._last_cap:
             self.reset(current)
         assert self._cap is not None
-        latency_ms = observation.latency_ms
-        if observation.slo is None or observation.latency_samples == 0 or math.isnan(latency_ms):
+        latency_ms, limit_ms = self._measure(observation)
+        if observation.slo is None or math.isnan(latency_ms):
             reason = "aimd.hold"
-        elif latency_ms > observation.target_ms:
+        elif latency_ms > limit_ms:
             cut = math.floor(current.max_batch_size * self.backoff + 1e-9)
             self._cap = min(cut, current.max_batch_size - 1)
             reason = "aimd.decrease"

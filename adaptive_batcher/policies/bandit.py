@@ -9,7 +9,7 @@ Two selection rules share one machinery (:class:`Bandit`):
   ("Taming non-stationary bandits: a Bayesian approach", 2017).
 
 Discounting: on every tick that carries information, every arm's count and reward sum are
-multiplied by ``discount`` before the arm in force is credited (``N <- discount * N + 1``,
+multiplied by ``discount`` before the arm played is credited (``N <- discount * N + 1``,
 ``S <- discount * S + reward``), so an observation ``k`` ticks old weighs ``discount ** k`` and
 the policy forgets within about ``1 / (1 - discount)`` ticks: a changed load is re-learnt.
 
@@ -125,12 +125,15 @@ class Bandit(ABC):
     (and onto a bucket), duplicates dropped. The grid is built from the first observation's
     bounds and rebuilt, keeping what was learnt, when the bounds change.
 
-    Each tick the arm in force (``observation.current``, matched to the nearest arm: nearest cap
-    by ratio, then nearest window) is credited with :func:`tick_reward`. Ticks without completed
-    requests carry no information: they are ignored and do not count towards the dwell. An arm
-    is kept for ``dwell_ticks`` informative ticks, then the next arm is chosen: first every arm
-    not yet tried, nearest to the arm in force first (the rewards are scaled by the best seen so
-    far, so the first arm alone would look perfect), then by the rule. Reasons:
+    Each tick the arm this policy played is credited with :func:`tick_reward` (not the nearest
+    arm to the setting in force: guards may trim the played arm, e.g. shorten its window, and
+    the reward is what playing it earned). Before the first play, the arm nearest
+    ``observation.current`` (nearest cap by ratio, then nearest window) stands for it. Ticks
+    without completed requests carry no information: they are ignored and do not count towards
+    the dwell. An arm is kept for ``dwell_ticks`` informative ticks, then the next arm is
+    chosen: first every arm not yet tried, nearest to the arm played first (the rewards are
+    scaled by the best seen so far, so the first arm alone would look perfect), then by the
+    rule. Reasons:
     ``bandit.hold`` until the first choice, then ``bandit.exploit`` when the chosen arm has the
     best estimated reward and ``bandit.explore`` otherwise.
 
@@ -210,7 +213,7 @@ class Bandit(ABC):
         self._start, self._arm, self._dwell, self._reason = current, None, 0, "bandit.hold"
 
     def decide(self, observation: Observation) -> Decision:
-        """Credit the tick to the arm in force; choose again after a dwell; see the class."""
+        """Credit the tick to the arm played; choose again after a dwell; see the class."""
         if observation.bounds != self._bounds:
             self._build(observation.bounds)
         if self._arm is None:
@@ -218,7 +221,10 @@ class Bandit(ABC):
             self._start = None
         reward = self._reward(observation)
         if reward is not None:
-            self._credit(self._nearest(observation.current), reward)
+            # credit the arm this policy played: guards may have trimmed it (e.g. the budget guard
+            # shortening its window), and the reward is what playing that arm earned; crediting
+            # the trimmed setting's nearest arm instead left the played arm untried for ever
+            self._credit(self._arm, reward)
             self._dwell += 1
         if self._dwell >= self.dwell_ticks:
             self._arm = self._choose(self._arms)

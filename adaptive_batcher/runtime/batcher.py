@@ -9,11 +9,9 @@ runs in one task.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -25,6 +23,7 @@ from adaptive_batcher._validate import (
     check_optional_int,
 )
 from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
+from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import (
     Batch,
@@ -43,11 +42,12 @@ from adaptive_batcher.errors import (
     DeadlineExceededError,
     ResultCountError,
 )
-from adaptive_batcher.metrics.histogram import Quantiles
-from adaptive_batcher.metrics.recorder import Counts, Recorder
+from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies.base import Policy
+from adaptive_batcher.runtime.buckets import check_buckets, pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
+from adaptive_batcher.runtime.stats import BatcherStats
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 from adaptive_batcher.telemetry.sampler import TelemetrySampler
@@ -66,40 +66,6 @@ def default_is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-@dataclass(frozen=True, slots=True)
-class BatcherStats:
-    """A frozen snapshot of a batcher.
-
-    Attributes:
-        name: the batcher's name (log field ``batcher``).
-        queue_depth: requests queued now; ``queued_units`` their total size in units.
-        in_flight_batches: batches running now.
-        counts: cumulative request and batch counters (:class:`~adaptive_batcher.metrics.Counts`).
-        batch_sizes: {items per batch: number of batches}, cumulative.
-        latency: end-to-end latency quantiles (ms) over the sliding window, with their sample count.
-        window_ms, max_batch_size, max_concurrent_batches: the settings in force now.
-        slo: the latency objective, if one was set.
-        policy: the controller's policy chain (None: static settings, no controller).
-        slo_unreachable: True while the SLO cannot be met even by a batch of one.
-        decisions: controller decisions taken so far.
-    """
-
-    name: str
-    queue_depth: int
-    queued_units: int
-    in_flight_batches: int
-    counts: Counts
-    batch_sizes: MappingProxyType[int, int]
-    latency: Quantiles
-    window_ms: float
-    max_batch_size: int
-    max_concurrent_batches: int
-    slo: SLO | None
-    policy: str | None
-    slo_unreachable: bool
-    decisions: int
 
 
 class _Pending(Request[asyncio.Future[Any]]):
@@ -160,6 +126,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         telemetry: a GPU telemetry source (e.g. ``adaptive_batcher.telemetry.auto_telemetry()``),
             sampled in a background thread at ``telemetry_hz`` while the batcher is open.
         control_interval_ms: time between controller decisions, ms.
+        service_profile: where the controller's service-time model starts: the path of a
+            ``adaptive-batcher profile`` JSON file, or ``(batch_size, median_ms)`` rows. Without
+            it the model learns from the first batches (and is optimistic beyond them).
         shed_late: with an SLO, fail at once (``DeadlineExceededError``) the queued requests that
             can no longer meet it, instead of serving them late (see ``ShedGuard``).
         name: the ``batcher`` field of this batcher's log events.
@@ -194,6 +163,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         telemetry: Telemetry | None = None,
         telemetry_hz: float = 20.0,
         control_interval_ms: float = 250.0,
+        service_profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None = None,
         shed_late: bool = False,
         name: str = "batcher",
         cuda_event_factory: Callable[[], CompletionEvent] | None = None,
@@ -207,7 +177,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             check_callable("size_fn", size_fn)
         if slo is not None and not isinstance(slo, SLO):
             raise TypeError(f"slo must be an SLO, got {type(slo).__name__}")
-        self._buckets = _check_buckets(batch_sizes, cap)
+        self._buckets = check_buckets(batch_sizes, cap)
         if pad_fn is None and self._buckets and size_fn is not None:
             raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
         self._pad_fn: Callable[[list[Any], int], list[Any]] = pad_fn or repeat_last
@@ -229,6 +199,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._bounds = bounds or Bounds(0.0, max(100.0, window_ms), 1, cap, self._buckets)
         self._guards = guards
         self._shed_late = shed_late
+        self._service_seed = _service_seed(service_profile)
         self._shed_after_s: float | None = None
         self._controller: Controller | None = None
         if policy is not None:
@@ -243,6 +214,34 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.warmed_sizes: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str | os.PathLike[str],
+        model: Callable[[list[Any]], Sequence[Any] | Awaitable[Sequence[Any]]],
+        **overrides: Any,
+    ) -> AdaptiveBatcher[Any, Any]:
+        """A batcher configured by a scenario preset (see :mod:`adaptive_batcher.presets`).
+
+        Example: ``AdaptiveBatcher.from_preset("realtime_chat", model, max_queue_size=256)``.
+
+        Args:
+            preset: a preset name from ``list_presets()`` (``"search"``,
+                ``"customer_service/chat"``) or the path of a preset TOML file.
+            model: as for the constructor.
+            **overrides: constructor keyword arguments; they win over the preset's. The preset's
+                bounds follow an overridden ``max_batch_size``, ``window_ms`` or ``batch_sizes``
+                (see ``Preset.batcher_kwargs``).
+
+        Raises:
+            PresetError: an unknown preset name (the message lists the available ones) or an
+                invalid preset file (the message names the file and the key); a ``ValueError``.
+            TypeError, ValueError: as the constructor, for the model and the overrides.
+        """
+        from adaptive_batcher.presets import load_preset
+
+        return cls(model, **load_preset(preset).batcher_kwargs(**overrides))
 
     # -- public API ------------------------------------------------------------------------
 
@@ -396,7 +395,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             Exception: whatever the model raises (warm-up failures are not hidden).
         """
         loop = self._bind()
-        sizes = self._buckets or _powers_of_two_upto(self._engine.hard_max_batch_size)
+        sizes = warmup_sizes(self._buckets, self._engine.hard_max_batch_size)
         timings: dict[int, float] = {}
         for size in sizes:
             items: list[X] = []
@@ -474,29 +473,20 @@ class AdaptiveBatcher(Generic[X, Y]):
         guards = self._guards
         if guards is None:
             guards = default_guards(lambda: self.warmed_sizes, shed_late=self._shed_late)
-        return Controller(policy, self._bounds, slo=self.slo, interval_s=interval_s, guards=guards)
+        return Controller(
+            policy,
+            self._bounds,
+            slo=self.slo,
+            interval_s=interval_s,
+            guards=guards,
+            service_model=ServiceTimeModel(seed=self._service_seed),
+        )
 
     def _start_controller(self) -> None:
         assert self._controller is not None and self._loop is not None
         limits = self._engine.limits
         current = Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
         self._controller.start(current, self._loop.time(), self.recorder.counts())
-
-    def _control_tick(self, now: float) -> None:
-        controller = self._controller
-        assert controller is not None
-        telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
-        engine = self._engine
-        decision = controller.tick(
-            now, self.recorder, engine.queue_depth, engine.queued_units, telemetry
-        )
-        if decision is not None:
-            shed = decision.shed_after_ms
-            self._shed_after_s = None if shed is None else shed / 1e3
-            slots = engine.limits.max_concurrent_batches
-            engine.set_limits(
-                EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
-            )
 
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
@@ -574,8 +564,11 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._engine.complete(batch)
             if live:
                 self.recorder.record_batch(ended, len(live), batch.units, ended - started)
-            if self._controller is not None and self._controller.due(ended):
-                self._control_tick(ended)
+            controller = self._controller
+            if controller is not None:
+                telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
+                if controller.drive(self._engine, self.recorder, ended, telemetry) is not None:
+                    self._shed_after_s = controller.shed_after_s
             self._pump(ended)
 
     async def _execute(self, requests: list[Any]) -> None:
@@ -611,8 +604,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             return []
         batch = items
         if self._buckets:
-            index = bisect.bisect_left(self._buckets, units)
-            target = self._buckets[min(index, len(self._buckets) - 1)]
+            target = pad_target(self._buckets, units)
             if target > units:
                 batch = self._pad_fn(list(items), target)
         results = await self._executor.run(batch)
@@ -658,21 +650,18 @@ class AdaptiveBatcher(Generic[X, Y]):
         self.recorder.record_latencies(latencies, failed, now)
 
 
-def _check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
-    if batch_sizes is None:
+def _service_seed(
+    profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None,
+) -> tuple[tuple[int, float], ...]:
+    """``(batch_size, median_ms)`` rows from a profile JSON path or the rows themselves."""
+    if profile is None:
         return ()
-    buckets = tuple(batch_sizes)
-    for size in buckets:
-        check_int("batch_sizes item", size, 1)
-    if not buckets or any(b >= a for a, b in zip(buckets[1:], buckets, strict=False)):
-        raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {buckets}")
-    if cap > buckets[-1]:
-        raise ValueError(
-            f"max_batch_size ({cap}) must not exceed the largest of batch_sizes ({buckets[-1]})"
-        )
-    return buckets
+    if isinstance(profile, str | os.PathLike):
+        from adaptive_batcher.profile.report import load_profile
 
-
-def _powers_of_two_upto(cap: int) -> tuple[int, ...]:
-    sizes = [1 << k for k in range(int(math.log2(cap)) + 1)]
-    return tuple(sizes) if sizes[-1] == cap else (*sizes, cap)
+        result, _ = load_profile(profile)
+        return tuple((row.batch_size, row.median_ms) for row in result.rows)
+    rows = tuple((int(n), float(ms)) for n, ms in profile)
+    if any(n < 1 or not ms > 0 for n, ms in rows):
+        raise ValueError("service_profile rows must be (batch_size >= 1, median_ms > 0)")
+    return rows

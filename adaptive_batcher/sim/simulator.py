@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adaptive_batcher.control.controller import Controller, GuardFactory
+from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import (
     Batch,
@@ -66,6 +67,8 @@ class SimConfig:
         window_origin: ``"arrival"`` (ours) or ``"slot_free"`` (TorchServe-like baseline).
         slo_changes: ``(time_s, slo)`` pairs: the SLO given to the controller from then on (as
             ``AdaptiveBatcher.set_slo`` would); goodput keeps using ``slo``.
+        service_seed: ``(batch_size, median_ms)`` rows the controller's service-time model starts
+            from (what ``AdaptiveBatcher(service_profile=...)`` takes: a profile or warm-up).
         name: label in results.
     """
 
@@ -81,6 +84,7 @@ class SimConfig:
     deadline_ms: float | None = None
     window_origin: str = "arrival"
     slo_changes: tuple[tuple[float, SLO], ...] = ()
+    service_seed: tuple[tuple[int, float], ...] = ()
     name: str = ""
 
 
@@ -184,6 +188,11 @@ class _Replay:
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
         else:
             self.open_times, self.open_sizes = workload.times_s, workload.sizes
+            count = len(workload)
+            self.state.arrival_s = workload.times_s.tolist()
+            self.state.size = workload.sizes.tolist()
+            self.state.done_s = [math.nan] * count
+            self.state.outcome = [Outcome.PENDING] * count
         self.name = workload.name if isinstance(workload, Arrivals) else "closed_loop"
 
     def _make_controller(self) -> Controller | None:
@@ -199,6 +208,7 @@ class _Replay:
             slo=config.slo,
             interval_s=config.control_interval_s,
             guards=config.guards,
+            service_model=ServiceTimeModel(seed=config.service_seed),
         )
         controller.start(
             Decision(config.window_ms, config.max_batch_size, "start"), 0.0, self.recorder.counts()
@@ -235,12 +245,12 @@ class _Replay:
                 self._poll()
             elif next_open <= next_closed:
                 self.now = next_open
-                self._arrive(int(sizes[index]), -1)
+                self._arrive(index, int(sizes[index]))
                 index += 1
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
-                    self._arrive(1, client)
+                    self._arrive(self._add_closed_request(client), 1)
         return SimResult.build(
             name=self.config.name or self.name,
             arrival_s=np.asarray(self.state.arrival_s),
@@ -254,14 +264,17 @@ class _Replay:
             slots=self.config.max_concurrent_batches,
         )
 
-    def _arrive(self, size: int, client: int) -> None:
-        state, now = self.state, self.now
-        request_id = len(state.arrival_s)
-        state.arrival_s.append(now)
-        state.size.append(size)
+    def _add_closed_request(self, client: int) -> int:
+        state = self.state
+        state.arrival_s.append(self.now)
+        state.size.append(1)
         state.done_s.append(math.nan)
         state.outcome.append(Outcome.PENDING)
         state.client.append(client)
+        return len(state.arrival_s) - 1
+
+    def _arrive(self, request_id: int, size: int) -> None:
+        now = self.now
         deadline = None if self.config.deadline_ms is None else now + self.config.deadline_ms / 1e3
         if self.shed_after_s is not None:
             shed_at = now + self.shed_after_s
@@ -290,8 +303,10 @@ class _Replay:
         done = self.now if at_s is None else at_s
         state.done_s[request_id] = done
         state.outcome[request_id] = outcome
+        if self.closed is None:
+            return
         client = state.client[request_id]
-        if client >= 0 and self.closed is not None:
+        if client >= 0:
             at = max(self.closed.next_arrival(done, self.rng), self.now)  # never in the past
             heapq.heappush(self.closed_heap, (at, next(self.sequence), client))
 
@@ -335,6 +350,12 @@ class _Replay:
             else:
                 recorder.failed += len(part.ids)
             outcome = Outcome.OK if part.ok else Outcome.FAILED
+            if self.closed is None:  # the common, open-loop case, inlined
+                done_s, outcomes, end = state.done_s, state.outcome, part.end_s
+                for request_id in part.ids:
+                    done_s[request_id] = end
+                    outcomes[request_id] = outcome
+                continue
             for request_id in part.ids:
                 self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
@@ -347,29 +368,14 @@ class _Replay:
         controller = self.controller
         assert controller is not None
         for at_s, slo in self.config.slo_changes:
-            if at_s <= self.now and controller.slo is not slo and at_s > self.slo_changed_s:
+            if self.slo_changed_s < at_s <= self.now:
                 controller.set_slo(slo)
                 self.slo_changed_s = at_s
-        decision = controller.tick(
-            self.now,
-            self.recorder,
-            self.engine.queue_depth,
-            self.engine.queued_units,
-            self._telemetry(),
-        )
+        if controller.drive(self.engine, self.recorder, self.now, self._telemetry()) is not None:
+            self.shed_after_s = controller.shed_after_s
         current = controller.decision
         assert current is not None
         self.state.decisions.append((self.now, current.window_ms, current.max_batch_size))
-        if decision is not None:
-            shed = decision.shed_after_ms
-            self.shed_after_s = None if shed is None else shed / 1e3
-            self.engine.set_limits(
-                EngineLimits(
-                    decision.window_ms / 1e3,
-                    decision.max_batch_size,
-                    self.config.max_concurrent_batches,
-                )
-            )
 
     def _telemetry(self) -> TelemetrySample:
         memory = self.sim.memory

@@ -161,8 +161,17 @@ def test_bucket_guard_table(warmed: set[int], proposed_cap: int, cap: int) -> No
 
 
 def test_shed_guard_sets_the_latest_useful_start() -> None:
+    """Cap 64 stays; a burst may put the request in a batch of 256 (the best within budget:
+    2 * 16.8 <= 40 ms), so it must start within 50 - 1.1 * 16.8 ms."""
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(observe())
-    assert decision.shed_after_ms == pytest.approx(50.0 - 1.1 * 7.2)
+    assert decision.max_batch_size == 64
+    assert decision.shed_after_ms == pytest.approx(50.0 - 1.1 * 16.8)
+
+
+def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
+    slow = linear_ms(4.0, 0.2)  # 256 -> 55 ms: cannot meet 50 ms; 64 -> 16.8 ms fits 40 ms
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(observe(service_ms=slow))
+    assert decision.max_batch_size == 64
 
 
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:

@@ -217,3 +217,30 @@ def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], messa
     with pytest.raises(error) as caught:
         AIMD(**kwargs)
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("cap", "expected_cap", "reason"),
+    [
+        (64, 65, "aimd.increase"),  # batch of 64 takes 4 + 0.5 * 64 = 36 ms <= SLO 50 ms
+        (100, 90, "aimd.decrease"),  # 54 ms > 50 ms: cut 10 %
+    ],
+)
+def test_clipper_rule_uses_batch_time_against_the_slo(
+    cap: int, expected_cap: int, reason: str
+) -> None:
+    """With a service model, Clipper's own quantity decides: the batch's processing time."""
+    obs = Observation(
+        now_s=1.0,
+        interval_s=0.25,
+        current=Decision(0.0, cap),
+        bounds=Bounds(0.0, 10.0, 1, 256),
+        slo=SLO(p99_ms=50.0),
+        latency_ms=400.0,  # end-to-end latency is ignored by Clipper's rule
+        latency_samples=100,
+        fill_ratio=1.0,
+        service_ms=lambda n: 4.0 + 0.5 * n,
+    )
+    decision = AIMD().decide(obs)
+    assert decision.max_batch_size == expected_cap
+    assert decision.reason == reason

@@ -1,0 +1,40 @@
+"""Allowed batch sizes ("buckets"): validation, the bucket a batch pads up to, warm-up sizes."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+
+from adaptive_batcher._validate import check_int
+
+__all__ = ["check_buckets", "pad_target", "warmup_sizes"]
+
+
+def pad_target(buckets: tuple[int, ...], units: int) -> int:
+    """The smallest bucket holding ``units`` (the largest bucket if none does)."""
+    index = bisect.bisect_left(buckets, units)
+    return buckets[min(index, len(buckets) - 1)]
+
+
+def warmup_sizes(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """The buckets, or without buckets the powers of two up to ``cap`` and ``cap`` itself."""
+    if buckets:
+        return buckets
+    sizes = [1 << k for k in range(int(math.log2(cap)) + 1)]
+    return tuple(sizes) if sizes[-1] == cap else (*sizes, cap)
+
+
+def check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
+    if batch_sizes is None:
+        return ()
+    buckets = tuple(batch_sizes)
+    for size in buckets:
+        check_int("batch_sizes item", size, 1)
+    if not buckets or any(b >= a for a, b in zip(buckets[1:], buckets, strict=False)):
+        raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {buckets}")
+    if cap > buckets[-1]:
+        raise ValueError(
+            f"max_batch_size ({cap}) must not exceed the largest of batch_sizes ({buckets[-1]})"
+        )
+    return buckets

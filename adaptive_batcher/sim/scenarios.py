@@ -1,0 +1,287 @@
+"""Named replay scenarios and the batcher configurations compared on them.
+
+A :class:`Scenario` is a device (service-time model, memory), an SLO and a workload; a
+*contender* is a function from a scenario to a :class:`SimConfig`: our policies, and the
+baselines as users configure them today (Triton-like, Ray Serve defaults, TorchServe-like,
+BentoML-like cork, Clipper AIMD, and a static grid searched in hindsight). The benchmarks and
+``adaptive-batcher replay`` use the same definitions.
+
+Loads are given as fractions of the device's capacity under the SLO: the throughput of the
+largest batch whose two-batch latency fits the SLO target (resnet50 on an H200, SLO p99 50 ms:
+batch 256, 15.4k img/s; ../shared/profiles/h200/batch_profile.csv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from adaptive_batcher.control.controller import default_guards
+from adaptive_batcher.control.types import Bounds
+from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
+from adaptive_batcher.policies.base import Policy
+from adaptive_batcher.policies.cork import BentoCork
+from adaptive_batcher.sim.result import SimResult
+from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, TableService
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
+from adaptive_batcher.sim.traces import find_trace, load_trace
+from adaptive_batcher.sim.workloads import (
+    Arrivals,
+    Diurnal,
+    MMPPBursts,
+    Poisson,
+    Steps,
+)
+from adaptive_batcher.slo import SLO
+
+__all__ = [
+    "CONTENDERS",
+    "SCENARIOS",
+    "STATIC_CAPS",
+    "STATIC_WINDOWS_MS",
+    "Scenario",
+    "best_static",
+    "capacity_rps",
+    "run",
+]
+
+MAX_CAP = 512
+STATIC_WINDOWS_MS = (0.0, 5.0)
+STATIC_CAPS = (64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A device, an SLO and a workload.
+
+    Attributes:
+        name: identifier (``steps``, ``poisson_60``, ...).
+        description: one line for reports.
+        slo: the latency objective.
+        arrivals: builds the arrivals from a seed.
+        service: builds the (stateful) service model, fresh per run.
+        memory: device memory over time (None: unlimited).
+        step_at_s: for load steps, when the step happens (for the recovery metric).
+        stationary: whether the target is "within 5 % of the best static setting".
+    """
+
+    name: str
+    description: str
+    slo: SLO
+    arrivals: Callable[[int], Arrivals]
+    service: Callable[[], ServiceModel] = field(default=lambda: Noisy(_resnet(), cv=0.05))
+    memory: MemoryLimit | None = None
+    step_at_s: float | None = None
+    stationary: bool = False
+
+
+def _resnet() -> TableService:
+    return TableService.from_h200("resnet50")
+
+
+def capacity_rps(slo: SLO) -> float:
+    """Items/s of the largest batch size whose ``2 * service`` fits the SLO target."""
+    table = _resnet()
+    fitting = [
+        int(n) for n in table.sizes if 2 * table.service_s(int(n), _RNG) * 1e3 <= slo.target_ms
+    ]
+    best = max(fitting)
+    return best / table.service_s(best, _RNG)
+
+
+_RNG = np.random.default_rng(0)
+SLO_50 = SLO(p99_ms=50.0)
+CAPACITY = capacity_rps(SLO_50)
+
+
+def _poisson(fraction: float, duration_s: float) -> Callable[[int], Arrivals]:
+    return lambda seed: Poisson(fraction * CAPACITY).generate(
+        duration_s, np.random.default_rng(seed)
+    )
+
+
+def _workload(make: Callable[[], object], duration_s: float) -> Callable[[int], Arrivals]:
+    def build(seed: int) -> Arrivals:
+        workload = make()
+        arrivals: Arrivals = workload.generate(duration_s, np.random.default_rng(seed))  # type: ignore[attr-defined]
+        return arrivals
+
+    return build
+
+
+def _trace(name: str, compress: float) -> Callable[[int], Arrivals]:
+    def build(seed: int) -> Arrivals:
+        del seed  # a trace is what it is
+        path = find_trace(name)
+        if path is None:
+            raise FileNotFoundError(
+                f"trace {name!r} not found; it is read from ../shared/traces next to the repository"
+            )
+        return load_trace(path, compress=compress)
+
+    return build
+
+
+def _memory_squeeze() -> MemoryLimit:
+    mib = 2**20
+    # resnet50 peak memory: 1646.6 MiB at 256, 2994.6 MiB at 512 (batch_profile.csv); another
+    # tenant leaves 1200 MiB from 10 s to 20 s, then 4000 MiB again
+    return MemoryLimit(4000 * mib, squeezes=[(10.0, 1200 * mib), (20.0, 4000 * mib)])
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "poisson_30",
+            "Poisson at 30 % of capacity",
+            SLO_50,
+            _poisson(0.3, 20.0),
+            stationary=True,
+        ),
+        Scenario(
+            "poisson_60",
+            "Poisson at 60 % of capacity",
+            SLO_50,
+            _poisson(0.6, 20.0),
+            stationary=True,
+        ),
+        Scenario(
+            "poisson_90",
+            "Poisson at 90 % of capacity",
+            SLO_50,
+            _poisson(0.9, 20.0),
+            stationary=True,
+        ),
+        Scenario(
+            "step_3x",
+            "load step 30 % -> 90 % of capacity at 10 s",
+            SLO_50,
+            _workload(lambda: Steps((0.3 * CAPACITY, 0.9 * CAPACITY), 10.0), 20.0),
+            step_at_s=10.0,
+        ),
+        Scenario(
+            "steps",
+            "steps 30 / 90 / 150 / 30 % of capacity, 10 s each",
+            SLO_50,
+            _workload(lambda: Steps(tuple(f * CAPACITY for f in (0.3, 0.9, 1.5, 0.3)), 10.0), 40.0),
+        ),
+        Scenario(
+            "diurnal",
+            "sinusoid, mean 70 % of capacity, +-60 %, period 20 s",
+            SLO_50,
+            _workload(lambda: Diurnal(0.7 * CAPACITY, 0.6, 20.0), 40.0),
+        ),
+        Scenario(
+            "bursts",
+            "on/off bursts: 40 % base, 200 % bursts, on 1 s / off 4 s",
+            SLO_50,
+            _workload(lambda: MMPPBursts(0.4 * CAPACITY, 2.0 * CAPACITY, 1.0, 4.0), 40.0),
+        ),
+        Scenario(
+            "azure_code",
+            "Azure LLM code trace (CV 13), time compressed x300",
+            SLO_50,
+            _trace("azure_llm_2023_code.csv", 300.0),
+        ),
+        Scenario(
+            "azure_conv",
+            "Azure LLM conversation trace (near Poisson), time compressed x1000",
+            SLO_50,
+            _trace("azure_llm_2023_conv.csv", 1000.0),
+            stationary=True,
+        ),
+        Scenario(
+            "memory_squeeze",
+            "60 % of capacity; free memory drops to 1.2 GiB from 10 s to 20 s",
+            SLO_50,
+            _poisson(0.6, 30.0),
+            memory=_memory_squeeze(),
+        ),
+    ]
+}
+
+
+def _bounds() -> Bounds:
+    return Bounds(0.0, 50.0, 1, MAX_CAP)
+
+
+def warmup_seed() -> tuple[tuple[int, float], ...]:
+    """What ``AdaptiveBatcher.warmup`` over power-of-two buckets measures on the device: the
+    noiseless service time of each bucket, ms. Adaptive contenders start from it, as a user who
+    warms up (or profiles) before serving does."""
+    table = _resnet()
+    sizes = [1 << k for k in range(10) if 1 << k <= MAX_CAP]
+    return tuple((n, table.service_s(n, _RNG) * 1e3) for n in sizes)
+
+
+def _adaptive(policy: Callable[[], Policy], *, shed: bool) -> Callable[[Scenario], SimConfig]:
+    def make(scenario: Scenario) -> SimConfig:
+        return SimConfig(
+            MAX_CAP,
+            0.0,
+            slo=scenario.slo,
+            policy=policy(),
+            bounds=_bounds(),
+            guards=default_guards(shed_late=shed),
+            service_seed=warmup_seed(),
+        )
+
+    return make
+
+
+def _static(window_ms: float, cap: int) -> Callable[[Scenario], SimConfig]:
+    return lambda scenario: SimConfig(cap, window_ms, slo=scenario.slo)
+
+
+CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
+    "adaptive_pid_shed": _adaptive(PID, shed=True),
+    "adaptive_pid": _adaptive(PID, shed=False),
+    "bandit_ucb_shed": _adaptive(DiscountedUCB, shed=True),
+    "bandit_thompson_shed": _adaptive(DiscountedThompson, shed=True),
+    "triton_like": _static(0.0, MAX_CAP),
+    "ray_serve_defaults": _static(10.0, 10),
+    "torchserve_like": lambda s: SimConfig(MAX_CAP, 10.0, slo=s.slo, window_origin="slot_free"),
+    "bentoml_cork": lambda s: SimConfig(
+        MAX_CAP, 1.0, slo=s.slo, policy=BentoCork(s.slo.p99_ms), bounds=_bounds(), guards=[]
+    ),
+    "clipper_aimd": lambda s: SimConfig(
+        32, 0.0, slo=s.slo, policy=AIMD(step=8), bounds=_bounds(), guards=[]
+    ),
+}
+
+
+def run(scenario: Scenario, config: SimConfig, seed: int = 0) -> SimResult:
+    """Replay ``scenario`` against ``config`` (fresh service model; same seed, same result)."""
+    simulator = Simulator(scenario.service(), config, memory=scenario.memory, seed=seed)
+    return simulator.run(scenario.arrivals(seed))
+
+
+def best_static(
+    scenario: Scenario,
+    *,
+    shed: bool = False,
+    windows_ms: tuple[float, ...] = STATIC_WINDOWS_MS,
+    caps: tuple[int, ...] = STATIC_CAPS,
+    seed: int = 0,
+) -> tuple[SimResult, tuple[float, int]]:
+    """The static (window, cap) with the highest goodput on this very trace: the best any fixed
+    setting could do, known only in hindsight. With ``shed``, each setting also fails requests
+    still queued ``p99 - 1.1 * service(cap)`` after arrival (an ablation: how much of the
+    adaptive gain is shedding alone)."""
+    best: tuple[SimResult, tuple[float, int]] | None = None
+    table = _resnet()
+    for cap in caps:
+        deadline = None
+        if shed:
+            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * table.service_s(cap, _RNG) * 1e3)
+        for window in windows_ms:
+            config = replace(_static(window, cap)(scenario), deadline_ms=deadline)
+            result = run(scenario, config, seed)
+            key = (result.goodput_rps, -result.p99_ms)
+            if best is None or key > (best[0].goodput_rps, -best[0].p99_ms):
+                best = (result, (window, cap))
+    assert best is not None
+    return best
