@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 import pytest
 import structlog
 
 
+def _drop_debug(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Keep the per-batch and per-tick debug events out of test output (capture_logs, which
+    replaces the processors, still sees them)."""
+    if method_name == "debug":
+        raise structlog.DropEvent
+    return event_dict
+
+
+def _configure() -> None:
+    structlog.reset_defaults()
+    processors = [_drop_debug, *structlog.get_config()["processors"]]
+    structlog.configure(processors=processors)
+
+
 @pytest.fixture(autouse=True)
 def _structlog_defaults() -> Iterator[None]:
-    """Undo any structlog configuration a test (e.g. a CLI run in-process) made."""
+    """Quiet debug events, and undo any configuration a test (e.g. a CLI run) made."""
+    _configure()
     yield
-    structlog.reset_defaults()
+    _configure()

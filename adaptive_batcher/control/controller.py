@@ -178,13 +178,16 @@ class Controller:
         recorder: Recorder,
         now: float,
         telemetry: TelemetrySample,
+        *,
+        force: bool = False,
     ) -> Decision | None:
-        """Tick if one is due at ``now`` and apply a changed decision to ``engine``.
+        """Tick if one is due at ``now`` (or ``force``) and apply a changed decision to ``engine``.
 
         This is the whole control loop of a shell (the asyncio runtime, the simulator): call it
-        after every finished batch. Returns the decision applied, if any.
+        whenever the engine is polled; force it after an out-of-memory error, so the cap shrinks
+        before more batches fail. Returns the decision applied, if any.
         """
-        if not self.due(now):
+        if not (force or self.due(now)):
             return None
         decision = self.tick(now, recorder, engine.queue_depth, engine.queued_units, telemetry)
         if decision is not None:

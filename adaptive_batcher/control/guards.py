@@ -187,7 +187,8 @@ class ShedGuard(Guard):
     would miss). The guard sets ``shed_after_ms`` to that time, so such a request fails with
     ``DeadlineExceededError`` at that moment (the same idea as BentoML's cork dispatcher, which
     cancels requests whose predicted latency exceeds its max latency, and Clockwork's admission
-    control).
+    control). When even that leaves no time (the SLO is out of reach), nothing is shed: late
+    answers beat none.
     """
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -202,7 +203,9 @@ class ShedGuard(Guard):
         slowest = SHED_SERVICE_SAFETY * max(
             observation.service_ms(cap), observation.service_ms(best)
         )
-        shed_after = max(0.0, slo.p99_ms - slo.preprocess_ms - slowest)
+        shed_after = slo.p99_ms - slo.preprocess_ms - slowest
+        if shed_after <= 0:  # the SLO is out of reach: answer late rather than not at all
+            return decision.with_(max_batch_size=cap, shed_after_ms=None)
         return decision.with_(max_batch_size=cap, shed_after_ms=shed_after)
 
 
@@ -212,10 +215,12 @@ class MemoryGuard(Guard):
     * Free memory below ``min_free_fraction`` of the total (from telemetry): the cap ceiling
       becomes ``shrink * cap``.
     * Any out-of-memory error in the tick: the ceiling becomes half the cap in force (the runtime
-      has already re-run the failed batch split in halves, so no request was lost).
+      has already re-run the failed batch split in halves, so no request was lost), and that cap
+      is remembered as too big for ``forget_s``.
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
-    tick until it no longer binds.
+    tick, never to a cap remembered as too big, until it no longer binds. Probing upward this way
+    finds the largest cap that fits in a few steps instead of failing batch after batch.
     """
 
     def __init__(
@@ -225,39 +230,61 @@ class MemoryGuard(Guard):
         shrink: float = 0.75,
         cooldown_s: float = 10.0,
         recover: float = 1.25,
+        forget_s: float = 60.0,
     ) -> None:
         super().__init__(inner)
         self.min_free_fraction = min_free_fraction
         self.shrink = shrink
         self.cooldown_s = cooldown_s
         self.recover = recover
+        self.forget_s = forget_s
         self.ceiling: int | None = None
+        self.too_big: int | None = None
         self._pressure_at = -math.inf
+        self._too_big_at = -math.inf
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        cap_now = observation.current.max_batch_size
-        free = observation.telemetry.free_fraction
-        reason = ""
-        if observation.oom_errors > 0:
-            self.ceiling, reason = max(1, cap_now // 2), "out_of_memory"
-        elif free is not None and free < self.min_free_fraction:
-            self.ceiling, reason = max(1, int(cap_now * self.shrink)), "memory_pressure"
+        now = observation.now_s
+        reason = self._update(observation)
         if reason:
-            self._pressure_at = observation.now_s
             _log.warning(
                 "controller.memory_guard",
                 reason=reason,
                 cap_ceiling=self.ceiling,
-                free_fraction=free,
+                too_big=self.too_big,
+                free_fraction=observation.telemetry.free_fraction,
                 oom_errors=observation.oom_errors,
             )
-        elif self.ceiling is not None and observation.now_s - self._pressure_at >= self.cooldown_s:
-            self.ceiling = math.ceil(self.ceiling * self.recover)
-            if self.ceiling >= observation.bounds.max_batch_size:
-                self.ceiling = None
+        elif self.ceiling is not None and now - self._pressure_at >= self.cooldown_s:
+            self._recover(observation.bounds.max_batch_size, now)
         if self.ceiling is not None and decision.max_batch_size > self.ceiling:
             return decision.with_(max_batch_size=self.ceiling, reason=reason or "memory_ceiling")
         return decision
+
+    def _update(self, observation: Observation) -> str:
+        cap_now = observation.current.max_batch_size
+        free = observation.telemetry.free_fraction
+        if observation.oom_errors > 0:
+            self.too_big = cap_now if self.too_big is None else min(self.too_big, cap_now)
+            self._too_big_at = observation.now_s
+            self.ceiling = max(1, cap_now // 2)
+        elif free is not None and free < self.min_free_fraction:
+            self.ceiling = max(1, int(cap_now * self.shrink))
+        else:
+            return ""
+        self._pressure_at = observation.now_s
+        return "out_of_memory" if observation.oom_errors > 0 else "memory_pressure"
+
+    def _recover(self, hard_cap: int, now: float) -> None:
+        assert self.ceiling is not None
+        if self.too_big is not None and now - self._too_big_at >= self.forget_s:
+            self.too_big = None
+        ceiling = math.ceil(self.ceiling * self.recover)
+        if self.too_big is not None:
+            ceiling = min(ceiling, self.too_big - 1)
+        self.ceiling = max(self.ceiling, ceiling)
+        if self.ceiling >= hard_cap:
+            self.ceiling = None
 
 
 class BucketGuard(Guard):

@@ -8,9 +8,11 @@ setpoint is the SLO's target (``margin * p99_ms``). Both are divided by the targ
 One output ``u`` in [-1, 1] drives two actuators in sequence ("split-range control", a standard
 process-control arrangement):
 
-* ``u`` in [0, 1]: there is slack; the window is ``u * W`` with ``W = min(max window, budget)``,
-  and the cap is the largest whose predicted latency (``window + 2 * service(cap)``) fits the
-  budget.
+* ``u`` in [0, 1]: there is slack; the cap is the largest whose predicted latency
+  (``2 * service(cap)``) fits the budget, and the window is ``u * W`` with ``W`` what the cap
+  leaves of the budget (``budget - 2 * service(cap)``, at most the bounds' maximum window). The
+  cap is chosen first: a window must never starve the cap (a burst arriving to a small cap and a
+  long window queues for a whole control tick).
 * ``u`` in [-1, 0): latency is over target even with no window; the window is 0 and the cap's
   latency budget shrinks to ``(1 + 0.9 * u) * budget``, so batches get shorter.
 
@@ -83,7 +85,7 @@ class PID:
         latency = observation.latency_ms
         if slo is None or observation.latency_samples < self.min_samples or math.isnan(latency):
             return observation.current.with_(reason="pid.hold")
-        span = self._window_span_ms(observation)
+        span = self._window_range_ms(observation)
         if self._error is None and span > 0:  # bumpless: start from the window in force
             self.output = min(1.0, observation.current.window_ms / span)
         target = slo.target_ms
@@ -101,19 +103,25 @@ class PID:
             change -= self.kd * (newest - 2.0 * older + oldest) / target_ms
         return change
 
-    def _window_span_ms(self, observation: Observation) -> float:
+    def _window_range_ms(self, observation: Observation) -> float:
+        """What the window may use: the budget left by two batches at the full-budget cap,
+        within the bounds (and ``max_window_ms``)."""
         ceiling = observation.bounds.max_window_ms
         if self.max_window_ms is not None:
             ceiling = min(ceiling, self.max_window_ms)
         budget = observation.budget_ms
-        return max(0.0, min(ceiling, budget)) if not math.isnan(budget) else ceiling
+        if math.isnan(budget):
+            return ceiling
+        cap = choose_cap(observation, budget, 0.0)
+        room = budget if cap is None else budget - 2.0 * observation.service_ms(cap)
+        return max(0.0, min(ceiling, room))
 
-    def _actuate(self, observation: Observation, span_ms: float) -> Decision:
+    def _actuate(self, observation: Observation, window_range_ms: float) -> Decision:
         u = self.output
-        window = u * span_ms if u > 0 else 0.0
         budget = observation.budget_ms * (1.0 if u >= 0 else 1.0 + 0.9 * u)
-        cap = choose_cap(observation, budget, window)
+        cap = choose_cap(observation, budget, 0.0)  # the cap first: a window never starves it
         if cap is None:  # the service model is not ready yet
             cap = observation.current.max_batch_size
+        window = u * window_range_ms if u > 0 else 0.0
         reason = "pid.slack" if u > 0 else ("pid.tighten" if u < 0 else "pid.neutral")
         return Decision(window, cap, reason)

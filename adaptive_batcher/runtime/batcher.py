@@ -201,6 +201,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._shed_late = shed_late
         self._service_seed = _service_seed(service_profile)
         self._shed_after_s: float | None = None
+        self._oom_seen = False
         self._controller: Controller | None = None
         if policy is not None:
             self._controller = self._make_controller(policy, control_interval_ms / 1e3)
@@ -504,7 +505,19 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._pump_scheduled = False
         loop = self._loop
         assert loop is not None
-        for action in self._engine.poll(loop.time() if now is None else now):
+        now = loop.time() if now is None else now
+        controller = self._controller
+        if controller is not None and (self._oom_seen or controller.due(now)):
+            # ticks ride on every pump (arrivals, timers, finished batches), so the controller
+            # keeps deciding even when no batch finishes (e.g. everything is being shed)
+            telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
+            decision = controller.drive(
+                self._engine, self.recorder, now, telemetry, force=self._oom_seen
+            )
+            self._oom_seen = False
+            if decision is not None:
+                self._shed_after_s = controller.shed_after_s
+        for action in self._engine.poll(now):
             if type(action) is Dispatch:
                 task = loop.create_task(self._run_batch(action.batch))
                 self._tasks.add(task)
@@ -564,11 +577,6 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._engine.complete(batch)
             if live:
                 self.recorder.record_batch(ended, len(live), batch.units, ended - started)
-            controller = self._controller
-            if controller is not None:
-                telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
-                if controller.drive(self._engine, self.recorder, ended, telemetry) is not None:
-                    self._shed_after_s = controller.shed_after_s
             self._pump(ended)
 
     async def _execute(self, requests: list[Any]) -> None:
@@ -580,6 +588,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         except Exception as exc:
             oom = self._is_oom(exc)
             self.recorder.oom_errors += oom
+            self._oom_seen = self._oom_seen or oom
             if len(requests) > 1 and (oom or self._bisect):
                 _log.warning(
                     "batch.split",

@@ -244,11 +244,24 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
     "triton_like": _static(0.0, MAX_CAP),
     "ray_serve_defaults": _static(10.0, 10),
     "torchserve_like": lambda s: SimConfig(MAX_CAP, 10.0, slo=s.slo, window_origin="slot_free"),
+    # baselines that learn a service-time model start from the same warm-up as ours
     "bentoml_cork": lambda s: SimConfig(
-        MAX_CAP, 1.0, slo=s.slo, policy=BentoCork(s.slo.p99_ms), bounds=_bounds(), guards=[]
+        MAX_CAP,
+        1.0,
+        slo=s.slo,
+        policy=BentoCork(s.slo.p99_ms),
+        bounds=_bounds(),
+        guards=[],
+        service_seed=warmup_seed(),
     ),
     "clipper_aimd": lambda s: SimConfig(
-        32, 0.0, slo=s.slo, policy=AIMD(step=8), bounds=_bounds(), guards=[]
+        32,
+        0.0,
+        slo=s.slo,
+        policy=AIMD(step=8),
+        bounds=_bounds(),
+        guards=[],
+        service_seed=warmup_seed(),
     ),
 }
 

@@ -174,6 +174,7 @@ class _Replay:
         self.timer_at: float | None = None
         self.shed_after_s: float | None = None
         self.poll_pending = False
+        self.oom_seen = False
         self.slo_changed_s = -math.inf
         self.now = 0.0
         self.running_units = 0
@@ -289,6 +290,8 @@ class _Replay:
 
     def _poll(self) -> None:
         self.poll_pending = False
+        if self.controller is not None and (self.oom_seen or self.controller.due(self.now)):
+            self._control_tick()
         for action in self.engine.poll(self.now):
             if type(action) is Dispatch:
                 self._dispatch(action.batch)
@@ -326,6 +329,7 @@ class _Replay:
         if memory is not None and memory.is_oom(self.sim.service, units, start):
             failed_at = start + OOM_DETECT_FRACTION * service
             self.recorder.oom_errors += 1
+            self.oom_seen = True
             self.state.busy_s += failed_at - start
             if len(ids) == 1:
                 parts.append(_Part(start, failed_at, ids, units, ok=False))
@@ -360,8 +364,6 @@ class _Replay:
                 self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
         self.engine.complete(batch, self.now)
-        if self.controller is not None and self.controller.due(self.now):
-            self._control_tick()
         self._poll()
 
     def _control_tick(self) -> None:
@@ -371,7 +373,11 @@ class _Replay:
             if self.slo_changed_s < at_s <= self.now:
                 controller.set_slo(slo)
                 self.slo_changed_s = at_s
-        if controller.drive(self.engine, self.recorder, self.now, self._telemetry()) is not None:
+        decision = controller.drive(
+            self.engine, self.recorder, self.now, self._telemetry(), force=self.oom_seen
+        )
+        self.oom_seen = False
+        if decision is not None:
             self.shed_after_s = controller.shed_after_s
         current = controller.decision
         assert current is not None

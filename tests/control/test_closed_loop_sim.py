@@ -45,13 +45,16 @@ def test_memory_squeeze_shrinks_the_cap_without_losing_requests() -> None:
     arrivals = Poisson(6000.0).generate(30.0, np.random.default_rng(2))
     config = SimConfig(max_batch_size=256, window_ms=2.0, slo=SLO(p99_ms=60), policy=PID())
     result = Simulator(service, config, memory=memory).run(arrivals)
+    static = Simulator(service, SimConfig(256, 20.0), memory=memory).run(arrivals)
     assert result.lost == 0
     assert result.failed == 0
+    assert static.lost == 0
     caps = result.series.decisions  # rows: time_s, window_ms, max_batch_size
-    after = caps[caps[:, 0] > 15.0, 2]
-    assert after.size > 0
-    assert after.max() <= 96  # below what the squeezed memory holds
-    assert result.oom_errors < 20  # it learned, rather than failing batch after batch
+    squeezed = caps[(caps[:, 0] > 11.0) & (caps[:, 0] < 20.0), 2]  # before the cooldown ends
+    assert squeezed.size > 0
+    assert squeezed.max() <= 96  # below what the squeezed memory holds
+    # it learned, rather than failing batch after batch as a static cap does
+    assert result.oom_errors < 0.2 * static.oom_errors
 
 
 def test_slo_change_is_followed() -> None:

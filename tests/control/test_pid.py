@@ -23,14 +23,13 @@ def test_holds_without_slo_or_samples() -> None:
 @pytest.mark.parametrize(
     ("latency_ms", "window_ms", "max_batch_size", "reason"),
     [
-        # slack: e = 0.5, u = 2/40 + 0.15 * 0.5 = 0.125 -> window 5 ms; largest cap with
-        # 5 + 2 s(n) <= 40: s(n) <= 17.5 -> 256 (16.8 ms)
-        (20.0, 5.0, 256, "pid.slack"),
-        # over target: e = -0.5, u = 0.05 - 0.075 < 0 -> window 0, budget shrinks to
-        # (1 + 0.9 u) * 40 = 39.1 ms -> still 256 fits? 2 * 16.8 = 33.6 <= 39.1 -> 256
-        (60.0, 0.0, 256, "pid.tighten"),
-        # far over: e clipped at -2, u = 0.05 - 0.3 = -0.25 -> budget 31 ms -> 128 (2 * 10.4)
-        (200.0, 0.0, 128, "pid.tighten"),
+        # slack: the cap first: the largest with 2 s(n) <= 40 is 256 (16.8 ms), leaving a
+        # window range of 40 - 33.6 = 6.4 ms; e = 0.5, u = 2/6.4 + 0.15 * 0.5 = 0.3875
+        (20.0, 0.3875 * 6.4, 256, "pid.slack"),
+        # over target: e = -0.5, u = 0.3125 - 0.075 > 0: still slack, a smaller window
+        (60.0, 0.2375 * 6.4, 256, "pid.slack"),
+        # far over: e clipped at -2, u = 0.3125 - 0.3 = 0.0125: the window nearly closes
+        (200.0, 0.0125 * 6.4, 256, "pid.slack"),
     ],
 )
 def test_first_decision(
@@ -44,9 +43,19 @@ def test_first_decision(
 
 def test_bumpless_start_from_window_in_force() -> None:
     pid = PID()
-    pid.reset(Decision(10.0, 64))
-    decision = pid.decide(observe(current=Decision(10.0, 64), latency_ms=40.0))  # zero error
-    assert decision.window_ms == pytest.approx(10.0)
+    pid.reset(Decision(5.0, 64))
+    decision = pid.decide(observe(current=Decision(5.0, 64), latency_ms=40.0))  # zero error
+    assert decision.window_ms == pytest.approx(5.0)
+
+
+def test_tightening_shrinks_the_cap_once_the_window_is_closed() -> None:
+    pid = PID()
+    for _ in range(4):  # far over target: u goes negative, the cap budget shrinks
+        decision = pid.decide(observe(current=Decision(0.0, 256), latency_ms=200.0))
+    assert pid.output < 0
+    assert decision.window_ms == 0.0
+    assert decision.max_batch_size < 256
+    assert decision.reason == "pid.tighten"
 
 
 def test_anti_windup_output_is_clamped_and_recovers_at_once() -> None:
@@ -60,7 +69,9 @@ def test_anti_windup_output_is_clamped_and_recovers_at_once() -> None:
 
 
 def test_overload_takes_the_highest_throughput_cap() -> None:
-    decision = PID().decide(observe(latency_ms=500.0, arrival_rate_rps=40000.0))
+    pid = PID()
+    for _ in range(3):
+        decision = pid.decide(observe(latency_ms=500.0, arrival_rate_rps=40000.0))
     assert decision.max_batch_size == 256
     assert decision.window_ms == 0.0
 

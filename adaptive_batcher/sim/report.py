@@ -1,0 +1,109 @@
+"""Tables and plots of replay results: the comparison table (markdown) and two figures.
+
+* :func:`comparison_markdown`: one row per (scenario, contender) with goodput, its ratio to the
+  best static setting in hindsight, SLO attainment, p99, batch size, lost requests.
+* :func:`plot_timeseries`: window, cap and p99 over time for the contenders of one scenario.
+* :func:`plot_goodput`: goodput per contender, one group of bars per scenario.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from adaptive_batcher.sim.result import SimResult
+
+__all__ = ["Cell", "comparison_markdown", "plot_goodput", "plot_timeseries"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One replay: which scenario, which contender, what came out."""
+
+    scenario: str
+    contender: str
+    result: SimResult
+    note: str = ""
+
+
+def comparison_markdown(cells: Sequence[Cell], reference: str = "best_static") -> str:
+    """A markdown table; ``vs ref`` is goodput over the ``reference`` contender's goodput."""
+    lines = [
+        "| scenario | contender | goodput req/s | vs best static | SLO attainment | p99 ms "
+        "| mean batch | expired | lost | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    references = {c.scenario: c.result.goodput_rps for c in cells if c.contender == reference}
+    for cell in cells:
+        r = cell.result
+        ref = references.get(cell.scenario, math.nan)
+        ratio = r.goodput_rps / ref if ref and not math.isnan(ref) else math.nan
+        lines.append(
+            f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} | {ratio:.2f} "
+            f"| {r.slo_attainment:.4f} | {_ms(r.p99_ms)} | {r.mean_batch_size:.1f} "
+            f"| {r.expired:,} | {r.lost} | {cell.note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.1f}" if value < 1e5 else f"{value:.2e}"
+
+
+def plot_timeseries(
+    results: Mapping[str, SimResult], path: str | Path, *, slo_ms: float, title: str
+) -> Path:
+    """Three stacked panels over time: p99 (log scale, SLO line), window, cap. Writes a PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 8))
+    FigureCanvasAgg(figure)
+    p99_ax, window_ax, cap_ax = figure.subplots(3, 1, sharex=True)
+    for name, result in results.items():
+        series = result.series
+        p99_ax.plot(series.start_s, series.p99_ms, label=name, linewidth=1)
+        decisions = series.decisions
+        if decisions.size:
+            window_ax.step(decisions[:, 0], decisions[:, 1], where="post", label=name)
+            cap_ax.step(decisions[:, 0], decisions[:, 2], where="post", label=name)
+    p99_ax.axhline(slo_ms, color="black", linestyle="--", linewidth=1, label="SLO p99")
+    p99_ax.set_yscale("log")
+    p99_ax.set_ylabel("p99 latency, ms")
+    p99_ax.legend(fontsize=7, ncol=2)
+    window_ax.set_ylabel("window, ms")
+    cap_ax.set_ylabel("batch cap")
+    cap_ax.set_xlabel("time, s")
+    p99_ax.set_title(title)
+    figure.tight_layout()
+    out = Path(path)
+    figure.savefig(out, dpi=100)
+    return out
+
+
+def plot_goodput(cells: Sequence[Cell], path: str | Path) -> Path:
+    """Grouped bars: goodput per contender within each scenario. Writes a PNG."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scenarios = list(dict.fromkeys(c.scenario for c in cells))
+    contenders = list(dict.fromkeys(c.contender for c in cells))
+    values = {(c.scenario, c.contender): c.result.goodput_rps for c in cells}
+    figure = Figure(figsize=(max(8, 1.5 * len(scenarios)), 5))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    width = 0.8 / max(1, len(contenders))
+    x = np.arange(len(scenarios))
+    for i, contender in enumerate(contenders):
+        heights = [values.get((s, contender), 0.0) for s in scenarios]
+        axes.bar(x + i * width, heights, width, label=contender)
+    axes.set_xticks(x + 0.4 - width / 2, scenarios, rotation=20, fontsize=8)
+    axes.set_ylabel("goodput, req/s within SLO")
+    axes.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    out = Path(path)
+    figure.savefig(out, dpi=100)
+    return out
