@@ -1,8 +1,9 @@
 """``adaptive-batcher demo``: a small torch model on CPU behind the batcher, under live traffic.
 
 Open-loop arrivals: Poisson at ``--rate`` for the first 40 % of the run, a burst at
-``--burst-rate`` for the next 20 %, then Poisson at ``--rate`` again. A live table shows queue
-depth, batch size, p50/p99 latency and throughput; a summary table closes the run.
+``--burst-rate`` for the next 20 %, then Poisson at ``--rate`` again. The controller tunes window
+and cap toward ``--slo-p99-ms`` (``--static`` keeps them fixed). A live table shows queue depth,
+batch size, p50/p99 latency, the window and cap in force; a summary table closes the run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from adaptive_batcher import AdaptiveBatcher, BatcherError, stacked
+from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
 
 __all__ = ["register"]
 
@@ -44,6 +45,12 @@ def register(subparsers: Any) -> None:
         default="thread",
         help="where the model runs (see AdaptiveBatcher)",
     )
+    parser.add_argument(
+        "--slo-p99-ms", type=float, default=50.0, help="the SLO the controller aims at, ms"
+    )
+    parser.add_argument(
+        "--static", action="store_true", help="no controller: keep --window-ms and the cap"
+    )
     parser.add_argument("--seed", type=int, default=0, help="arrival process seed")
     parser.set_defaults(func=run)
 
@@ -56,8 +63,10 @@ class _Tally:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status."""
-    if args.duration <= 0 or args.rate <= 0 or args.burst_rate <= 0:
-        Console(stderr=True).print("[red]--duration, --rate and --burst-rate must be > 0[/red]")
+    if min(args.duration, args.rate, args.burst_rate, args.slo_p99_ms) <= 0:
+        Console(stderr=True).print(
+            "[red]--duration, --rate, --burst-rate and --slo-p99-ms must be > 0[/red]"
+        )
         return 2
     try:
         from adaptive_batcher.examples.mlp import make_input, mlp_batch_fn
@@ -81,6 +90,7 @@ async def _serve(args: argparse.Namespace, model: Any, make_input: Any) -> int:
         max_batch_size=args.max_batch_size,
         window_ms=args.window_ms,
         executor=args.executor,
+        slo=None if args.static else SLO(p99_ms=args.slo_p99_ms),
         name="demo",
     )
     inputs = [make_input(seed=i) for i in range(256)]
@@ -136,15 +146,17 @@ def _live_table(
 ) -> Table:
     stats = batcher.stats()
     table = Table(title=f"adaptive-batcher demo  {elapsed_s:5.1f}/{args.duration:.0f} s")
-    for column in ("offered req/s", "queue", "in flight", "mean batch", "p50 ms", "p99 ms", "done"):
+    columns = ("offered req/s", "queue", "mean batch", "p50 ms", "p99 ms", "window ms", "cap")
+    for column in (*columns, "done"):
         table.add_column(column, justify="right")
     table.add_row(
         f"{_rate_at(min(elapsed_s, args.duration), args):.0f}",
         str(stats.queue_depth),
-        str(stats.in_flight_batches),
         f"{stats.counts.mean_batch_size:.1f}",
         f"{stats.latency.p50_ms:.1f}",
         f"{stats.latency.p99_ms:.1f}",
+        f"{stats.window_ms:.1f}",
+        str(stats.max_batch_size),
         str(tally.ok),
     )
     return table
@@ -165,7 +177,9 @@ def _summary_table(batcher: AdaptiveBatcher[Any, Any], tally: _Tally, wall_s: fl
         ("largest batch", f"{max(stats.batch_sizes, default=0)}"),
         ("p50 latency, ms", f"{stats.latency.p50_ms:.2f}"),
         ("p99 latency, ms", f"{stats.latency.p99_ms:.2f}"),
-        ("window, ms / batch cap", f"{stats.window_ms:g} / {stats.max_batch_size}"),
+        ("window, ms / batch cap at the end", f"{stats.window_ms:.1f} / {stats.max_batch_size}"),
+        ("controller", f"{stats.policy} ({stats.decisions} decisions)" if stats.policy else "off"),
+        ("SLO p99, ms", f"{stats.slo.p99_ms:g}" if stats.slo else "none"),
     ]
     for name, value in rows:
         table.add_row(name, value)

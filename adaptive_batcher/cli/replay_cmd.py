@@ -1,20 +1,197 @@
-"""``adaptive-batcher replay``: placeholder until its issue lands."""
+"""``adaptive-batcher replay``: replay traffic against policies and baselines, compare, plot.
+
+Runs named scenarios (or your own trace and service profile) through the deterministic
+simulator for each contender, prints the comparison table, and writes ``replay.md``,
+``replay_goodput.png`` and one ``replay_<scenario>.png`` (p99, window and cap over time) to
+``--out``.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from adaptive_batcher.sim.report import Cell, comparison_markdown, plot_goodput, plot_timeseries
+from adaptive_batcher.sim.scenarios import CONTENDERS, SCENARIOS, Scenario, best_static, run
+from adaptive_batcher.sim.service import Noisy, TableService
+from adaptive_batcher.sim.traces import load_trace
+from adaptive_batcher.slo import SLO
+
 __all__ = ["register"]
+
+DEFAULT_CONTENDERS = (
+    "adaptive_pid_shed",
+    "adaptive_pid",
+    "triton_like",
+    "ray_serve_defaults",
+    "bentoml_cork",
+    "clipper_aimd",
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``replay`` sub-command."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("replay", help="(not yet available)")
-    parser.set_defaults(func=_run)
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="replay traffic against policies and baselines; print and plot the comparison",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_epilog(),
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted(SCENARIOS),
+        metavar="NAME",
+        help="a named scenario (repeatable; default: step_3x and bursts)",
+    )
+    parser.add_argument(
+        "--contender",
+        action="append",
+        choices=sorted(CONTENDERS),
+        metavar="NAME",
+        help="a policy or baseline (repeatable; default: the main six)",
+    )
+    parser.add_argument(
+        "--no-best-static",
+        action="store_true",
+        help="skip the static grid searched in hindsight (it takes 8 runs)",
+    )
+    parser.add_argument("--trace", type=Path, help="replay this CSV trace (Azure LLM format)")
+    parser.add_argument(
+        "--compress", type=float, default=1000.0, help="time compression of --trace (default 1000)"
+    )
+    parser.add_argument(
+        "--service",
+        type=Path,
+        help="service-time profile JSON from `adaptive-batcher profile` "
+        "(default: resnet50 on an H200)",
+    )
+    parser.add_argument("--slo-p99-ms", type=float, help="the SLO p99 target, ms (default 50)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of arrivals and noise")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("replay-out"),
+        help="folder for replay.md and the plots (default ./replay-out)",
+    )
+    parser.add_argument("--list", action="store_true", help="list scenarios and contenders")
+    parser.set_defaults(func=run_command)
 
 
-def _run(args: argparse.Namespace) -> int:
-    del args
-    print("adaptive-batcher replay: not available in this version yet")
-    return 2
+def _epilog() -> str:
+    scenarios = "\n".join(f"  {name:16s} {s.description}" for name, s in SCENARIOS.items())
+    return f"scenarios:\n{scenarios}\n\ncontenders: {', '.join(CONTENDERS)}"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the replays; returns the exit status."""
+    console = Console()
+    if args.list:
+        console.print(_epilog())
+        return 0
+    try:
+        scenarios = _scenarios(args)
+    except (OSError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
+        return 2
+    contenders = args.contender or list(DEFAULT_CONTENDERS)
+    cells = _run_all(scenarios, contenders, not args.no_best_static, args.seed, console)
+    console.print(_table(cells))
+    _write(cells, scenarios, args.out)
+    console.print(f"wrote {args.out / 'replay.md'} and plots in {args.out}")
+    return 0
+
+
+def _scenarios(args: argparse.Namespace) -> list[Scenario]:
+    if args.trace is not None:
+        path, compress = args.trace, args.compress
+        if not path.exists():
+            raise FileNotFoundError(f"no trace at {path}")
+        load_trace(path, compress=compress)  # fail now, with the loader's message
+        chosen = [
+            Scenario(
+                "trace",
+                f"{path.name} x{compress:g}",
+                SCENARIOS["bursts"].slo,
+                lambda seed: load_trace(path, compress=compress),
+            )
+        ]
+    else:
+        chosen = [SCENARIOS[name] for name in args.scenario or ("step_3x", "bursts")]
+    if args.service is not None:
+        table = TableService.from_profile_json(args.service)
+        chosen = [replace(s, service=lambda: Noisy(table, cv=0.05)) for s in chosen]
+    if args.slo_p99_ms is not None:
+        slo = SLO(p99_ms=args.slo_p99_ms)
+        chosen = [replace(s, slo=slo) for s in chosen]
+    return chosen
+
+
+def _run_all(
+    scenarios: list[Scenario], contenders: list[str], grid: bool, seed: int, console: Console
+) -> list[Cell]:
+    cells: list[Cell] = []
+    total = len(scenarios) * (len(contenders) + (1 if grid else 0))
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("replaying", total=total)
+        for scenario in scenarios:
+            for name in contenders:
+                result = run(scenario, CONTENDERS[name](scenario), seed)
+                cells.append(Cell(scenario.name, name, result))
+                progress.advance(task)
+            if grid:
+                result, (window, cap) = best_static(scenario, seed=seed)
+                cells.append(
+                    Cell(scenario.name, "best_static", result, f"window {window:g} ms, cap {cap}")
+                )
+                progress.advance(task)
+    return cells
+
+
+def _table(cells: list[Cell]) -> Table:
+    table = Table(title="replay: goodput = requests answered within the SLO per second")
+    for column in (
+        "scenario",
+        "contender",
+        "goodput req/s",
+        "SLO attainment",
+        "p99 ms",
+        "mean batch",
+        "expired",
+        "lost",
+    ):
+        table.add_column(column, justify="left" if column in ("scenario", "contender") else "right")
+    for cell in cells:
+        r = cell.result
+        table.add_row(
+            cell.scenario,
+            cell.contender,
+            f"{r.goodput_rps:,.0f}",
+            f"{r.slo_attainment:.4f}",
+            f"{r.p99_ms:,.1f}",
+            f"{r.mean_batch_size:.1f}",
+            f"{r.expired:,}",
+            str(r.lost),
+        )
+    return table
+
+
+def _write(cells: list[Cell], scenarios: list[Scenario], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.md").write_text(comparison_markdown(cells))
+    plot_goodput(cells, out / "replay_goodput.png")
+    for scenario in scenarios:
+        shown = {c.contender: c.result for c in cells if c.scenario == scenario.name}
+        plot_timeseries(
+            shown,
+            out / f"replay_{scenario.name}.png",
+            slo_ms=scenario.slo.p99_ms,
+            title=scenario.description,
+        )

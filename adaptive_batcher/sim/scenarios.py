@@ -182,9 +182,9 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "azure_code",
-            "Azure LLM code trace (CV 13), time compressed x300",
+            "Azure LLM code trace (CV 13), time compressed x1000",
             SLO_50,
-            _trace("azure_llm_2023_code.csv", 300.0),
+            _trace("azure_llm_2023_code.csv", 1000.0),
         ),
         Scenario(
             "azure_conv",

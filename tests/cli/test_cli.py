@@ -1,0 +1,76 @@
+"""The command line: help, demo, replay (profile has its own tests in tests/profile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adaptive_batcher.cli.main import main
+
+FIXTURE = Path(__file__).parents[1] / "sim" / "fixtures" / "tiny_trace.csv"
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "profile", "replay"):
+        assert command in out
+
+
+def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["demo", "--duration", "2", "--rate", "200", "--burst-rate", "400"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "requests completed" in out
+    assert "p99 latency, ms" in out
+    assert "decisions" in out  # the controller ran
+
+
+def test_demo_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--duration", "0"]) == 2
+    assert "must be > 0" in capsys.readouterr().err
+
+
+def test_replay_of_a_trace_writes_table_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(
+        [
+            "replay",
+            "--trace",
+            str(FIXTURE),
+            "--compress",
+            "10",
+            "--contender",
+            "triton_like",
+            "--contender",
+            "adaptive_pid_shed",
+            "--no-best-static",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert status == 0
+    table = (tmp_path / "replay.md").read_text()
+    assert "| trace | triton_like |" in table
+    assert "| trace | adaptive_pid_shed |" in table
+    for png in ("replay_goodput.png", "replay_trace.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "goodput" in capsys.readouterr().out
+
+
+def test_replay_lists_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "step_3x" in out
+    assert "bentoml_cork" in out
+
+
+def test_replay_missing_trace_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--trace", str(tmp_path / "nope.csv")]) == 2
+    assert "no trace at" in capsys.readouterr().err
