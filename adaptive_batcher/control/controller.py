@@ -66,7 +66,11 @@ class Controller:
         policy: the control law.
         bounds: the range every decision is clamped into.
         slo: the latency objective (None: policies that need one hold).
-        interval_s: seconds between decisions (ticks happen on batch completions).
+        interval_s: seconds between decisions (ticks ride on engine polls: arrivals, timers,
+            finished batches).
+        interval_batches: also tick after this many finished batches, however soon (None: time
+            only). Useful for slow models, where a quarter second holds few batches, or very
+            fast traffic, to react within a few batches.
         guards: guard factories, innermost first (default :func:`default_guards`).
         service_model: the service-time model to feed (default: a new one).
         latency_span_s: the span of recent latencies the observation reports.
@@ -82,12 +86,16 @@ class Controller:
         *,
         slo: SLO | None = None,
         interval_s: float = 0.25,
+        interval_batches: int | None = None,
         guards: Sequence[GuardFactory] | None = None,
         service_model: ServiceTimeModel | None = None,
         latency_span_s: float = 2.0,
     ) -> None:
         if not interval_s > 0 or not latency_span_s > 0:
             raise ValueError("interval_s and latency_span_s must be > 0")
+        if interval_batches is not None and interval_batches < 1:
+            raise ValueError(f"interval_batches must be >= 1 or None, got {interval_batches!r}")
+        self.interval_batches = interval_batches
         self.bounds = bounds
         self.slo = slo
         self.interval_s = interval_s
@@ -128,9 +136,14 @@ class Controller:
         """Change the objective; it applies from the next tick."""
         self.slo = slo
 
-    def due(self, now: float) -> bool:
-        """True when a tick is due at ``now``."""
-        return self._last is None or now - self._last.now_s >= self.interval_s
+    def due(self, now: float, batches: int | None = None) -> bool:
+        """True when a tick is due at ``now`` (``batches``: batches finished so far, for
+        ``interval_batches``)."""
+        last = self._last
+        if last is None or now - last.now_s >= self.interval_s:
+            return True
+        every = self.interval_batches
+        return every is not None and batches is not None and batches - last.counts.batches >= every
 
     def tick(
         self,
@@ -187,7 +200,7 @@ class Controller:
         whenever the engine is polled; force it after an out-of-memory error, so the cap shrinks
         before more batches fail. Returns the decision applied, if any.
         """
-        if not (force or self.due(now)):
+        if not (force or self.due(now, recorder.batch_count)):
             return None
         decision = self.tick(now, recorder, engine.queue_depth, engine.queued_units, telemetry)
         if decision is not None:

@@ -507,7 +507,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         assert loop is not None
         now = loop.time() if now is None else now
         controller = self._controller
-        if controller is not None and (self._oom_seen or controller.due(now)):
+        if controller is not None and (
+            self._oom_seen or controller.due(now, self.recorder.batch_count)
+        ):
             # ticks ride on every pump (arrivals, timers, finished batches), so the controller
             # keeps deciding even when no batch finishes (e.g. everything is being shed)
             telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN

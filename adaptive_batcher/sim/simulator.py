@@ -290,7 +290,10 @@ class _Replay:
 
     def _poll(self) -> None:
         self.poll_pending = False
-        if self.controller is not None and (self.oom_seen or self.controller.due(self.now)):
+        controller = self.controller
+        if controller is not None and (
+            self.oom_seen or controller.due(self.now, self.recorder.batch_count)
+        ):
             self._control_tick()
         for action in self.engine.poll(self.now):
             if type(action) is Dispatch:

@@ -140,3 +140,16 @@ def test_default_guard_chain_wraps_the_policy() -> None:
     controller = Controller(PID(), Bounds(), slo=SLO(p99_ms=50))
     assert controller.chain.name == "MemoryGuard(BudgetGuard(UnusedWindowGuard(pid)))"
     assert controller.slo_unreachable is False
+
+
+def test_batch_count_ticks() -> None:
+    recorder = Recorder()
+    controller = Controller(Spy(), Bounds(), guards=[], interval_s=10.0, interval_batches=3)
+    controller.start(Decision(1.0, 8), 0.0, recorder.counts())
+    for _ in range(2):
+        recorder.record_batch(0.1, 4, 4, 0.001)
+    assert not controller.due(0.1, recorder.batch_count)
+    recorder.record_batch(0.1, 4, 4, 0.001)
+    assert controller.due(0.1, recorder.batch_count)
+    with pytest.raises(ValueError, match="interval_batches must be >= 1 or None, got 0"):
+        Controller(Spy(), Bounds(), interval_batches=0)
