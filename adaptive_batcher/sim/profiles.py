@@ -1,8 +1,10 @@
-"""The measured tables shipped as package data (``adaptive_batcher/data/h200/``).
+"""The measured tables shipped as package data (``adaptive_batcher/data/h200/`` and ``cpu/``).
 
 Measured on one NVIDIA H200, 2026-11-29, PyTorch 2.11.0+cu130, bf16 eager, random weights (the
 project's ``../shared/profiles/h200/``; columns in ``adaptive_batcher/data/h200/README.md``).
 Tables are read with :mod:`importlib.resources`, so they work from a wheel as well as a checkout.
+CPU profiles (``adaptive_batcher/data/cpu/``) were measured on this project's 2-core CI-class
+machine with ``adaptive-batcher profile``; see the README there.
 """
 
 from __future__ import annotations
@@ -10,9 +12,21 @@ from __future__ import annotations
 import csv
 import io
 from importlib import resources
+from pathlib import Path
 from typing import Final
 
-__all__ = ["H200_TABLES", "MIB", "Row", "list_h200_tables", "load_h200_table"]
+__all__ = [
+    "CPU_PROFILES",
+    "H200_TABLES",
+    "MIB",
+    "Row",
+    "cpu_profile_path",
+    "list_h200_tables",
+    "load_h200_table",
+]
+
+CPU_PROFILES: Final = ("mlp_epyc_2core",)
+"""Names of the shipped CPU profiles (profile JSON files without ``.json``)."""
 
 H200_TABLES: Final = ("batch_profile", "bert_seq", "decoder_profile", "llama_kv")
 """Names of the shipped H200 tables (file names without ``.csv``)."""
@@ -67,3 +81,14 @@ def load_h200_table(name: str) -> list[Row]:
                 ) from None
         rows.append(row)
     return rows
+
+
+def cpu_profile_path(name: str) -> Path:
+    """Path of a shipped CPU profile (``adaptive-batcher profile`` JSON), e.g. ``"mlp_epyc_2core"``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the shipped ones).
+    """
+    if name not in CPU_PROFILES:
+        raise ValueError(f"unknown CPU profile {name!r}; shipped: {', '.join(CPU_PROFILES)}")
+    return Path(str(resources.files("adaptive_batcher.data") / "cpu" / f"{name}.json"))

@@ -62,3 +62,22 @@ def test_readme_ships_with_the_tables() -> None:
     readme = resources.files("adaptive_batcher.data") / "h200" / "README.md"
     text = readme.read_text(encoding="utf-8")
     assert "NVIDIA H200" in text and "2026-11-29" in text and "2.11.0+cu130" in text
+
+
+def test_shipped_cpu_profile_drives_the_simulator() -> None:
+    import numpy as np
+
+    from adaptive_batcher.sim.profiles import cpu_profile_path
+    from adaptive_batcher.sim.service import TableService
+    from adaptive_batcher.sim.simulator import SimConfig, Simulator
+    from adaptive_batcher.sim.workloads import Poisson
+
+    service = TableService.from_profile_json(cpu_profile_path("mlp_epyc_2core"))
+    assert service.service_s(1, np.random.default_rng(0)) < service.service_s(
+        256, np.random.default_rng(0)
+    )
+    arrivals = Poisson(5000.0).generate(2.0, np.random.default_rng(0))
+    result = Simulator(service, SimConfig(128, 1.0)).run(arrivals)
+    assert result.completed == result.requests
+    with pytest.raises(ValueError, match="unknown CPU profile 'gpu'"):
+        cpu_profile_path("gpu")
