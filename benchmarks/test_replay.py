@@ -106,8 +106,10 @@ def _verdicts() -> list[str]:
             ok = ratio >= 1.2
             out.append(f"{_tag(ok)} {name}: goodput {ratio:.2f}x best static (>= 1.20)")
         elif name in NON_STATIONARY:  # nothing can serve 20 % more than everything
-            out.append(f"N/A  {name}: the best static setting already answers "
-                       f"{s.slo_attainment:.2%} within the SLO; goodput {ratio:.2f}x")
+            out.append(
+                f"N/A  {name}: the best static setting already answers "
+                f"{s.slo_attainment:.2%} within the SLO; goodput {ratio:.2f}x"
+            )
         if s.slo_attainment >= 0.99:
             ok = a.slo_attainment >= 0.99
             out.append(

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
+from sklearn.isotonic import isotonic_regression
 
 from adaptive_batcher.metrics.recorder import BatchSample
 
@@ -48,7 +48,7 @@ class ServiceTimeModel:
     def __init__(
         self,
         min_samples: int = 8,
-        refit_every: int = 16,
+        refit_every: int = 64,
         seed: Sequence[tuple[int, float]] = (),
         per_size: int = 32,
     ) -> None:
@@ -58,6 +58,7 @@ class ServiceTimeModel:
         self.refit_every = refit_every
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
+        self._cache: dict[int, float] = {}
         self._seed = sorted((int(n), float(ms)) for n, ms in seed)
         self._seen_total = 0
         self._fitted_at = -refit_every
@@ -103,6 +104,12 @@ class ServiceTimeModel:
 
     def predict_ms(self, batch_size: int) -> float:
         """Predicted service time of a batch of ``batch_size`` units, ms (NaN before a fit)."""
+        cached = self._cache.get(batch_size)
+        if cached is None:
+            cached = self._cache[batch_size] = self._predict(batch_size)
+        return cached
+
+    def _predict(self, batch_size: int) -> float:
         sizes = self._sizes
         if sizes.size == 0:
             return math.nan
@@ -125,11 +132,11 @@ class ServiceTimeModel:
     def _fit_points(
         self, sizes: Sequence[int], medians: Sequence[float], weights: Sequence[float] | None
     ) -> None:
+        self._cache = {}
         x = np.asarray(sizes, dtype=float)
         y = np.asarray(medians, dtype=float)
-        if x.size >= 2:
-            iso = IsotonicRegression(increasing=True, out_of_bounds="clip")
-            y = iso.fit(x, y, sample_weight=weights).predict(x)
+        if x.size >= 2:  # x is sorted: the pool-adjacent-violators fit on y alone
+            y = isotonic_regression(y, sample_weight=weights, increasing=True)
         self._sizes, self._medians = x, y
 
 
