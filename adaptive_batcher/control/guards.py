@@ -2,8 +2,9 @@
 
 Each guard is itself a :class:`~adaptive_batcher.policies.Policy`: it asks the policy it wraps,
 then corrects the answer (smoothing and safety as decorators around the algorithm, as in Netflix
-concurrency-limits). The controller applies them innermost first in this order: window-unused,
-budget, power back-off, memory, buckets; then it clamps to the bounds.
+concurrency-limits). The default chain (:func:`~adaptive_batcher.control.default_guards`),
+innermost first: unused window, budget, memory, then SLO-aware shedding when asked for, then
+buckets; the controller clamps the result to the bounds. :class:`PowerGuard` is opt-in.
 """
 
 from __future__ import annotations

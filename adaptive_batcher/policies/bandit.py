@@ -64,7 +64,7 @@ def tick_reward(
         reward = goodput_rps / scale - miss_penalty * miss - violation_penalty * over
 
     where ``scale`` is the best throughput seen so far, req/s. Without an SLO the reward is
-    Kleinrock's power normalised, ``power / scale``, where ``power = throughput_rps / mean_ms``
+    Kleinrock's power normalised, ``power / scale``, where ``power = throughput_rps / mean_s``
     (:attr:`Observation.power`) and ``scale`` is the best power seen so far. Either way the
     result is clipped to [0, 1]. A NaN ``latency_ms`` counts as not over.
 

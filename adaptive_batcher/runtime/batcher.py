@@ -126,6 +126,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         telemetry: a GPU telemetry source (e.g. ``adaptive_batcher.telemetry.auto_telemetry()``),
             sampled in a background thread at ``telemetry_hz`` while the batcher is open.
         control_interval_ms: time between controller decisions, ms.
+        control_interval_batches: also decide after this many finished batches (None: time only).
         service_profile: where the controller's service-time model starts: the path of a
             ``adaptive-batcher profile`` JSON file, or ``(batch_size, median_ms)`` rows. Without
             it the model learns from the first batches (and is optimistic beyond them).
@@ -163,6 +164,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         telemetry: Telemetry | None = None,
         telemetry_hz: float = 20.0,
         control_interval_ms: float = 250.0,
+        control_interval_batches: int | None = None,
         service_profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None = None,
         shed_late: bool = False,
         name: str = "batcher",
@@ -203,8 +205,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._shed_after_s: float | None = None
         self._oom_seen = False
         self._controller: Controller | None = None
+        self._control_interval_s = (
+            check_number("control_interval_ms", control_interval_ms, 0.0, strict=True) / 1e3
+        )
+        self._control_interval_batches = check_optional_int(
+            "control_interval_batches", control_interval_batches, 1
+        )
         if policy is not None:
-            self._controller = self._make_controller(policy, control_interval_ms / 1e3)
+            self._controller = self._make_controller(policy, self._control_interval_s)
         self._sampler = (
             TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
         )
@@ -378,7 +386,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._controller = None
             return
         if self._controller is None:
-            self._controller = self._make_controller(policy, 0.25)
+            self._controller = self._make_controller(policy, self._control_interval_s)
             if self._loop is not None:
                 self._start_controller()
         else:
@@ -479,6 +487,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._bounds,
             slo=self.slo,
             interval_s=interval_s,
+            interval_batches=self._control_interval_batches,
             guards=guards,
             service_model=ServiceTimeModel(seed=self._service_seed),
         )
@@ -578,7 +587,10 @@ class AdaptiveBatcher(Generic[X, Y]):
             ended = loop.time()
             self._engine.complete(batch)
             if live:
-                self.recorder.record_batch(ended, len(live), batch.units, ended - started)
+                units = len(live) if self._size_fn is None else sum(r.size for r in live)
+                if self._buckets:
+                    units = pad_target(self._buckets, units)  # what the model actually ran
+                self.recorder.record_batch(ended, len(live), units, ended - started)
             self._pump(ended)
 
     async def _execute(self, requests: list[Any]) -> None:

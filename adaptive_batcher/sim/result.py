@@ -57,7 +57,8 @@ class SimResult:
         throughput_rps: completed requests per second.
         power: throughput / mean latency (Kleinrock), req/s per s.
         mean_batch_size: items per model call.
-        busy_fraction: share of slot time spent computing (including failed OOM attempts).
+        busy_fraction: share of slot time spent computing (including failed OOM attempts), from
+            the first arrival to the last answer.
         series: per-second time series and controller decisions.
     """
 
@@ -155,7 +156,7 @@ class SimResult:
             throughput_rps=throughput,
             power=throughput / (mean_ms / 1e3) if mean_ms > 0 else math.nan,
             mean_batch_size=counts.mean_batch_size,
-            busy_fraction=busy_s / (duration * slots),
+            busy_fraction=busy_s / (_span_s(arrival_s, done_s) * slots),
             series=_series(arrival_s, done_s, ok, limit_ms, decisions, bin_s),
             latency_ms=latency_ms,
         )
@@ -174,6 +175,15 @@ class SimResult:
             if np.all(np.isnan(window) | (window <= limit_ms)):
                 return max(0.0, float(series.start_s[index]) - after_s)
         return math.nan
+
+
+def _span_s(arrival_s: FloatArray, done_s: FloatArray) -> float:
+    """From the first arrival to the last answer, s (the time the device could have been busy)."""
+    if arrival_s.size == 0:
+        return math.nan
+    last = np.nanmax(done_s) if np.any(~np.isnan(done_s)) else arrival_s.max()
+    span = float(max(last, arrival_s.max()) - arrival_s.min())
+    return span if span > 0 else math.nan
 
 
 def _percentiles(values: FloatArray, qs: tuple[float, ...]) -> tuple[float, ...]:

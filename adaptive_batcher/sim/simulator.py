@@ -63,6 +63,7 @@ class SimConfig:
         bounds: controller bounds (default: window 0-100 ms, cap 1..max_batch_size).
         guards: guard factories (default: the controller's default chain).
         control_interval_s: seconds between controller ticks.
+        control_interval_batches: also tick after this many finished batches (None: time only).
         deadline_ms: per-request deadline from arrival (None: none).
         window_origin: ``"arrival"`` (ours) or ``"slot_free"`` (TorchServe-like baseline).
         slo_changes: ``(time_s, slo)`` pairs: the SLO given to the controller from then on (as
@@ -81,6 +82,7 @@ class SimConfig:
     bounds: Bounds | None = None
     guards: Sequence[GuardFactory] | None = None
     control_interval_s: float = 0.25
+    control_interval_batches: int | None = None
     deadline_ms: float | None = None
     window_origin: str = "arrival"
     slo_changes: tuple[tuple[float, SLO], ...] = ()
@@ -208,6 +210,7 @@ class _Replay:
             bounds,
             slo=config.slo,
             interval_s=config.control_interval_s,
+            interval_batches=config.control_interval_batches,
             guards=config.guards,
             service_model=ServiceTimeModel(seed=config.service_seed),
         )
