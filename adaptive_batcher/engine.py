@@ -50,6 +50,8 @@ __all__ = [
 
 H = TypeVar("H")
 
+_NOT_READY, _AT_ONCE, _BY_WINDOW = 0, 1, 2  # why a batch may form now
+
 
 class RequestState:
     """Integer states of a :class:`Request` (ints, not an Enum, to keep the hot path cheap)."""
@@ -87,15 +89,28 @@ class Request(Generic[H]):
 
 
 class Batch(Generic[H]):
-    """A dispatched batch: its requests in FIFO order and their total size in units."""
+    """A dispatched batch: its requests in FIFO order and their total size in units.
 
-    __slots__ = ("batch_id", "formed_s", "requests", "units")
+    ``window_idle_s`` is how long the window went on waiting after the batch's last request
+    arrived, for a batch released by its window (0 otherwise): the part of the window that
+    brought no company. The controller reads it to close windows that only add latency.
+    """
 
-    def __init__(self, batch_id: int, requests: list[Request[H]], units: int, formed_s: float):
+    __slots__ = ("batch_id", "formed_s", "requests", "units", "window_idle_s")
+
+    def __init__(
+        self,
+        batch_id: int,
+        requests: list[Request[H]],
+        units: int,
+        formed_s: float,
+        window_idle_s: float = 0.0,
+    ):
         self.batch_id = batch_id
         self.requests = requests
         self.units = units
         self.formed_s = formed_s
+        self.window_idle_s = window_idle_s
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -320,7 +335,8 @@ class BatchingEngine(Generic[H]):
 
         With ``drain`` the queued requests are dispatched as soon as slots free up, without waiting
         for the window; otherwise they are removed and returned, for the caller to fail with
-        :class:`~adaptive_batcher.errors.BatcherClosedError`.
+        :class:`~adaptive_batcher.errors.BatcherClosedError` (also after an earlier draining
+        close: escalation).
         """
         self._closed = True
         if drain:
@@ -346,8 +362,12 @@ class BatchingEngine(Generic[H]):
         actions: list[Action] = []
         if self._deadlines:
             self._expire(now, actions)
-        while self._in_flight < self._slots and self._queued and self._ready(now):
-            actions.append(Dispatch(self._form_batch(now)))
+        while self._in_flight < self._slots and self._queued:
+            why = self._ready(now)
+            if why == _NOT_READY:
+                break
+            window_end = self._window_start() + self._window_s if why == _BY_WINDOW else None
+            actions.append(Dispatch(self._form_batch(now, window_end)))
         self._timer_at = self._next_wakeup()
         actions.append(SetTimer(self._timer_at))
         return actions
@@ -364,16 +384,16 @@ class BatchingEngine(Generic[H]):
             queue.popleft()
         return queue[0]
 
-    def _ready(self, now: float) -> bool:
+    def _ready(self, now: float) -> int:
         if self._draining or self._window_s <= 0.0 or self._queued_units >= self._cap:
-            return True
-        return now >= self._window_start() + self._window_s
+            return _AT_ONCE
+        return _BY_WINDOW if now >= self._window_start() + self._window_s else _NOT_READY
 
     def _window_start(self) -> float:
         start = self._head().arrival_s
         return max(start, self._slot_freed_s) if self._from_slot_free else start
 
-    def _form_batch(self, now: float) -> Batch[H]:
+    def _form_batch(self, now: float, window_end: float | None) -> Batch[H]:
         queue = self._queue
         cap = self._cap
         taken: list[Request[H]] = []
@@ -394,7 +414,8 @@ class BatchingEngine(Generic[H]):
         self._queued -= len(taken)
         self._queued_units -= units
         self._in_flight += 1
-        return Batch(next(self._batch_ids), taken, units, now)
+        idle = 0.0 if window_end is None else max(0.0, window_end - taken[-1].arrival_s)
+        return Batch(next(self._batch_ids), taken, units, now, idle)
 
     def _expire(self, now: float, actions: list[Action]) -> None:
         heap = self._deadlines

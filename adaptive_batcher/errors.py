@@ -24,6 +24,7 @@ __all__ = [
     "ItemTooLargeError",
     "QueueFullError",
     "ResultCountError",
+    "describe",
 ]
 
 
@@ -59,7 +60,15 @@ class BatchFailedError(BatcherError):
     """
 
     def __init__(self, cause: BaseException, batch_size: int) -> None:
-        super().__init__(f"model failed on a batch of {batch_size}: {cause!r}")
+        super().__init__(f"model failed on a batch of {batch_size}: {describe(cause)}")
         self.cause = cause
         self.batch_size = batch_size
         self.__cause__ = cause
+
+
+def describe(exc: BaseException) -> str:
+    """``repr(exc)``, or a stand-in when the exception's own ``__repr__`` raises."""
+    try:
+        return repr(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: repr() failed>"

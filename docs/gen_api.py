@@ -291,8 +291,9 @@ def _render_member(owner: str, anchor: str, kind: str, name: str, obj: Any) -> s
             heading, _block(f"property {name}{returns}", "python"), _block(_docstring(obj))
         )
     prefix = {"classmethod": "@classmethod\n", "staticmethod": "@staticmethod\n"}.get(kind, "")
+    keyword = "async def " if inspect.iscoroutinefunction(obj) else "def "
     text = _signature_text(
-        f"{prefix}def ", name, _signature(obj), drop_first=kind != "staticmethod"
+        f"{prefix}{keyword}", name, _signature(obj), drop_first=kind != "staticmethod"
     )
     return _join(heading, _block(text, "python"), _block(_docstring(obj)))
 
@@ -333,11 +334,15 @@ def _render_class(module: str, name: str, cls: type) -> tuple[str, str]:
     return _join(*parts), own
 
 
+def _def_keyword(fn: Any) -> str:
+    return "async def " if inspect.iscoroutinefunction(fn) else "def "
+
+
 def _render_function(module: str, name: str, fn: Callable[..., Any]) -> tuple[str, str]:
     doc = _docstring(fn)
     text = _join(
         f"{_anchor(f'{module}.{name}')}### `{name}` (function)\n",
-        _block(_signature_text("def ", name, _signature(fn)), "python"),
+        _block(_signature_text(_def_keyword(fn), name, _signature(fn)), "python"),
         f"Defined in `{fn.__module__}.{fn.__qualname__}`.",
         _block(doc),
     )

@@ -2,7 +2,8 @@
 
 Open-loop arrivals: Poisson at ``--rate`` for the first 40 % of the run, a burst at
 ``--burst-rate`` for the next 20 %, then Poisson at ``--rate`` again. The controller tunes window
-and cap toward ``--slo-p99-ms`` (``--static`` keeps them fixed). A live table shows queue depth,
+and cap toward ``--slo-p99-ms`` and sheds requests that can no longer meet it (``--static`` keeps
+window and cap fixed and sheds nothing). A live table shows queue depth,
 batch size, p50/p99 latency, the window and cap in force; a summary table closes the run.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -32,13 +34,15 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--duration", type=float, default=20.0, help="run time, seconds")
-    parser.add_argument("--rate", type=float, default=300.0, help="base arrival rate, req/s")
+    parser.add_argument("--duration", type=_positive, default=20.0, help="run time, seconds")
+    parser.add_argument("--rate", type=_positive, default=300.0, help="base arrival rate, req/s")
     parser.add_argument(
-        "--burst-rate", type=float, default=1500.0, help="arrival rate during the burst, req/s"
+        "--burst-rate", type=_positive, default=900.0, help="arrival rate during the burst, req/s"
     )
-    parser.add_argument("--window-ms", type=float, default=2.0, help="batching window, ms")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="batch cap, items")
+    parser.add_argument(
+        "--window-ms", type=_non_negative, default=2.0, help="starting batching window, ms"
+    )
+    parser.add_argument("--max-batch-size", type=_positive_int, default=64, help="batch cap, items")
     parser.add_argument(
         "--executor",
         choices=["thread", "inline"],
@@ -46,7 +50,7 @@ def register(subparsers: Any) -> None:
         help="where the model runs (see AdaptiveBatcher)",
     )
     parser.add_argument(
-        "--slo-p99-ms", type=float, default=50.0, help="the SLO the controller aims at, ms"
+        "--slo-p99-ms", type=_positive, default=50.0, help="the SLO the controller aims at, ms"
     )
     parser.add_argument(
         "--static", action="store_true", help="no controller: keep --window-ms and the cap"
@@ -61,13 +65,35 @@ class _Tally:
     errors: int = 0
 
 
+def _number(text: str, *, allow_zero: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text}"
+        )
+    return value
+
+
+def _positive(text: str) -> float:
+    return _number(text, allow_zero=False)
+
+
+def _non_negative(text: str) -> float:
+    return _number(text, allow_zero=True)
+
+
+def _positive_int(text: str) -> int:
+    value = _positive(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text}")
+    return int(value)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status."""
-    if min(args.duration, args.rate, args.burst_rate, args.slo_p99_ms) <= 0:
-        Console(stderr=True).print(
-            "[red]--duration, --rate, --burst-rate and --slo-p99-ms must be > 0[/red]"
-        )
-        return 2
     try:
         from adaptive_batcher.examples.mlp import make_input, mlp_batch_fn
     except ImportError:  # pragma: no cover - the torch extra is missing
@@ -91,6 +117,7 @@ async def _serve(args: argparse.Namespace, model: Any, make_input: Any) -> int:
         window_ms=args.window_ms,
         executor=args.executor,
         slo=None if args.static else SLO(p99_ms=args.slo_p99_ms),
+        shed_late=not args.static,
         name="demo",
     )
     inputs = [make_input(seed=i) for i in range(256)]
@@ -165,12 +192,12 @@ def _live_table(
 def _summary_table(batcher: AdaptiveBatcher[Any, Any], tally: _Tally, wall_s: float) -> Table:
     stats = batcher.stats()
     counts = stats.counts
-    table = Table(title="summary (latency over the last 10 s)")
+    table = Table(title="summary (latency: the last 10 s of the run)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
         ("requests completed", f"{counts.completed}"),
-        ("requests failed or rejected", f"{tally.errors}"),
+        ("requests shed, failed or rejected", f"{tally.errors}"),
         ("throughput, req/s", f"{counts.completed / wall_s:.0f}"),
         ("batches", f"{counts.batches}"),
         ("mean batch size", f"{counts.mean_batch_size:.1f}"),

@@ -102,7 +102,16 @@ def run_command(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
         return 2
     contenders = args.contender or list(DEFAULT_CONTENDERS)
-    cells = _run_all(scenarios, contenders, not args.no_best_static, args.seed, console)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        Console(stderr=True).print(f"[red]adaptive-batcher replay: cannot write {args.out}: {exc}")
+        return 2
+    try:
+        cells = _run_all(scenarios, contenders, not args.no_best_static, args.seed, console)
+    except FileNotFoundError as exc:  # a scenario's trace is missing
+        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
+        return 2
     console.print(_table(cells))
     _write(cells, scenarios, args.out)
     console.print(f"wrote {args.out / 'replay.md'} and plots in {args.out}")
@@ -167,7 +176,8 @@ def _table(cells: list[Cell]) -> Table:
         "expired",
         "lost",
     ):
-        table.add_column(column, justify="left" if column in ("scenario", "contender") else "right")
+        left = column in ("scenario", "contender")
+        table.add_column(column, justify="left" if left else "right", overflow="fold")
     for cell in cells:
         r = cell.result
         table.add_row(

@@ -22,6 +22,7 @@ from adaptive_batcher.control.guards import (
     BudgetGuard,
     Guard,
     MemoryGuard,
+    PowerGuard,
     ShedGuard,
     UnusedWindowGuard,
 )
@@ -43,9 +44,9 @@ GuardFactory = Callable[[Policy], Policy]
 def default_guards(
     warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
 ) -> list[GuardFactory]:
-    """The standard guard chain, innermost first: unused window, budget, memory, buckets, and
-    SLO-aware shedding when ``shed_late`` is True."""
-    guards: list[GuardFactory] = [UnusedWindowGuard, BudgetGuard, MemoryGuard]
+    """The standard guard chain, innermost first: unused window, budget, power back-off, memory,
+    SLO-aware shedding when ``shed_late`` is True, and buckets when ``warmed`` is given."""
+    guards: list[GuardFactory] = [UnusedWindowGuard, BudgetGuard, PowerGuard, MemoryGuard]
     if shed_late:
         guards.append(ShedGuard)
     if warmed is not None:
@@ -258,6 +259,7 @@ class Controller:
             mean_batch_size=items / batches if batches else math.nan,
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,
             mean_request_units=units / items if items else 1.0,
+            window_idle_fraction=_idle_fraction(before, counts, self.decision.window_ms),
             service_ms=self.service_model.predict_ms,
             service_samples=self.service_model.samples,
             telemetry=telemetry,
@@ -286,6 +288,14 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         free_memory_fraction=observation.telemetry.free_fraction,
         oom_errors=observation.oom_errors,
     )
+
+
+def _idle_fraction(before: Counts, after: Counts, window_ms: float) -> float:
+    released = after.window_batches - before.window_batches
+    if released <= 0 or window_ms <= 0:
+        return math.nan
+    idle_s = after.window_idle_s - before.window_idle_s
+    return min(1.0, idle_s / released / (window_ms / 1e3))
 
 
 def _round(value: float) -> float | None:

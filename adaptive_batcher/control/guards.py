@@ -3,8 +3,8 @@
 Each guard is itself a :class:`~adaptive_batcher.policies.Policy`: it asks the policy it wraps,
 then corrects the answer (smoothing and safety as decorators around the algorithm, as in Netflix
 concurrency-limits). The default chain (:func:`~adaptive_batcher.control.default_guards`),
-innermost first: unused window, budget, memory, then SLO-aware shedding when asked for, then
-buckets; the controller clamps the result to the bounds. :class:`PowerGuard` is opt-in.
+innermost first: unused window, budget, power back-off, memory, then SLO-aware shedding when
+asked for, then buckets; the controller clamps the result to the bounds.
 """
 
 from __future__ import annotations
@@ -54,13 +54,19 @@ class Guard:
 class UnusedWindowGuard(Guard):
     """Window to 0 when waiting brings no company (MLServer #777).
 
-    When batches stay at about one item although the window is open (e.g. a closed-loop client
-    with one request in flight), the window only adds latency. The guard then holds the window at
-    0 until the arrival rate rises by ``rearm_factor`` over the rate seen when it fired.
+    Two signs that the window only adds latency: batches stay at about one item although the
+    window is open (a closed-loop client with one request in flight), or the batches the window
+    releases spent most of it waiting after their last arrival (``window_idle_fraction``:
+    closed-loop clients fewer than the cap, who all wait in the queue while nobody else can
+    come; or traffic too thin to fill a window). The guard then holds the window at 0 until the
+    arrival rate rises by ``rearm_factor`` over the highest rate seen since it fired (closed-loop
+    clients come faster once the window is shut; that alone must not reopen it).
 
     Args:
         min_mean_batch: a window whose batches average fewer items than this is unused.
-        min_batches: batches a tick must have for its mean to count.
+        max_idle_fraction: a window whose released batches waited more than this share of it
+            after their last arrival is unused.
+        min_batches: batches a tick must have for its figures to count.
         rearm_factor: arrival-rate growth that lets the policy open the window again.
     """
 
@@ -68,28 +74,32 @@ class UnusedWindowGuard(Guard):
         self,
         inner: Policy,
         min_mean_batch: float = 1.5,
+        max_idle_fraction: float = 0.5,
         min_batches: int = 5,
         rearm_factor: float = 1.5,
     ) -> None:
         super().__init__(inner)
         self.min_mean_batch = min_mean_batch
+        self.max_idle_fraction = max_idle_fraction
         self.min_batches = min_batches
         self.rearm_factor = rearm_factor
         self.closed_at_rate_rps: float | None = None
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         current = observation.current
+        lonely = observation.mean_batch_size < self.min_mean_batch
+        idle = observation.window_idle_fraction > self.max_idle_fraction  # False for NaN
         unused = (
-            current.window_ms > 0
-            and observation.batches >= self.min_batches
-            and observation.mean_batch_size < self.min_mean_batch
+            current.window_ms > 0 and observation.batches >= self.min_batches and (lonely or idle)
         )
+        rate = observation.arrival_rate_rps
         if unused:
-            self.closed_at_rate_rps = observation.arrival_rate_rps
-        elif self.closed_at_rate_rps is not None and (
-            observation.arrival_rate_rps > self.rearm_factor * self.closed_at_rate_rps
-        ):
-            self.closed_at_rate_rps = None
+            self.closed_at_rate_rps = rate
+        elif self.closed_at_rate_rps is not None:
+            if rate > self.rearm_factor * self.closed_at_rate_rps:
+                self.closed_at_rate_rps = None
+            else:  # closed-loop clients come faster once the window is shut: track that rate
+                self.closed_at_rate_rps = max(self.closed_at_rate_rps, rate)
         if self.closed_at_rate_rps is not None and decision.window_ms > 0:
             return decision.with_(window_ms=0.0, reason="window_unused")
         return decision

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sklearn.isotonic import isotonic_regression
 
 from adaptive_batcher.metrics.recorder import BatchSample
 
@@ -136,6 +135,8 @@ class ServiceTimeModel:
         x = np.asarray(sizes, dtype=float)
         y = np.asarray(medians, dtype=float)
         if x.size >= 2:  # x is sorted: the pool-adjacent-violators fit on y alone
+            from sklearn.isotonic import isotonic_regression  # ~1 s to import: only when fitting
+
             y = isotonic_regression(y, sample_weight=weights, increasing=True)
         self._sizes, self._medians = x, y
 

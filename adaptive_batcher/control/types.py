@@ -132,6 +132,9 @@ class Observation:
         batches: batches finished in the tick; mean_batch_size their mean items, fill_ratio the
             mean units over the cap in force; mean_request_units the mean units per request
             (1.0 when every item counts as one).
+        window_idle_fraction: of the batches released by their window in the tick, the mean
+            share of the window spent waiting after their last arrival (NaN: no such batch).
+            Near 1, the window collects no company: it only adds latency.
         service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
             enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeModel`.
         service_samples: batches behind the fit.
@@ -161,6 +164,7 @@ class Observation:
     mean_batch_size: float = math.nan
     fill_ratio: float = math.nan
     mean_request_units: float = 1.0
+    window_idle_fraction: float = math.nan
     service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)

@@ -43,6 +43,8 @@ class Counts:
     batch_items: int
     batch_units: int
     oom_errors: int
+    window_batches: int = 0
+    window_idle_s: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:
@@ -74,10 +76,18 @@ class Recorder:
         self.batch_items = 0
         self.batch_units = 0
         self.oom_errors = 0
+        self.window_batches = 0
+        self.window_idle_s = 0.0
 
-    def record_batch(self, end_s: float, items: int, units: int, service_s: float) -> None:
-        """A batch of ``items`` requests (``units`` size units) ran for ``service_s`` seconds."""
+    def record_batch(
+        self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
+    ) -> None:
+        """A batch of ``items`` requests (``units`` size units) ran for ``service_s`` seconds;
+        ``window_idle_s`` > 0 when its window waited that long after its last arrival."""
         self.batches.append(BatchSample(end_s, items, units, service_s))
+        if window_idle_s > 0.0:
+            self.window_batches += 1
+            self.window_idle_s += window_idle_s
         self.batch_size_counts[items] += 1
         self.batch_count += 1
         self.batch_items += items
@@ -110,6 +120,8 @@ class Recorder:
             batch_items=self.batch_items,
             batch_units=self.batch_units,
             oom_errors=self.oom_errors,
+            window_batches=self.window_batches,
+            window_idle_s=self.window_idle_s,
         )
 
     def quantiles(self, now: float) -> Quantiles:

@@ -12,6 +12,7 @@ import asyncio
 import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -38,14 +39,13 @@ from adaptive_batcher.engine import (
 from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
-    BatchFailedError,
     DeadlineExceededError,
-    ResultCountError,
 )
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.runtime.buckets import check_buckets, pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
+from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats
 from adaptive_batcher.slo import SLO
@@ -177,42 +177,45 @@ class AdaptiveBatcher(Generic[X, Y]):
         queue_size = check_optional_int("max_queue_size", max_queue_size, 1)
         if size_fn is not None:
             check_callable("size_fn", size_fn)
-        if slo is not None and not isinstance(slo, SLO):
-            raise TypeError(f"slo must be an SLO, got {type(slo).__name__}")
+        check_callable("is_oom", is_oom)
         self._buckets = check_buckets(batch_sizes, cap)
         if pad_fn is None and self._buckets and size_fn is not None:
             raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
-        self._pad_fn: Callable[[list[Any], int], list[Any]] = pad_fn or repeat_last
-        self._executor = make_executor(model, executor, slots, cuda_event_factory)
         self._engine: BatchingEngine[asyncio.Future[Any]] = BatchingEngine(
             EngineLimits(window_s, cap, slots), max_queue_size=queue_size
         )
         self._size_fn = size_fn
-        self._bisect = bool(bisect_on_error)
-        self._is_oom = is_oom
-        self.slo = slo
         self.name = name
         self.recorder = Recorder()
-        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
-        if policy is None and slo is not None:
-            from adaptive_batcher.policies.pid import PID
-
-            policy = PID()
-        self._bounds = bounds or Bounds(0.0, max(100.0, window_ms), 1, cap, self._buckets)
-        self._guards = guards
-        self._shed_late = shed_late
-        self._service_seed = _service_seed(service_profile)
-        self._shed_after_s: float | None = None
-        self._oom_seen = False
+        self._executor = make_executor(model, executor, slots, cuda_event_factory)
+        self._runner = BatchRunner(
+            self._executor,
+            self._buckets,
+            pad_fn or repeat_last,
+            size_fn is not None,
+            bool(bisect_on_error),
+            is_oom,
+            self.recorder,
+            self._clock,
+            name,
+        )
+        self.slo: SLO | None = None
         self._controller: Controller | None = None
-        self._control_interval_s = (
-            check_number("control_interval_ms", control_interval_ms, 0.0, strict=True) / 1e3
+        self.set_slo(slo)
+        self._control = _ControlSettings.check(
+            slo,
+            policy,
+            bounds,
+            guards,
+            control_interval_ms,
+            control_interval_batches,
+            service_profile,
+            shed_late,
+            default_bounds=Bounds(0.0, max(100.0, window_s * 1e3), 1, cap, self._buckets),
         )
-        self._control_interval_batches = check_optional_int(
-            "control_interval_batches", control_interval_batches, 1
-        )
-        if policy is not None:
-            self._controller = self._make_controller(policy, self._control_interval_s)
+        self._shed_after_s: float | None = None
+        if self._control.policy is not None:
+            self._controller = self._make_controller(self._control.policy)
         self._sampler = (
             TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
         )
@@ -221,6 +224,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running: list[list[Any]] = []
         self._closed = False
         self.warmed_sizes: frozenset[int] = frozenset()
 
@@ -306,13 +310,29 @@ class AdaptiveBatcher(Generic[X, Y]):
                 recorder.cancelled += 1
             raise
 
-    async def submit_many(self, items: Iterable[X], *, deadline_ms: float | None = None) -> list[Y]:
+    async def submit_many(
+        self,
+        items: Iterable[X],
+        *,
+        deadline_ms: float | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
         """Submit several items at once and return their results in order.
 
+        Args:
+            return_exceptions: False (default): raise the first error (the other items still
+                complete). True: return each item's exception in its place, like
+                ``asyncio.gather``.
+
         Raises:
-            The first error any item raised (see :meth:`submit`); the other items still complete.
+            The first error any item raised (see :meth:`submit`), unless ``return_exceptions``.
         """
-        return list(await asyncio.gather(*(self.submit(i, deadline_ms=deadline_ms) for i in items)))
+        return list(
+            await asyncio.gather(
+                *(self.submit(i, deadline_ms=deadline_ms) for i in items),
+                return_exceptions=return_exceptions,
+            )
+        )
 
     def stats(self) -> BatcherStats:
         """A frozen snapshot of queue, counters, batch sizes and sliding-window latency."""
@@ -385,8 +405,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         if policy is None:
             self._controller = None
             return
+        _check_policy(policy)
         if self._controller is None:
-            self._controller = self._make_controller(policy, self._control_interval_s)
+            self._controller = self._make_controller(policy)
             if self._loop is not None:
                 self._start_controller()
         else:
@@ -403,6 +424,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         Raises:
             Exception: whatever the model raises (warm-up failures are not hidden).
         """
+        if self._closed:
+            raise BatcherClosedError("batcher is closed")
         loop = self._bind()
         sizes = warmup_sizes(self._buckets, self._engine.hard_max_batch_size)
         timings: dict[int, float] = {}
@@ -414,7 +437,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 items.append(item)
                 units += 1 if self._size_fn is None else self._item_size(item)
             started = loop.time()
-            await self._call_model(items, units)
+            await self._runner.call_model(items, units)
             timings[size] = loop.time() - started
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
@@ -425,25 +448,63 @@ class AdaptiveBatcher(Generic[X, Y]):
         )
         return timings
 
-    async def aclose(self, *, drain: bool = True) -> None:
+    async def aclose(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop accepting requests and settle every pending one.
 
         Args:
             drain: True (default): queued requests still run, without waiting for the window.
-                False: queued requests fail with ``BatcherClosedError``; running batches finish.
+                False: queued requests fail at once with ``BatcherClosedError``; running batches
+                finish. A later call with ``drain=False`` also fails what a draining close
+                left queued (escalation).
+            timeout_s: the longest wait, seconds (None: no limit). When it runs out, running
+                batches are cancelled (an ``async def`` model sees ``CancelledError``; a sync
+                model's thread cannot be interrupted and finishes in the background) and every
+                request still pending fails with ``BatcherClosedError``.
+
+        Raises:
+            ValueError: a negative ``timeout_s``.
         """
-        if not self._closed:
-            self._closed = True
-            for request in self._engine.close(drain=drain):
-                self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
-            _log.info("batcher.closing", batcher=self.name, drain=drain)
+        if timeout_s is not None:
+            check_number("timeout_s", timeout_s, 0.0)
+        first = not self._closed
+        self._closed = True
+        rejected = self._engine.close(drain=drain)
+        for request in rejected:
+            self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
+        if first or rejected:
+            _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
+        try:
             if self._loop is not None:
                 self._pump()
+            try:
+                await asyncio.wait_for(self._settled(), timeout_s)
+            except TimeoutError:
+                await self._abort()
+        finally:
+            self._release()
+
+    async def _settled(self) -> None:
         while self._tasks or not self._engine.idle:
             if self._tasks:
                 await asyncio.wait(set(self._tasks))
             else:
                 await asyncio.sleep(0)
+
+    async def _abort(self) -> None:
+        """Fail everything still pending and cancel the running batches."""
+        for request in self._engine.close(drain=False):
+            self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
+        for requests in self._running:
+            for request in requests:
+                self._settle_error(request, BatcherClosedError("batcher closed while this ran"))
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        _log.warning("batcher.aborted", batcher=self.name, cancelled_batches=len(tasks))
+
+    def _release(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -452,6 +513,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._sampler.stop()
 
     async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
+        if self._closed:
+            raise BatcherClosedError("batcher is closed; create a new one")
         self._bind()
         return self
 
@@ -478,19 +541,24 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._sampler.start()
         return loop
 
-    def _make_controller(self, policy: Policy, interval_s: float) -> Controller:
-        guards = self._guards
+    def _make_controller(self, policy: Policy) -> Controller:
+        control = self._control
+        guards = control.guards
         if guards is None:
-            guards = default_guards(lambda: self.warmed_sizes, shed_late=self._shed_late)
+            guards = default_guards(lambda: self.warmed_sizes, shed_late=control.shed_late)
         return Controller(
             policy,
-            self._bounds,
+            control.bounds,
             slo=self.slo,
-            interval_s=interval_s,
-            interval_batches=self._control_interval_batches,
+            interval_s=control.interval_s,
+            interval_batches=control.interval_batches,
             guards=guards,
-            service_model=ServiceTimeModel(seed=self._service_seed),
+            service_model=ServiceTimeModel(seed=control.service_seed),
         )
+
+    def _clock(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
 
     def _start_controller(self) -> None:
         assert self._controller is not None and self._loop is not None
@@ -517,15 +585,15 @@ class AdaptiveBatcher(Generic[X, Y]):
         now = loop.time() if now is None else now
         controller = self._controller
         if controller is not None and (
-            self._oom_seen or controller.due(now, self.recorder.batch_count)
+            self._runner.oom_seen or controller.due(now, self.recorder.batch_count)
         ):
             # ticks ride on every pump (arrivals, timers, finished batches), so the controller
             # keeps deciding even when no batch finishes (e.g. everything is being shed)
             telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
             decision = controller.drive(
-                self._engine, self.recorder, now, telemetry, force=self._oom_seen
+                self._engine, self.recorder, now, telemetry, force=self._runner.oom_seen
             )
-            self._oom_seen = False
+            self._runner.oom_seen = False
             if decision is not None:
                 self._shed_after_s = controller.shed_after_s
         for action in self._engine.poll(now):
@@ -571,6 +639,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         assert loop is not None
         started = loop.time()
         live = [r for r in batch.requests if not r.handle.done()]
+        self._running.append(live)
         try:
             if live:
                 _log.debug(
@@ -582,95 +651,87 @@ class AdaptiveBatcher(Generic[X, Y]):
                     queue_wait_ms=round((started - batch.requests[0].arrival_s) * 1e3, 3),
                     queue_depth=self._engine.queue_depth,
                 )
-                await self._execute(live)
+                await self._runner.run(live)
+        except BaseException as exc:  # nothing may leave a caller waiting (e.g. a logger raising)
+            fail_pending(live, exc, self.recorder)
+            if not isinstance(exc, Exception):
+                raise
         finally:
-            ended = loop.time()
-            self._engine.complete(batch)
-            if live:
-                units = len(live) if self._size_fn is None else sum(r.size for r in live)
-                if self._buckets:
-                    units = pad_target(self._buckets, units)  # what the model actually ran
-                self.recorder.record_batch(ended, len(live), units, ended - started)
-            self._pump(ended)
+            self._running.remove(live)
+            self._finish_batch(batch, live, started)
 
-    async def _execute(self, requests: list[Any]) -> None:
-        """Run ``requests`` through the model and settle each; split on OOM or when bisecting."""
-        items = [r.item for r in requests]
-        units = len(items) if self._size_fn is None else sum(r.size for r in requests)
-        try:
-            results = await self._call_model(items, units)
-        except Exception as exc:
-            oom = self._is_oom(exc)
-            self.recorder.oom_errors += oom
-            self._oom_seen = self._oom_seen or oom
-            if len(requests) > 1 and (oom or self._bisect):
-                _log.warning(
-                    "batch.split",
-                    batcher=self.name,
-                    batch_size=len(requests),
-                    out_of_memory=oom,
-                    error=repr(exc),
-                )
-                middle = len(requests) // 2
-                await self._execute([r for r in requests[:middle] if not r.handle.done()])
-                await self._execute([r for r in requests[middle:] if not r.handle.done()])
-                return
-            self._fail_all(requests, exc)
-            return
-        except BaseException as exc:
-            self._fail_all(requests, exc)
-            raise
-        self._scatter(requests, results)
-
-    async def _call_model(self, items: list[Any], units: int) -> Sequence[Any]:
-        if not items:
-            return []
-        batch = items
-        if self._buckets:
-            target = pad_target(self._buckets, units)
-            if target > units:
-                batch = self._pad_fn(list(items), target)
-        results = await self._executor.run(batch)
-        try:
-            count = len(results)
-        except TypeError:
-            raise ResultCountError(
-                f"model returned {type(results).__name__}, expected a sequence of "
-                f"{len(batch)} results"
-            ) from None
-        if count != len(batch):
-            raise ResultCountError(f"model returned {count} results for a batch of {len(batch)}")
-        return results if batch is items else results[: len(items)]
-
-    def _fail_all(self, requests: list[Any], exc: BaseException) -> None:
-        _log.warning("batch.failed", batcher=self.name, batch_size=len(requests), error=repr(exc))
-        for request in requests:
-            future = request.handle
-            if not future.done():
-                error: BatcherError = (
-                    ResultCountError(str(exc))
-                    if isinstance(exc, ResultCountError)
-                    else BatchFailedError(exc, len(requests))
-                )
-                future.set_exception(error)
-                self.recorder.failed += 1
-
-    def _scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
+    def _finish_batch(
+        self, batch: Batch[asyncio.Future[Any]], live: list[Any], started: float
+    ) -> None:
         assert self._loop is not None
-        now = self._loop.time()
-        latencies: list[float] = []
-        failed = 0
-        for request, result in zip(requests, results, strict=True):
-            future = request.handle
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-                failed += 1
-            else:
-                future.set_result(result)
-            latencies.append(now - request.arrival_s)
-        self.recorder.record_latencies(latencies, failed, now)
+        ended = self._loop.time()
+        self._engine.complete(batch)
+        if live:
+            units = len(live) if self._size_fn is None else sum(r.size for r in live)
+            if self._buckets:
+                units = pad_target(self._buckets, units)  # what the model actually ran
+            self.recorder.record_batch(
+                ended, len(live), units, ended - started, batch.window_idle_s
+            )
+        self._pump(ended)
+
+
+@dataclass(frozen=True)
+class _ControlSettings:
+    """The controller's constructor arguments, checked once."""
+
+    policy: Policy | None
+    bounds: Bounds
+    guards: Sequence[GuardFactory] | None
+    interval_s: float
+    interval_batches: int | None
+    service_seed: tuple[tuple[int, float], ...]
+    shed_late: bool
+
+    @classmethod
+    def check(
+        cls,
+        slo: SLO | None,
+        policy: Policy | None,
+        bounds: Bounds | None,
+        guards: Sequence[GuardFactory] | None,
+        interval_ms: float,
+        interval_batches: int | None,
+        service_profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None,
+        shed_late: bool,
+        *,
+        default_bounds: Bounds,
+    ) -> _ControlSettings:
+        if policy is not None:
+            _check_policy(policy)
+        elif slo is not None:
+            from adaptive_batcher.policies.pid import PID
+
+            policy = PID()
+        if bounds is not None and not isinstance(bounds, Bounds):
+            raise TypeError(f"bounds must be a Bounds, got {type(bounds).__name__}")
+        for guard in guards or ():
+            check_callable("each guard", guard)
+        if not isinstance(shed_late, bool):
+            raise TypeError(f"shed_late must be a bool, got {type(shed_late).__name__}")
+        if shed_late and slo is None:
+            raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
+        return cls(
+            policy=policy,
+            bounds=bounds or default_bounds,
+            guards=guards,
+            interval_s=check_number("control_interval_ms", interval_ms, 0.0, strict=True) / 1e3,
+            interval_batches=check_optional_int("control_interval_batches", interval_batches, 1),
+            service_seed=_service_seed(service_profile),
+            shed_late=shed_late,
+        )
+
+
+def _check_policy(policy: object) -> None:
+    if not (callable(getattr(policy, "decide", None)) and callable(getattr(policy, "reset", None))):
+        raise TypeError(
+            f"policy must be a Policy (with decide() and reset()), got {type(policy).__name__}"
+        )
 
 
 def _service_seed(
@@ -685,6 +746,6 @@ def _service_seed(
         result, _ = load_profile(profile)
         return tuple((row.batch_size, row.median_ms) for row in result.rows)
     rows = tuple((int(n), float(ms)) for n, ms in profile)
-    if any(n < 1 or not ms > 0 for n, ms in rows):
-        raise ValueError("service_profile rows must be (batch_size >= 1, median_ms > 0)")
+    if not rows or any(n < 1 or not ms > 0 for n, ms in rows):
+        raise ValueError("service_profile needs rows of (batch_size >= 1, median_ms > 0)")
     return rows

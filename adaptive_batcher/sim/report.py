@@ -41,11 +41,15 @@ def comparison_markdown(cells: Sequence[Cell], reference: str = "best_static") -
         ref = references.get(cell.scenario, math.nan)
         ratio = r.goodput_rps / ref if ref and not math.isnan(ref) else math.nan
         lines.append(
-            f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} | {ratio:.2f} "
+            f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} | {_ratio(ratio)} "
             f"| {r.slo_attainment:.4f} | {_ms(r.p99_ms)} | {r.mean_batch_size:.1f} "
             f"| {r.expired:,} | {r.lost} | {cell.note} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def _ms(value: float) -> str:

@@ -350,13 +350,15 @@ class _Replay:
     def _complete(self, event: _Completion) -> None:
         _, _, batch, parts = event
         state, recorder = self.state, self.recorder
+        idle = batch.window_idle_s  # counted once per dispatched batch
         for part in parts:
             if part.ok:
                 latencies = [part.end_s - state.arrival_s[i] for i in part.ids]
                 recorder.record_latencies(latencies, 0, part.end_s)
                 recorder.record_batch(
-                    part.end_s, len(part.ids), part.units, part.end_s - part.start_s
+                    part.end_s, len(part.ids), part.units, part.end_s - part.start_s, idle
                 )
+                idle = 0.0
             else:
                 recorder.failed += len(part.ids)
             outcome = Outcome.OK if part.ok else Outcome.FAILED

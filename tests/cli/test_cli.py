@@ -29,9 +29,22 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     assert "decisions" in out  # the controller ran
 
 
-def test_demo_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--duration", "0"]) == 2
-    assert "must be > 0" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--duration", "0", "must be a finite number > 0, got 0"),
+        ("--window-ms", "nan", "must be a finite number >= 0, got nan"),
+        ("--max-batch-size", "2.5", "must be a whole number, got 2.5"),
+        ("--rate", "fast", "not a number: 'fast'"),
+    ],
+)
+def test_demo_rejects_bad_numbers(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", option, value])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_replay_of_a_trace_writes_table_and_plots(
@@ -74,3 +87,24 @@ def test_replay_missing_trace_is_a_clear_error(
 ) -> None:
     assert main(["replay", "--trace", str(tmp_path / "nope.csv")]) == 2
     assert "no trace at" in capsys.readouterr().err
+
+
+def test_replay_reports_an_unwritable_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    status = main(
+        [
+            "replay",
+            "--trace",
+            str(FIXTURE),
+            "--contender",
+            "triton_like",
+            "--no-best-static",
+            "--out",
+            str(blocker / "out"),
+        ]
+    )
+    assert status == 2
+    assert "cannot write" in capsys.readouterr().err

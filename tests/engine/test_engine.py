@@ -236,3 +236,18 @@ def test_complete_without_batch_in_flight_is_an_error() -> None:
     engine.complete(batch)
     with pytest.raises(RuntimeError, match="no batch in flight"):
         engine.complete(batch)
+
+
+def test_batches_released_by_their_window_report_the_idle_tail() -> None:
+    engine = make_engine(window_s=0.010, cap=8)
+    engine.arrive(Request(0, 0.000), 0.000)
+    engine.arrive(Request(1, 0.002), 0.002)
+    (action, *_) = engine.poll(0.010)
+    assert isinstance(action, Dispatch)
+    assert action.batch.window_idle_s == pytest.approx(0.008)  # waited 8 ms after the last one
+    engine.complete(action.batch)
+    for i in range(8):  # a full cap goes at once: no idle window
+        engine.arrive(Request(10 + i, 0.02), 0.02)
+    (full, *_) = engine.poll(0.02)
+    assert isinstance(full, Dispatch)
+    assert full.batch.window_idle_s == 0.0

@@ -153,5 +153,5 @@ def test_service_profile_seeds_the_controller(tmp_path: Path) -> None:
     assert from_file._controller.service_model.predict_ms(64) == pytest.approx(6.0)
     assert from_rows._controller is not None
     assert from_rows._controller.service_model.predict_ms(1) == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="service_profile rows must be"):
+    with pytest.raises(ValueError, match="service_profile needs rows"):
         AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=[(0, 2.0)])

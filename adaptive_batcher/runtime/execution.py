@@ -1,0 +1,175 @@
+"""Running one batch: padding, result checks, per-slot errors, whole-batch failure, scatter.
+
+:meth:`BatchRunner.run` settles every request it is given, whatever happens: a result, the
+exception instance the model put in the request's slot, or a typed error. Nothing here can leave
+a caller waiting: even a failing ``is_oom`` hook or a logging processor that raises ends in
+:class:`~adaptive_batcher.errors.BatchFailedError` for the callers still pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any
+
+import structlog
+
+from adaptive_batcher.errors import BatcherError, BatchFailedError, ResultCountError, describe
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.runtime.buckets import pad_target
+from adaptive_batcher.runtime.executors import BatchExecutor
+
+__all__ = ["BatchRunner", "fail_pending"]
+
+_log = structlog.get_logger("adaptive_batcher")
+
+
+def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
+    """Give every request whose future is not done its own typed error; returns how many."""
+    failed = 0
+    for request in requests:
+        future = request.handle
+        if not future.done():
+            error: BatcherError = (
+                ResultCountError(str(exc))
+                if isinstance(exc, ResultCountError)
+                else BatchFailedError(exc, len(requests))
+            )
+            future.set_exception(error)
+            failed += 1
+    recorder.failed += failed
+    return failed
+
+
+class BatchRunner:
+    """Calls the model on a batch of runtime requests and settles their futures.
+
+    Args:
+        executor: how the model is called.
+        buckets: allowed batch sizes (empty: any); a batch is padded up to the next one.
+        pad_fn: the padding function for buckets.
+        counts_units: True when requests have sizes (a size function), so units != items.
+        bisect: re-run a failing batch in halves until the failing item is isolated.
+        is_oom: tells out-of-memory errors apart (always split); an exception in it counts as
+            "not OOM".
+        recorder: where failures, OOMs and latencies are counted.
+        clock: the event loop's clock, seconds.
+        name: the batcher's name, for log events.
+    """
+
+    def __init__(
+        self,
+        executor: BatchExecutor,
+        buckets: tuple[int, ...],
+        pad_fn: Callable[[list[Any], int], list[Any]],
+        counts_units: bool,
+        bisect: bool,
+        is_oom: Callable[[BaseException], bool],
+        recorder: Recorder,
+        clock: Callable[[], float],
+        name: str,
+    ) -> None:
+        self.executor = executor
+        self.buckets = buckets
+        self.pad_fn = pad_fn
+        self.counts_units = counts_units
+        self.bisect = bisect
+        self.is_oom = is_oom
+        self.recorder = recorder
+        self.clock = clock
+        self.name = name
+        self.oom_seen = False
+
+    async def run(self, requests: list[Any]) -> None:
+        """Run ``requests`` through the model and settle each; split on OOM or when bisecting.
+
+        Raises:
+            BaseException: only a non-``Exception`` (cancellation, KeyboardInterrupt), after the
+                requests still pending were failed with ``BatchFailedError``.
+        """
+        items = [r.item for r in requests]
+        units = sum(r.size for r in requests) if self.counts_units else len(items)
+        try:
+            results = await self.call_model(items, units)
+        except Exception as exc:
+            if len(requests) > 1 and (self._note_oom(exc) or self.bisect):
+                middle = len(requests) // 2
+                _log.warning(
+                    "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
+                )
+                await self.run([r for r in requests[:middle] if not r.handle.done()])
+                await self.run([r for r in requests[middle:] if not r.handle.done()])
+                return
+            failed = fail_pending(requests, exc, self.recorder)
+            _log.warning(
+                "batch.failed",
+                batcher=self.name,
+                batch_size=len(requests),
+                failed=failed,
+                error=describe(exc),
+            )
+            return
+        except BaseException as exc:
+            fail_pending(requests, exc, self.recorder)
+            raise
+        self.scatter(requests, results)
+
+    async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
+        """Pad to a bucket, call the model, check the results; returns one result per item.
+
+        Raises:
+            ResultCountError: the model returned no sequence, a mapping or set, or the wrong
+                number of results.
+            Exception: whatever the model raised.
+        """
+        if not items:
+            return []
+        batch = items
+        if self.buckets:
+            target = pad_target(self.buckets, units)
+            if target > units:
+                batch = self.pad_fn(list(items), target)
+        results = await self.executor.run(batch)
+        _check_results(results, len(batch))
+        return results if batch is items else results[: len(items)]
+
+    def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
+        """Hand each request its result (an exception instance fails only that request)."""
+        now = self.clock()
+        latencies: list[float] = []
+        failed = 0
+        for request, result in zip(requests, results, strict=True):
+            future = request.handle
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+                failed += 1
+            else:
+                future.set_result(result)
+            latencies.append(now - request.arrival_s)
+        self.recorder.record_latencies(latencies, failed, now)
+
+    def _note_oom(self, exc: Exception) -> bool:
+        try:
+            oom = bool(self.is_oom(exc))
+        except Exception:  # a broken hook must not strand the batch
+            oom = False
+        if oom:
+            self.recorder.oom_errors += 1
+            self.oom_seen = True
+        return oom
+
+
+def _check_results(results: Any, expected: int) -> None:
+    if isinstance(results, Mapping | Set | str | bytes):
+        raise ResultCountError(
+            f"model returned {type(results).__name__}, expected a sequence of {expected} results"
+        )
+    try:
+        count = len(results)
+    except TypeError:
+        raise ResultCountError(
+            f"model returned {type(results).__name__}, expected a sequence of {expected} results"
+        ) from None
+    if count != expected:
+        raise ResultCountError(f"model returned {count} results for a batch of {expected}")
