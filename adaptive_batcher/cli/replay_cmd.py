@@ -9,6 +9,7 @@ simulator for each contender, prints the comparison table, and writes ``replay.m
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,16 @@ from rich.progress import Progress
 from rich.table import Table
 
 from adaptive_batcher.sim.report import Cell, comparison_markdown, plot_goodput, plot_timeseries
-from adaptive_batcher.sim.scenarios import CONTENDERS, SCENARIOS, Scenario, best_static, run
-from adaptive_batcher.sim.service import Noisy, TableService
+from adaptive_batcher.sim.scenarios import (
+    CONTENDERS,
+    SCENARIOS,
+    SLO_50,
+    Scenario,
+    best_static,
+    make_scenarios,
+    run,
+)
+from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.traces import load_trace
 from adaptive_batcher.slo import SLO
 
@@ -71,7 +80,7 @@ def register(subparsers: Any) -> None:
         "--service",
         type=Path,
         help="service-time profile JSON from `adaptive-batcher profile` "
-        "(default: resnet50 on an H200)",
+        "(default: resnet50 on an H200); scenario loads rescale to its capacity",
     )
     parser.add_argument("--slo-p99-ms", type=float, help="the SLO p99 target, ms (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="seed of arrivals and noise")
@@ -92,7 +101,8 @@ def _epilog() -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the replays; returns the exit status."""
-    console = Console()
+    # piped or logged output: wide enough that names and figures are never cut
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     if args.list:
         console.print(_epilog())
         return 0
@@ -119,28 +129,29 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:
-    if args.trace is not None:
-        path, compress = args.trace, args.compress
-        if not path.exists():
-            raise FileNotFoundError(f"no trace at {path}")
-        load_trace(path, compress=compress)  # fail now, with the loader's message
-        chosen = [
-            Scenario(
-                "trace",
-                f"{path.name} x{compress:g}",
-                SCENARIOS["bursts"].slo,
-                lambda seed: load_trace(path, compress=compress),
-            )
-        ]
-    else:
-        chosen = [SCENARIOS[name] for name in args.scenario or ("step_3x", "bursts")]
-    if args.service is not None:
-        table = TableService.from_profile_json(args.service)
-        chosen = [replace(s, service=lambda: Noisy(table, cv=0.05)) for s in chosen]
-    if args.slo_p99_ms is not None:
-        slo = SLO(p99_ms=args.slo_p99_ms)
-        chosen = [replace(s, slo=slo) for s in chosen]
-    return chosen
+    """The scenarios asked for, on the device and SLO asked for (loads rescale to its capacity)."""
+    table = (
+        TableService.from_profile_json(args.service)
+        if args.service is not None
+        else TableService.from_h200("resnet50")
+    )
+    slo = SLO(p99_ms=args.slo_p99_ms) if args.slo_p99_ms is not None else SLO_50
+    named = make_scenarios(table, slo) if args.service or args.slo_p99_ms else SCENARIOS
+    if args.trace is None:
+        return [named[name] for name in args.scenario or ("step_3x", "bursts")]
+    path, compress = args.trace, args.compress
+    if not path.exists():
+        raise FileNotFoundError(f"no trace at {path}")
+    load_trace(path, compress=compress)  # fail now, with the loader's message
+    template = named["bursts"]
+    return [
+        replace(
+            template,
+            name="trace",
+            description=f"{path.name} x{compress:g}",
+            arrivals=lambda seed: load_trace(path, compress=compress),
+        )
+    ]
 
 
 def _run_all(
@@ -165,26 +176,18 @@ def _run_all(
 
 
 def _table(cells: list[Cell]) -> Table:
-    table = Table(title="replay: goodput = requests answered within the SLO per second")
-    for column in (
-        "scenario",
-        "contender",
-        "goodput req/s",
-        "SLO attainment",
-        "p99 ms",
-        "mean batch",
-        "expired",
-        "lost",
-    ):
-        left = column in ("scenario", "contender")
-        table.add_column(column, justify="left" if left else "right", overflow="fold")
+    table = Table(title="replay (goodput: answers within the SLO per second)")
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("contender", no_wrap=True)
+    for column in ("goodput/s", "in SLO", "p99 ms", "batch", "expired", "lost"):
+        table.add_column(column, justify="right", no_wrap=True)
     for cell in cells:
         r = cell.result
         table.add_row(
             cell.scenario,
             cell.contender,
             f"{r.goodput_rps:,.0f}",
-            f"{r.slo_attainment:.4f}",
+            f"{r.slo_attainment:.2%}",
             f"{r.p99_ms:,.1f}",
             f"{r.mean_batch_size:.1f}",
             f"{r.expired:,}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,9 @@ __all__ = [
     "Scenario",
     "best_static",
     "capacity_rps",
+    "make_scenarios",
     "run",
+    "warmup_seed",
 ]
 
 MAX_CAP = 512
@@ -65,6 +68,9 @@ class Scenario:
         memory: device memory over time (None: unlimited).
         step_at_s: for load steps, when the step happens (for the recovery metric).
         stationary: whether the target is "within 5 % of the best static setting".
+        warmup: ``(batch_size, ms)`` that a warm-up of power-of-two buckets measures on this
+            device; adaptive contenders (and the baselines that learn a service model) start
+            from it, as a user who warms up or profiles before serving does.
     """
 
     name: str
@@ -75,31 +81,34 @@ class Scenario:
     memory: MemoryLimit | None = None
     step_at_s: float | None = None
     stationary: bool = False
+    warmup: tuple[tuple[int, float], ...] = ()
 
 
 def _resnet() -> TableService:
     return TableService.from_h200("resnet50")
 
 
-def capacity_rps(slo: SLO) -> float:
-    """Items/s of the largest batch size whose ``2 * service`` fits the SLO target."""
-    table = _resnet()
+def capacity_rps(table: TableService, slo: SLO) -> float:
+    """Items/s of the largest measured batch size whose ``2 * service`` fits the SLO target."""
     fitting = [
         int(n) for n in table.sizes if 2 * table.service_s(int(n), _RNG) * 1e3 <= slo.target_ms
     ]
-    best = max(fitting)
+    best = max(fitting) if fitting else int(table.sizes[0])
     return best / table.service_s(best, _RNG)
+
+
+def warmup_seed(table: TableService) -> tuple[tuple[int, float], ...]:
+    """The noiseless service time of each power-of-two bucket up to the cap, ms."""
+    sizes = [1 << k for k in range(10) if 1 << k <= MAX_CAP]
+    return tuple((n, table.service_s(n, _RNG) * 1e3) for n in sizes)
 
 
 _RNG = np.random.default_rng(0)
 SLO_50 = SLO(p99_ms=50.0)
-CAPACITY = capacity_rps(SLO_50)
 
 
-def _poisson(fraction: float, duration_s: float) -> Callable[[int], Arrivals]:
-    return lambda seed: Poisson(fraction * CAPACITY).generate(
-        duration_s, np.random.default_rng(seed)
-    )
+def _poisson(rate_rps: float, duration_s: float) -> Callable[[int], Arrivals]:
+    return lambda seed: Poisson(rate_rps).generate(duration_s, np.random.default_rng(seed))
 
 
 def _workload(make: Callable[[], object], duration_s: float) -> Callable[[int], Arrivals]:
@@ -131,90 +140,92 @@ def _memory_squeeze() -> MemoryLimit:
     return MemoryLimit(4000 * mib, squeezes=[(10.0, 1200 * mib), (20.0, 4000 * mib)])
 
 
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in [
+def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
+    """The named scenarios on a device described by ``table`` (service time, memory), with
+    loads as fractions of its capacity under ``slo`` (see :func:`capacity_rps`)."""
+    capacity = capacity_rps(table, slo)
+    common: dict[str, Any] = {
+        "service": lambda: Noisy(table, cv=0.05),
+        "warmup": warmup_seed(table),
+    }
+    scenarios = [
         Scenario(
             "poisson_30",
             "Poisson at 30 % of capacity",
-            SLO_50,
-            _poisson(0.3, 20.0),
+            slo,
+            _poisson(0.3 * capacity, 20.0),
             stationary=True,
         ),
         Scenario(
             "poisson_60",
             "Poisson at 60 % of capacity",
-            SLO_50,
-            _poisson(0.6, 20.0),
+            slo,
+            _poisson(0.6 * capacity, 20.0),
             stationary=True,
         ),
         Scenario(
             "poisson_90",
             "Poisson at 90 % of capacity",
-            SLO_50,
-            _poisson(0.9, 20.0),
+            slo,
+            _poisson(0.9 * capacity, 20.0),
             stationary=True,
         ),
         Scenario(
             "step_3x",
             "load step 30 % -> 90 % of capacity at 10 s",
-            SLO_50,
-            _workload(lambda: Steps((0.3 * CAPACITY, 0.9 * CAPACITY), 10.0), 20.0),
+            slo,
+            _workload(lambda: Steps((0.3 * capacity, 0.9 * capacity), 10.0), 20.0),
             step_at_s=10.0,
         ),
         Scenario(
             "steps",
             "steps 30 / 90 / 150 / 30 % of capacity, 10 s each",
-            SLO_50,
-            _workload(lambda: Steps(tuple(f * CAPACITY for f in (0.3, 0.9, 1.5, 0.3)), 10.0), 40.0),
+            slo,
+            _workload(lambda: Steps(tuple(f * capacity for f in (0.3, 0.9, 1.5, 0.3)), 10.0), 40.0),
         ),
         Scenario(
             "diurnal",
             "sinusoid, mean 70 % of capacity, +-60 %, period 20 s",
-            SLO_50,
-            _workload(lambda: Diurnal(0.7 * CAPACITY, 0.6, 20.0), 40.0),
+            slo,
+            _workload(lambda: Diurnal(0.7 * capacity, 0.6, 20.0), 40.0),
         ),
         Scenario(
             "bursts",
             "on/off bursts: 40 % base, 200 % bursts, on 1 s / off 4 s",
-            SLO_50,
-            _workload(lambda: MMPPBursts(0.4 * CAPACITY, 2.0 * CAPACITY, 1.0, 4.0), 40.0),
+            slo,
+            _workload(lambda: MMPPBursts(0.4 * capacity, 2.0 * capacity, 1.0, 4.0), 40.0),
         ),
         Scenario(
             "azure_code",
             "Azure LLM code trace (CV 13), time compressed x1000",
-            SLO_50,
+            slo,
             _trace("azure_llm_2023_code.csv", 1000.0),
         ),
         Scenario(
             "azure_conv",
             "Azure LLM conversation trace (near Poisson), time compressed x1000",
-            SLO_50,
+            slo,
             _trace("azure_llm_2023_conv.csv", 1000.0),
             stationary=True,
         ),
         Scenario(
             "memory_squeeze",
             "60 % of capacity; free memory drops to 1.2 GiB from 10 s to 20 s",
-            SLO_50,
-            _poisson(0.6, 30.0),
+            slo,
+            _poisson(0.6 * capacity, 30.0),
             memory=_memory_squeeze(),
         ),
     ]
-}
+    return {s.name: replace(s, **common) for s in scenarios}
+
+
+SCENARIOS: dict[str, Scenario] = make_scenarios(_resnet(), SLO_50)
+"""The scenarios on resnet50 / H200 (../shared/profiles/h200/batch_profile.csv), SLO p99 50 ms."""
+CAPACITY = capacity_rps(_resnet(), SLO_50)
 
 
 def _bounds() -> Bounds:
     return Bounds(0.0, 50.0, 1, MAX_CAP)
-
-
-def warmup_seed() -> tuple[tuple[int, float], ...]:
-    """What ``AdaptiveBatcher.warmup`` over power-of-two buckets measures on the device: the
-    noiseless service time of each bucket, ms. Adaptive contenders start from it, as a user who
-    warms up (or profiles) before serving does."""
-    table = _resnet()
-    sizes = [1 << k for k in range(10) if 1 << k <= MAX_CAP]
-    return tuple((n, table.service_s(n, _RNG) * 1e3) for n in sizes)
 
 
 def _adaptive(policy: Callable[[], Policy], *, shed: bool) -> Callable[[Scenario], SimConfig]:
@@ -226,7 +237,7 @@ def _adaptive(policy: Callable[[], Policy], *, shed: bool) -> Callable[[Scenario
             policy=policy(),
             bounds=_bounds(),
             guards=default_guards(shed_late=shed),
-            service_seed=warmup_seed(),
+            service_seed=scenario.warmup,
         )
 
     return make
@@ -252,7 +263,7 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
         policy=BentoCork(s.slo.p99_ms),
         bounds=_bounds(),
         guards=[],
-        service_seed=warmup_seed(),
+        service_seed=s.warmup,
     ),
     "clipper_aimd": lambda s: SimConfig(
         32,
@@ -261,7 +272,7 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
         policy=AIMD(step=8),
         bounds=_bounds(),
         guards=[],
-        service_seed=warmup_seed(),
+        service_seed=s.warmup,
     ),
 }
 
@@ -285,11 +296,11 @@ def best_static(
     still queued ``p99 - 1.1 * service(cap)`` after arrival (an ablation: how much of the
     adaptive gain is shedding alone)."""
     best: tuple[SimResult, tuple[float, int]] | None = None
-    table = _resnet()
+    measured = dict(scenario.warmup)
     for cap in caps:
         deadline = None
         if shed:
-            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * table.service_s(cap, _RNG) * 1e3)
+            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * measured[cap])
         for window in windows_ms:
             config = replace(_static(window, cap)(scenario), deadline_ms=deadline)
             result = run(scenario, config, seed)
