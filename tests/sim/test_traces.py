@@ -154,20 +154,3 @@ def test_find_trace(tmp_path: Path) -> None:
 def test_trace_dir_is_shared_next_to_the_repository() -> None:
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / ".." / "shared" / "traces").resolve() == TRACE_DIR
-
-
-def test_real_azure_code_trace() -> None:
-    path = find_trace("azure_llm_2023_code")
-    assert path is not None, (
-        f"the shared trace azure_llm_2023_code.csv is missing from {TRACE_DIR}; "
-        "these tests read ../shared/traces next to the repository"
-    )
-    arrivals = load_trace(path, size_column="ContextTokens")
-    assert len(arrivals) == 8819
-    assert 56 * 60 < arrivals.duration_s < 58 * 60  # ~57.3 min
-    assert arrivals.rate_rps == pytest.approx(2.6, abs=0.1)
-    assert arrivals.sizes.tolist()[:3] == [4808, 3180, 110]
-    gaps = np.diff(arrivals.times_s)
-    assert gaps.std() / gaps.mean() > 10  # very bursty: CV 13.2 per the traces README
-    compressed = load_trace(path, compress=100.0)
-    assert compressed.rate_rps == pytest.approx(100 * arrivals.rate_rps)
