@@ -12,7 +12,6 @@ import asyncio
 import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -45,6 +44,7 @@ from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.runtime.buckets import check_buckets, pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
+from adaptive_batcher.runtime.control_settings import ControlSettings, check_policy
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats
@@ -202,7 +202,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self.slo: SLO | None = None
         self._controller: Controller | None = None
         self.set_slo(slo)
-        self._control = _ControlSettings.check(
+        self._control = ControlSettings.check(
             slo,
             policy,
             bounds,
@@ -405,7 +405,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         if policy is None:
             self._controller = None
             return
-        _check_policy(policy)
+        check_policy(policy)
         if self._controller is None:
             self._controller = self._make_controller(policy)
             if self._loop is not None:
@@ -674,78 +674,3 @@ class AdaptiveBatcher(Generic[X, Y]):
                 ended, len(live), units, ended - started, batch.window_idle_s
             )
         self._pump(ended)
-
-
-@dataclass(frozen=True)
-class _ControlSettings:
-    """The controller's constructor arguments, checked once."""
-
-    policy: Policy | None
-    bounds: Bounds
-    guards: Sequence[GuardFactory] | None
-    interval_s: float
-    interval_batches: int | None
-    service_seed: tuple[tuple[int, float], ...]
-    shed_late: bool
-
-    @classmethod
-    def check(
-        cls,
-        slo: SLO | None,
-        policy: Policy | None,
-        bounds: Bounds | None,
-        guards: Sequence[GuardFactory] | None,
-        interval_ms: float,
-        interval_batches: int | None,
-        service_profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None,
-        shed_late: bool,
-        *,
-        default_bounds: Bounds,
-    ) -> _ControlSettings:
-        if policy is not None:
-            _check_policy(policy)
-        elif slo is not None:
-            from adaptive_batcher.policies.pid import PID
-
-            policy = PID()
-        if bounds is not None and not isinstance(bounds, Bounds):
-            raise TypeError(f"bounds must be a Bounds, got {type(bounds).__name__}")
-        for guard in guards or ():
-            check_callable("each guard", guard)
-        if not isinstance(shed_late, bool):
-            raise TypeError(f"shed_late must be a bool, got {type(shed_late).__name__}")
-        if shed_late and slo is None:
-            raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
-        return cls(
-            policy=policy,
-            bounds=bounds or default_bounds,
-            guards=guards,
-            interval_s=check_number("control_interval_ms", interval_ms, 0.0, strict=True) / 1e3,
-            interval_batches=check_optional_int("control_interval_batches", interval_batches, 1),
-            service_seed=_service_seed(service_profile),
-            shed_late=shed_late,
-        )
-
-
-def _check_policy(policy: object) -> None:
-    if not (callable(getattr(policy, "decide", None)) and callable(getattr(policy, "reset", None))):
-        raise TypeError(
-            f"policy must be a Policy (with decide() and reset()), got {type(policy).__name__}"
-        )
-
-
-def _service_seed(
-    profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None,
-) -> tuple[tuple[int, float], ...]:
-    """``(batch_size, median_ms)`` rows from a profile JSON path or the rows themselves."""
-    if profile is None:
-        return ()
-    if isinstance(profile, str | os.PathLike):
-        from adaptive_batcher.profile.report import load_profile
-
-        result, _ = load_profile(profile)
-        return tuple((row.batch_size, row.median_ms) for row in result.rows)
-    rows = tuple((int(n), float(ms)) for n, ms in profile)
-    if not rows or any(n < 1 or not ms > 0 for n, ms in rows):
-        raise ValueError("service_profile needs rows of (batch_size >= 1, median_ms > 0)")
-    return rows
