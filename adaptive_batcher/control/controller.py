@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
@@ -36,7 +35,7 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["Controller", "GuardFactory", "default_guards"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 GuardFactory = Callable[[Policy], Policy]
 

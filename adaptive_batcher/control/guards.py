@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.capacity import choose_cap, stability_cap, throughput_cap
 from adaptive_batcher.control.types import Decision, Observation
 from adaptive_batcher.policies.base import Policy
@@ -28,7 +27,7 @@ __all__ = [
     "UnusedWindowGuard",
 ]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 SHED_SERVICE_SAFETY = 1.1  # the batch a late request joins may run ~10 % longer than the median
 
@@ -59,8 +58,8 @@ class UnusedWindowGuard(Guard):
     releases spent most of it waiting after their last arrival (``window_idle_fraction``:
     closed-loop clients fewer than the cap, who all wait in the queue while nobody else can
     come; or traffic too thin to fill a window). The guard then holds the window at 0 until the
-    arrival rate rises by ``rearm_factor`` over the highest rate seen since it fired (closed-loop
-    clients come faster once the window is shut; that alone must not reopen it).
+    arrival rate rises by ``rearm_factor`` over the highest rate seen with the window shut
+    (closed-loop clients come faster once the window is shut; that alone must not reopen it).
 
     Args:
         min_mean_batch: a window whose batches average fewer items than this is unused.
@@ -83,6 +82,7 @@ class UnusedWindowGuard(Guard):
         self.max_idle_fraction = max_idle_fraction
         self.min_batches = min_batches
         self.rearm_factor = rearm_factor
+        self.closed = False
         self.closed_at_rate_rps: float | None = None
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -94,13 +94,19 @@ class UnusedWindowGuard(Guard):
         )
         rate = observation.arrival_rate_rps
         if unused:
-            self.closed_at_rate_rps = rate
-        elif self.closed_at_rate_rps is not None:
-            if rate > self.rearm_factor * self.closed_at_rate_rps:
-                self.closed_at_rate_rps = None
-            else:  # closed-loop clients come faster once the window is shut: track that rate
-                self.closed_at_rate_rps = max(self.closed_at_rate_rps, rate)
-        if self.closed_at_rate_rps is not None and decision.window_ms > 0:
+            self.closed = True
+            self.closed_at_rate_rps = None  # measured on the first tick with the window shut
+        elif self.closed:
+            reference = self.closed_at_rate_rps
+            if reference is None:
+                # closed-loop clients come faster once the window is shut: that rate, not the
+                # one seen with the window open, is what a real rise in load must exceed
+                self.closed_at_rate_rps = rate
+            elif rate > self.rearm_factor * reference:
+                self.closed = False
+            else:
+                self.closed_at_rate_rps = max(reference, rate)
+        if self.closed and decision.window_ms > 0:
             return decision.with_(window_ms=0.0, reason="window_unused")
         return decision
 

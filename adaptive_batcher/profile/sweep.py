@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import structlog
 
+from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_callable, check_int, check_number, check_optional_int
 from adaptive_batcher.profile._devices import (
     DeviceBackend,
@@ -30,7 +30,7 @@ from adaptive_batcher.profile._devices import (
 
 __all__ = ["ProfileResult", "ProfileRow", "default_batch_sizes", "profile_model"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
     check_callable,
     check_int,
@@ -39,6 +38,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
+    describe,
 )
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies.base import Policy
@@ -57,7 +57,7 @@ __all__ = ["AdaptiveBatcher", "BatcherStats", "default_is_oom"]
 X = TypeVar("X")
 Y = TypeVar("Y")
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")
 
 
@@ -178,6 +178,15 @@ class AdaptiveBatcher(Generic[X, Y]):
         if size_fn is not None:
             check_callable("size_fn", size_fn)
         check_callable("is_oom", is_oom)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if not isinstance(bisect_on_error, bool):
+            raise TypeError(f"bisect_on_error must be a bool, got {type(bisect_on_error).__name__}")
+        if telemetry is not None and not callable(getattr(telemetry, "sample", None)):
+            raise TypeError(
+                f"telemetry must have a sample() method, got {type(telemetry).__name__}"
+            )
+        check_number("telemetry_hz", telemetry_hz, 0.0, strict=True)
         self._buckets = check_buckets(batch_sizes, cap)
         if pad_fn is None and self._buckets and size_fn is not None:
             raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
@@ -381,6 +390,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             else check_int("max_concurrent_batches", max_concurrent_batches, 1),
         )
         self._engine.set_limits(limits)
+        self._executor.resize(limits.max_concurrent_batches)  # one thread per slot
         if self._loop is not None:
             self._schedule_pump()
 
@@ -419,7 +429,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         Cold batch shapes cost 100-970 ms of p99 on an H200 (../shared/profiles/h200/
         executor_diag_*.csv), so call this before taking traffic. Without ``batch_sizes`` it warms
         powers of two up to the cap, and the cap itself. Items come from ``make_item()``, added
-        until the batch reaches the size in units; then the batch is padded as in serving.
+        while they fit the size in units; the batch is then padded as in serving, and the size
+        it ran at is what counts as warmed (a size no item fits is skipped).
 
         Raises:
             Exception: whatever the model raises (warm-up failures are not hidden).
@@ -430,15 +441,13 @@ class AdaptiveBatcher(Generic[X, Y]):
         sizes = warmup_sizes(self._buckets, self._engine.hard_max_batch_size)
         timings: dict[int, float] = {}
         for size in sizes:
-            items: list[X] = []
-            units = 0
-            while units < size:
-                item = make_item()
-                items.append(item)
-                units += 1 if self._size_fn is None else self._item_size(item)
+            items, units = self._warmup_batch(make_item, size)
+            if not items:  # an item is larger than this size: it cannot be warmed with them
+                continue
+            ran = pad_target(self._buckets, units) if self._buckets else units
             started = loop.time()
             await self._runner.call_model(items, units)
-            timings[size] = loop.time() - started
+            timings[ran] = loop.time() - started
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
             "batcher.warmed_up",
@@ -447,6 +456,19 @@ class AdaptiveBatcher(Generic[X, Y]):
             total_ms=round(sum(timings.values()) * 1e3, 3),
         )
         return timings
+
+    def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
+        """Items from ``make_item`` filling ``size`` units without going over it."""
+        items: list[X] = []
+        units = 0
+        while units < size:
+            item = make_item()
+            item_units = 1 if self._size_fn is None else self._item_size(item)
+            if units + item_units > size:
+                break
+            items.append(item)
+            units += item_units
+        return items, units
 
     async def aclose(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop accepting requests and settle every pending one.
@@ -587,15 +609,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         if controller is not None and (
             self._runner.oom_seen or controller.due(now, self.recorder.batch_count)
         ):
-            # ticks ride on every pump (arrivals, timers, finished batches), so the controller
-            # keeps deciding even when no batch finishes (e.g. everything is being shed)
-            telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
-            decision = controller.drive(
-                self._engine, self.recorder, now, telemetry, force=self._runner.oom_seen
-            )
-            self._runner.oom_seen = False
-            if decision is not None:
-                self._shed_after_s = controller.shed_after_s
+            self._tick(controller, now)
         for action in self._engine.poll(now):
             if type(action) is Dispatch:
                 task = loop.create_task(self._run_batch(action.batch))
@@ -609,6 +623,19 @@ class AdaptiveBatcher(Generic[X, Y]):
                 )
             elif type(action) is SetTimer:
                 self._set_timer(action.at_s)
+
+    def _tick(self, controller: Controller, now: float) -> None:
+        """One controller tick. Ticks ride on every pump (arrivals, timers, finished batches),
+        so the controller keeps deciding even when no batch finishes (e.g. all are shed)."""
+        telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
+        force, self._runner.oom_seen = self._runner.oom_seen, False
+        try:
+            decision = controller.drive(self._engine, self.recorder, now, telemetry, force=force)
+        except Exception as exc:  # the controller must never stop the pump
+            _log.error("controller.failed", batcher=self.name, error=describe(exc))
+            return
+        if decision is not None:
+            self._shed_after_s = controller.shed_after_s
 
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:

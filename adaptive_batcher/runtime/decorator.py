@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import weakref
 from collections.abc import Callable
@@ -38,11 +39,12 @@ class BatchedFunction(Generic[X, Y]):
         """The batcher serving the running event loop (created on first use)."""
         loop = asyncio.get_running_loop()
         last = self._last
-        if last is not None and last[0] is loop:
+        if last is not None and last[0] is loop and not last[1].closed:
             return last[1]
         batcher = self._batchers.get(loop)
         if batcher is None or batcher.closed:
-            batcher = AdaptiveBatcher(self._fn, **self._options)
+            # a policy is stateful: every batcher gets its own copy
+            batcher = AdaptiveBatcher(self._fn, **copy.deepcopy(self._options))
             self._batchers[loop] = batcher
         self._last = (loop, batcher)
         return batcher
@@ -62,10 +64,17 @@ class BatchedFunction(Generic[X, Y]):
         if instance is None:
             return self
         key = f"__batched_{self._fn.__name__}"
-        bound: BatchedFunction[X, Y] | None = instance.__dict__.get(key)
+        try:
+            namespace = instance.__dict__
+        except AttributeError:
+            raise TypeError(
+                f"@batched on a method needs instances with a __dict__ to keep their batcher; "
+                f"{type(instance).__name__} uses __slots__ without __dict__"
+            ) from None
+        bound: BatchedFunction[X, Y] | None = namespace.get(key)
         if bound is None:
             bound = BatchedFunction(self._fn.__get__(instance, owner), self._options)
-            instance.__dict__[key] = bound
+            namespace[key] = bound
         return bound
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.errors import BatcherError, BatchFailedError, ResultCountError, describe
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.buckets import pad_target
@@ -20,7 +19,7 @@ from adaptive_batcher.runtime.executors import BatchExecutor
 
 __all__ = ["BatchRunner", "fail_pending"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
@@ -133,7 +132,9 @@ class BatchRunner:
         return results if batch is items else results[: len(items)]
 
     def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
-        """Hand each request its result (an exception instance fails only that request)."""
+        """Hand each request its result (an ``Exception`` instance fails only that request; a
+        ``BaseException`` that is not one, such as ``KeyboardInterrupt``, is wrapped in
+        ``BatchFailedError`` rather than raised into the caller's task)."""
         now = self.clock()
         latencies: list[float] = []
         failed = 0
@@ -141,8 +142,11 @@ class BatchRunner:
             future = request.handle
             if future.done():
                 continue
-            if isinstance(result, BaseException):
+            if isinstance(result, Exception):
                 future.set_exception(result)
+                failed += 1
+            elif isinstance(result, BaseException):  # never hand KeyboardInterrupt & co. on
+                future.set_exception(BatchFailedError(result, len(requests)))
                 failed += 1
             else:
                 future.set_result(result)

@@ -36,6 +36,8 @@ class BatchExecutor(Protocol):
 
     def close(self) -> None: ...
 
+    def resize(self, workers: int) -> None: ...
+
 
 class AsyncExecutor:
     """Awaits an ``async def model(batch)`` on the event loop."""
@@ -49,6 +51,9 @@ class AsyncExecutor:
     def close(self) -> None:
         """Nothing to release."""
 
+    def resize(self, workers: int) -> None:
+        """No threads to size."""
+
 
 class InlineExecutor:
     """Calls a sync model on the event-loop thread (lowest overhead; blocks the loop meanwhile)."""
@@ -61,6 +66,9 @@ class InlineExecutor:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def resize(self, workers: int) -> None:
+        """No threads to size."""
 
 
 class _PoolOwner:
@@ -81,6 +89,12 @@ class _PoolOwner:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
+
+    def resize(self, workers: int) -> None:
+        """Use ``workers`` threads from now on (calls running on the old pool finish there)."""
+        if workers != self._workers:
+            self._workers = workers
+            self.close()
 
 
 class ThreadExecutor(_PoolOwner):

@@ -265,7 +265,8 @@ def _renewal_times(
         m = int(expected * 1.02 + 4.0 * math.sqrt(expected) + 16)
         epochs = np.asarray(draw_unit_gaps(m), dtype=np.float64)
         np.cumsum(epochs, out=epochs)
-        epochs *= scale
+        with np.errstate(over="ignore"):  # extreme gamma draws overflow to inf: past the horizon
+            epochs *= scale
         epochs += start
         chunks.append(epochs)
         start = float(epochs[-1])

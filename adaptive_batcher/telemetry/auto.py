@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import Telemetry
 from adaptive_batcher.telemetry.combined import CombinedTelemetry
@@ -13,7 +12,7 @@ from adaptive_batcher.telemetry.torch_cuda import TorchCudaMemory
 
 __all__ = ["auto_telemetry"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 def auto_telemetry(device_index: int = 0) -> Telemetry:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample, merge
 
 __all__ = ["CombinedTelemetry"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 class CombinedTelemetry:

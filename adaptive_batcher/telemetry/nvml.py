@@ -19,8 +19,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_int
 from adaptive_batcher.telemetry._gpm import GpmReader, gpm_supported
 from adaptive_batcher.telemetry._util import describe_error
@@ -28,7 +27,7 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["NvmlTelemetry"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 class NvmlTelemetry:

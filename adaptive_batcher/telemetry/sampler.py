@@ -14,15 +14,14 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_number
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 
 __all__ = ["MAX_RATE_HZ", "TelemetrySampler"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 #: Highest accepted sampling rate, in Hz: beyond it the thread mostly competes for the GIL.
 MAX_RATE_HZ = 1000.0

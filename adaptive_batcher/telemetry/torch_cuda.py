@@ -11,15 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_int
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["TorchCudaMemory"]
 
-_log = structlog.get_logger("adaptive_batcher")
+_log = get_logger()
 
 
 class TorchCudaMemory:

@@ -213,3 +213,44 @@ async def test_dispatch_log_event_has_stable_name_and_unit_keys() -> None:
     event = next(e for e in logs if e["event"] == "batch.dispatched")
     assert event["batch_size"] == 3 and event["units"] == 3
     assert event["queue_wait_ms"] >= 0 and event["batcher"] == "batcher"
+
+
+async def test_decorated_methods_get_their_own_policy_copy() -> None:
+    from adaptive_batcher.policies import PID
+
+    class Model:
+        @batched(max_batch_size=8, window_ms=1, policy=PID(), slo=SLO(p99_ms=50))
+        async def run(self, batch: list[int]) -> list[int]:
+            return batch
+
+    a, b = Model(), Model()
+    assert await a.run(1) == 1
+    assert await b.run(2) == 2
+    policy_a = a.run.batcher._controller.policy  # type: ignore[union-attr]
+    policy_b = b.run.batcher._controller.policy  # type: ignore[union-attr]
+    assert policy_a is not policy_b
+    await a.run.aclose()
+    await b.run.aclose()
+
+
+async def test_decorated_function_recovers_after_its_batcher_is_closed() -> None:
+    @batched(max_batch_size=4, window_ms=1)
+    async def echo(batch: list[int]) -> list[int]:
+        return batch
+
+    assert await echo(1) == 1
+    await echo.batcher.aclose()
+    assert await echo(2) == 2  # a new batcher for this loop
+    await echo.aclose()
+
+
+def test_decorating_a_method_of_a_slotted_class_says_why_it_fails() -> None:
+    class Slotted:
+        __slots__ = ()
+
+        @batched(max_batch_size=4)
+        def run(self, batch: list[int]) -> list[int]:  # pragma: no cover - never called
+            return batch
+
+    with pytest.raises(TypeError, match="needs instances with a __dict__"):
+        _ = Slotted().run

@@ -37,9 +37,13 @@ async def test_a_broken_is_oom_hook_still_fails_callers_explicitly() -> None:
     assert all(isinstance(r, BatchFailedError) for r in results)
 
 
-async def test_a_logging_processor_that_raises_never_strands_callers() -> None:
+@pytest.mark.parametrize("event", ["batch.dispatched", "controller.decision", "*"])
+async def test_a_logging_pipeline_that_raises_never_stops_serving(event: str) -> None:
+    """The application's log processors may raise; requests still complete, the controller
+    still decides, and close still works."""
+
     def explode(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-        if event_dict.get("event") == "batch.dispatched":
+        if event in ("*", event_dict.get("event")):
             raise RuntimeError("log sink down")
         return event_dict
 
@@ -47,10 +51,18 @@ async def test_a_logging_processor_that_raises_never_strands_callers() -> None:
         processors=[explode, structlog.processors.KeyValueRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
     )
-    async with AdaptiveBatcher(EchoModel(), window_ms=1) as batcher:
-        results = await asyncio.wait_for(outcomes(batcher, 3), timeout=2.0)
-    assert all(isinstance(r, BatchFailedError) for r in results)
-    assert batcher.stats().counts.failed == 3
+
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.002)
+        return batch
+
+    batcher = AdaptiveBatcher(model, window_ms=1, slo=SLO(p99_ms=50), control_interval_ms=10)
+    async with batcher:
+        for _ in range(10):
+            results = await asyncio.wait_for(outcomes(batcher, 20), timeout=2.0)
+            assert results == list(range(20))
+            await asyncio.sleep(0.01)
+    assert batcher.stats().decisions > 0
 
 
 async def test_an_exception_whose_repr_raises_is_still_reported() -> None:
@@ -162,3 +174,81 @@ def test_control_arguments_are_checked_up_front(
 async def test_aclose_timeout_is_checked() -> None:
     with pytest.raises(ValueError, match="timeout_s must be a finite number >= 0"):
         await AdaptiveBatcher(EchoModel()).aclose(timeout_s=-1)
+
+
+async def test_warmup_with_sizes_never_exceeds_the_cap_and_reports_what_ran() -> None:
+    import numpy as np
+
+    from adaptive_batcher import pad_rows, row_count
+
+    rows_seen: list[int] = []
+
+    def model(batch: list[Any]) -> list[Any]:
+        rows_seen.append(sum(row_count(b) for b in batch))
+        return batch
+
+    batcher = AdaptiveBatcher(
+        model,
+        max_batch_size=32,
+        size_fn=row_count,
+        batch_sizes=[2, 4, 8, 16, 32],
+        pad_fn=pad_rows,
+        executor="inline",
+    )
+    await batcher.warmup(lambda: np.zeros((3, 2)))  # 3-row items: bucket 2 cannot hold one
+    await batcher.aclose()
+    assert max(rows_seen) <= 32
+    assert rows_seen == [4, 8, 16, 32]  # 3 -> 4, 6 -> 8, 15 -> 16, 30 -> 32
+    assert batcher.warmed_sizes == frozenset({4, 8, 16, 32})
+
+
+async def test_a_keyboard_interrupt_in_a_result_slot_is_not_raised_into_the_caller() -> None:
+    def model(batch: list[int]) -> list[Any]:
+        return [KeyboardInterrupt() if i == 1 else i for i in batch]
+
+    async with AdaptiveBatcher(model, executor="inline", window_ms=1) as batcher:
+        results = await outcomes(batcher, 3)
+    assert results[0] == 0
+    assert results[2] == 2
+    assert isinstance(results[1], BatchFailedError)
+    assert isinstance(results[1].cause, KeyboardInterrupt)
+
+
+async def test_raising_the_slots_at_run_time_adds_model_threads() -> None:
+    import threading
+    import time
+
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def model(batch: list[int]) -> list[int]:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0, executor="thread") as b:
+        b.set_limits(max_concurrent_batches=4)
+        await b.submit_many(range(8))
+    assert peak == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"name": 1}, TypeError, "name must be a str, got int"),
+        ({"bisect_on_error": "yes"}, TypeError, "bisect_on_error must be a bool, got str"),
+        ({"telemetry": object()}, TypeError, "telemetry must have a sample"),
+        ({"telemetry_hz": 0}, ValueError, "telemetry_hz must be a finite number > 0"),
+    ],
+)
+def test_more_constructor_checks(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        AdaptiveBatcher(EchoModel(), **kwargs)
