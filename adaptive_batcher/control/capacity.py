@@ -15,7 +15,6 @@ from adaptive_batcher.control.types import Observation
 
 __all__ = [
     "STABILITY_HEADROOM",
-    "capacity_rps",
     "choose_cap",
     "latency_cap",
     "stability_cap",
@@ -86,11 +85,3 @@ def choose_cap(observation: Observation, budget_ms: float, window_ms: float) -> 
     if needed is None:
         return throughput_cap(observation)
     return needed if fitting is None else max(fitting, needed)
-
-
-def capacity_rps(observation: Observation, cap: int) -> float:
-    """Requests per second served with full batches of ``cap`` units (NaN if unknown)."""
-    service = observation.service_ms(cap)
-    if math.isnan(service) or service <= 0:
-        return math.nan
-    return cap / (service / 1e3) / max(observation.mean_request_units, 1e-9)
