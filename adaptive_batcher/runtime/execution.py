@@ -142,11 +142,10 @@ class BatchRunner:
             future = request.handle
             if future.done():
                 continue
-            if isinstance(result, Exception):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):  # never hand KeyboardInterrupt & co. on
+                    result = BatchFailedError(result, len(requests))
                 future.set_exception(result)
-                failed += 1
-            elif isinstance(result, BaseException):  # never hand KeyboardInterrupt & co. on
-                future.set_exception(BatchFailedError(result, len(requests)))
                 failed += 1
             else:
                 future.set_result(result)
