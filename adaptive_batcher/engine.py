@@ -30,9 +30,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
+import sys
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 from adaptive_batcher.errors import BatcherClosedError, ItemTooLargeError, QueueFullError
 
@@ -51,6 +51,7 @@ __all__ = [
 H = TypeVar("H")
 
 _NOT_READY, _AT_ONCE, _BY_WINDOW = 0, 1, 2  # why a batch may form now
+_COMPACT_AT = 4096  # dispatched entries kept at the queue's front before it is compacted
 
 
 class RequestState:
@@ -205,12 +206,16 @@ class BatchingEngine(Generic[H]):
         if max_queue_size is not None and max_queue_size < 1:
             raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size!r}")
         self.hard_max_batch_size = hard
-        self.max_queue_size = max_queue_size
+        self._max_queue_size = max_queue_size
+        self._admit_below = sys.maxsize if max_queue_size is None else max_queue_size
         self._limits = limits
         self._window_s = limits.window_s
         self._cap = limits.max_batch_size
         self._slots = limits.max_concurrent_batches
-        self._queue: deque[Request[H]] = deque()
+        # FIFO queue: a list read from index _front (a slice takes a whole batch at once);
+        # entries before _front were dispatched, stale entries after it are skipped lazily
+        self._queue: list[Request[H]] = []
+        self._front = 0
         self._deadlines: list[tuple[float, int, Request[H]]] = []
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -229,6 +234,11 @@ class BatchingEngine(Generic[H]):
     def limits(self) -> EngineLimits:
         """The window, cap and slots in force."""
         return self._limits
+
+    @property
+    def max_queue_size(self) -> int | None:
+        """Most requests queued (not counting running ones); None for unbounded."""
+        return self._max_queue_size
 
     @property
     def queue_depth(self) -> int:
@@ -269,22 +279,12 @@ class BatchingEngine(Generic[H]):
             QueueFullError: ``max_queue_size`` requests are already queued.
             ItemTooLargeError: ``request.size`` exceeds the hard cap.
         """
-        if self._closed:
-            request.state = RequestState.REJECTED
-            raise BatcherClosedError("batcher is closed")
-        if request.size > self.hard_max_batch_size or request.size < 1:
-            request.state = RequestState.REJECTED
-            raise ItemTooLargeError(
-                f"item size {request.size} is outside 1..{self.hard_max_batch_size} "
-                "(the batch cap, in size units)"
-            )
-        if self.max_queue_size is not None and self._queued >= self.max_queue_size:
-            request.state = RequestState.REJECTED
-            raise QueueFullError(f"queue is full ({self.max_queue_size} requests queued)")
-        was_empty = self._queued == 0
+        size = request.size
+        if self._queued >= self._admit_below or not 0 < size <= self.hard_max_batch_size:
+            self._reject(request)
         self._queue.append(request)
         self._queued += 1
-        self._queued_units += request.size
+        self._queued_units += size
         deadline = request.deadline_s
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
@@ -292,7 +292,18 @@ class BatchingEngine(Generic[H]):
                 return True
         if self._in_flight >= self._slots:
             return False
-        return was_empty or self._window_s <= 0.0 or self._queued_units >= self._cap
+        return self._queued == 1 or self._window_s <= 0.0 or self._queued_units >= self._cap
+
+    def _reject(self, request: Request[H]) -> NoReturn:
+        request.state = RequestState.REJECTED
+        if self._closed:
+            raise BatcherClosedError("batcher is closed")
+        if not 0 < request.size <= self.hard_max_batch_size:
+            raise ItemTooLargeError(
+                f"item size {request.size} is outside 1..{self.hard_max_batch_size} "
+                "(the batch cap, in size units)"
+            )
+        raise QueueFullError(f"queue is full ({self.max_queue_size} requests queued)")
 
     def cancel(self, request: Request[H]) -> bool:
         """Withdraw a queued request (its caller gave up). Returns True if it was still queued."""
@@ -339,13 +350,14 @@ class BatchingEngine(Generic[H]):
         close: escalation).
         """
         self._closed = True
+        self._admit_below = -1  # arrive() rejects every request from now on
         if drain:
             self._draining = True
             return []
-        dropped = [r for r in self._queue if r.state == RequestState.QUEUED]
+        dropped = [r for r in self._queue[self._front :] if r.state == RequestState.QUEUED]
         for request in dropped:
             request.state = RequestState.REJECTED
-        self._queue.clear()
+        self._clear_queue()
         self._deadlines.clear()
         self._queued = 0
         self._queued_units = 0
@@ -379,10 +391,16 @@ class BatchingEngine(Generic[H]):
     # -- internals -------------------------------------------------------------------------
 
     def _head(self) -> Request[H]:
-        queue = self._queue
-        while queue[0].state != RequestState.QUEUED:
-            queue.popleft()
-        return queue[0]
+        """The oldest queued request (call only while one is queued); skips stale entries."""
+        queue, front = self._queue, self._front
+        while queue[front].state != RequestState.QUEUED:
+            front += 1
+        self._front = front
+        return queue[front]
+
+    def _clear_queue(self) -> None:
+        self._queue.clear()
+        self._front = 0
 
     def _ready(self, now: float) -> int:
         if self._draining or self._window_s <= 0.0 or self._queued_units >= self._cap:
@@ -394,28 +412,50 @@ class BatchingEngine(Generic[H]):
         return max(start, self._slot_freed_s) if self._from_slot_free else start
 
     def _form_batch(self, now: float, window_end: float | None) -> Batch[H]:
+        if self._queued_units == self._queued == len(self._queue) - self._front:
+            taken, units = self._take_unit_sized()
+        else:
+            taken, units = self._take_fifo()
+        self._queued -= len(taken)
+        self._queued_units -= units
+        self._in_flight += 1
         queue = self._queue
-        cap = self._cap
+        if self._front >= _COMPACT_AT and 2 * self._front >= len(queue):
+            del queue[: self._front]
+            self._front = 0
+        idle = 0.0 if window_end is None else max(0.0, window_end - taken[-1].arrival_s)
+        return Batch(next(self._batch_ids), taken, units, now, idle)
+
+    def _take_unit_sized(self) -> tuple[list[Request[H]], int]:
+        """Every queued request has size 1 and none is stale: one slice makes the batch."""
+        front = self._front
+        end = front + min(self._cap, self._queued)
+        taken = self._queue[front:end]
+        for request in taken:
+            request.state = RequestState.DISPATCHED
+        self._front = end
+        return taken, len(taken)
+
+    def _take_fifo(self) -> tuple[list[Request[H]], int]:
+        """The general case: skip stale entries, stop before the first request that overflows."""
+        queue, front, cap = self._queue, self._front, self._cap
         taken: list[Request[H]] = []
         units = 0
-        while queue:
-            request = queue[0]
+        while front < len(queue):
+            request = queue[front]
             if request.state != RequestState.QUEUED:
-                queue.popleft()
+                front += 1
                 continue
             if taken and units + request.size > cap:
                 break
-            queue.popleft()
+            front += 1
             request.state = RequestState.DISPATCHED
             taken.append(request)
             units += request.size
             if units >= cap:
                 break
-        self._queued -= len(taken)
-        self._queued_units -= units
-        self._in_flight += 1
-        idle = 0.0 if window_end is None else max(0.0, window_end - taken[-1].arrival_s)
-        return Batch(next(self._batch_ids), taken, units, now, idle)
+        self._front = front
+        return taken, units
 
     def _expire(self, now: float, actions: list[Action]) -> None:
         heap = self._deadlines
@@ -434,7 +474,7 @@ class BatchingEngine(Generic[H]):
         self._queued -= 1
         self._queued_units -= request.size
         if self._queued == 0:
-            self._queue.clear()
+            self._clear_queue()
 
     def _next_wakeup(self) -> float | None:
         wake: float | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptive_batcher.engine import (
+    Batch,
     BatchingEngine,
     Dispatch,
     EngineLimits,
@@ -251,3 +252,40 @@ def test_batches_released_by_their_window_report_the_idle_tail() -> None:
     (full, *_) = engine.poll(0.02)
     assert isinstance(full, Dispatch)
     assert full.batch.window_idle_s == 0.0
+
+
+@pytest.mark.parametrize("cancel_every", [7, 0])
+def test_a_queue_that_never_empties_keeps_fifo_order_across_compactions(cancel_every: int) -> None:
+    """The queue is a list read from a moving front, compacted now and then; 20k requests through
+    a queue that never drains (with or without cancellations) come out once each, in order."""
+    engine = make_engine(window_s=0.0, cap=8)
+    now = 0.0
+    handed_out: list[int] = []
+    cancelled: set[int] = set()
+    for n in range(20_000):
+        now += 0.001
+        request = Request(n, now)
+        engine.arrive(request, now)
+        if cancel_every and n % cancel_every == 3:
+            assert engine.cancel(request)
+            cancelled.add(n)
+        if n % 9 == 8:  # a batch of 8 every nine arrivals: the backlog grows, never empties
+            for batch in dispatched(engine.poll(now)):
+                handed_out.extend(batch)
+            if engine.in_flight:
+                engine.complete(Batch(0, [], 0, now))
+    assert engine.queue_depth > 0
+    expected = [n for n in range(20_000) if n not in cancelled][: len(handed_out)]
+    assert handed_out == expected
+    assert engine.queue_depth == 20_000 - len(cancelled) - len(handed_out)
+
+
+def test_unit_sized_batches_take_a_slice_and_sized_ones_stop_before_overflow() -> None:
+    engine = make_engine(window_s=0.0, cap=4)
+    for n in range(6):
+        engine.arrive(Request(n, 0.0), 0.0)
+    assert dispatched(engine.poll(0.0)) == [[0, 1, 2, 3]]
+    engine.complete(Batch(0, [], 0, 0.0))
+    engine.arrive(Request(6, 0.0, size=3), 0.0)  # 4, 5 (1 unit each), then 6 would overflow
+    assert dispatched(engine.poll(0.0)) == [[4, 5]]
+    assert (engine.queue_depth, engine.queued_units) == (1, 3)
