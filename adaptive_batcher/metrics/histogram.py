@@ -10,6 +10,7 @@ window a whole slice at a time (``window_s / slices`` granularity).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ _LOG_GAMMA = math.log(GAMMA)
 _INV_LOG_GAMMA = 1.0 / _LOG_GAMMA
 _INV_MIN_S = 1.0 / MIN_S
 _N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
+_UPPER_S = [MIN_S * GAMMA ** (i + 1) for i in range(_N_BUCKETS)]  # bucket i is below _UPPER_S[i]
 _REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
 
 
@@ -48,6 +50,12 @@ class Quantiles:
         if q not in table:
             raise ValueError(f"q must be one of {sorted(table)}, got {q!r}")
         return table[q]
+
+
+def _bucket(value_s: float) -> int:
+    if value_s <= MIN_S:
+        return 0
+    return min(int(math.log(value_s * _INV_MIN_S) * _INV_LOG_GAMMA), _N_BUCKETS - 1)
 
 
 class SlidingHistogram:
@@ -80,11 +88,7 @@ class SlidingHistogram:
         """Add one latency sample ``value_s`` (seconds) observed at ``now`` (seconds)."""
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
-        if value_s <= MIN_S:
-            index = 0
-        else:
-            index = min(int(math.log(value_s * _INV_MIN_S) * _INV_LOG_GAMMA), _N_BUCKETS - 1)
-        self._counts[self._current][index] += 1
+        self._counts[self._current][_bucket(value_s)] += 1
         self._sums[self._current] += value_s
 
     def record_many(self, values_s: list[float], now: float) -> None:
@@ -92,12 +96,28 @@ class SlidingHistogram:
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
         counts = self._counts[self._current]
-        log = math.log
-        top = _N_BUCKETS - 1
         for value in values_s:
-            index = min(int(log(value * _INV_MIN_S) * _INV_LOG_GAMMA), top) if value > MIN_S else 0
-            counts[index] += 1
+            counts[_bucket(value)] += 1
         self._sums[self._current] += sum(values_s)
+
+    def record_since(self, arrivals_s: list[float], now: float) -> None:
+        """Add the latencies ``now - a`` for the arrival times ``arrivals_s`` (seconds), which
+        must be in non-decreasing order (a FIFO batch).
+
+        Sorted arrivals have sorted latencies, so each bucket's share is found by bisection:
+        the cost grows with the number of buckets the batch spans, not with its size.
+        """
+        if self._slice_end is None or now >= self._slice_end:
+            self._advance(now)
+        counts = self._counts[self._current]
+        end = len(arrivals_s)  # arrivals_s[:end] are still to count; the latest has the least wait
+        while end:
+            index = _bucket(now - arrivals_s[end - 1])
+            # the samples in this bucket are those below its upper bound: arrived after now - upper
+            start = min(bisect_right(arrivals_s, now - _UPPER_S[index], 0, end), end - 1)
+            counts[index] += end - start
+            end = start
+        self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
 
     def quantiles(self, now: float, span_s: float | None = None) -> Quantiles:
         """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``.

@@ -85,3 +85,41 @@ def test_span_narrows_to_recent_slices() -> None:
     assert recent.count == 2
     assert recent.max_ms == pytest.approx(2, rel=0.01)
     assert histogram.quantile_ms(1.0, now=6.3, span_s=0.5) == pytest.approx(1, rel=0.01)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    waits=st.lists(st.floats(0.0, 200.0), min_size=0, max_size=300),
+    now=st.floats(1.0, 1e6),
+)
+def test_recording_sorted_arrivals_matches_recording_each_latency(
+    waits: list[float], now: float
+) -> None:
+    """record_since (the runtime's per-batch path) counts like record_many, up to a sample that
+    sits on a bucket boundary landing in the neighbouring bucket (float rounding)."""
+    arrivals = sorted(now - w for w in waits)
+    by_batch, one_by_one = SlidingHistogram(), SlidingHistogram()
+    by_batch.record_since(arrivals, now)
+    one_by_one.record_many([now - a for a in arrivals], now)
+    assert by_batch.count(now) == len(arrivals)
+    if not arrivals:
+        return
+    for q in (0.5, 0.9, 0.99, 1.0):
+        assert by_batch.quantile_ms(q, now) == pytest.approx(
+            one_by_one.quantile_ms(q, now), rel=GAMMA - 1 + 1e-9
+        )
+    assert by_batch.quantiles(now).mean_ms == pytest.approx(
+        one_by_one.quantiles(now).mean_ms, rel=1e-6, abs=1e-6
+    )
+
+
+def test_recording_sorted_arrivals_puts_each_sample_in_its_bucket() -> None:
+    now = 100.0
+    waits_s = [5.0, 0.5, 0.5, 0.05, 0.005, 0.005, 0.005, 1e-7, 0.0]
+    histogram = SlidingHistogram()
+    histogram.record_since([now - w for w in waits_s], now)
+    summary = histogram.quantiles(now)
+    assert summary.count == len(waits_s)
+    assert summary.max_ms == pytest.approx(5000, rel=0.01)
+    assert summary.p50_ms == pytest.approx(5, rel=0.01)
+    assert summary.mean_ms == pytest.approx(sum(waits_s) / len(waits_s) * 1e3, rel=1e-6)

@@ -1,0 +1,44 @@
+"""Recorder: the per-batch answer counting of the runtime agrees with per-latency counting."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptive_batcher.metrics.recorder import Recorder
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    waits=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=200),
+    failed_fraction=st.floats(0.0, 1.0),
+    slo_s=st.one_of(st.just(None), st.floats(0.001, 1.0)),
+)
+def test_record_answers_counts_like_record_latencies(
+    waits: list[float], failed_fraction: float, slo_s: float | None
+) -> None:
+    now = 50.0
+    arrivals = sorted(now - w for w in waits)
+    failed = int(failed_fraction * len(arrivals))
+    by_batch, one_by_one = Recorder(), Recorder()
+    if slo_s is not None:
+        by_batch.slo_latency_s = one_by_one.slo_latency_s = slo_s
+    by_batch.record_answers(arrivals, failed, now)
+    one_by_one.record_latencies([now - a for a in arrivals], failed, now)
+    assert by_batch.completed == one_by_one.completed == len(arrivals) - failed
+    assert by_batch.failed == one_by_one.failed == failed
+    # a latency within float rounding of the SLO may count on either side of it
+    near_limit = sum(1 for w in waits if slo_s is not None and abs(w - slo_s) < 1e-9)
+    assert abs(by_batch.within_slo - one_by_one.within_slo) <= near_limit
+    assert by_batch.quantiles(now).count == len(arrivals)
+
+
+def test_record_answers_counts_goodput_against_the_slo() -> None:
+    recorder = Recorder()
+    recorder.slo_latency_s = 0.1
+    now = 10.0
+    recorder.record_answers([now - 0.3, now - 0.2, now - 0.05, now - 0.01], 1, now)
+    assert (recorder.completed, recorder.failed) == (3, 1)
+    assert recorder.within_slo == 1  # two answers within 100 ms, one of the four failed
+    assert recorder.quantiles(now).max_ms == pytest.approx(300, rel=0.01)
