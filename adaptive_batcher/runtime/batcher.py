@@ -9,8 +9,10 @@ runs in one task.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -59,6 +61,20 @@ Y = TypeVar("Y")
 
 _log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")
+_running_loop = asyncio.get_running_loop
+
+
+def loop_shortcuts(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[Callable[[], float], Callable[[], asyncio.Future[Any]]]:
+    """``loop.time`` and ``loop.create_future`` as plain callables. For asyncio's own loops,
+    whose methods only call ``time.monotonic()`` and ``Future(loop=loop)``, those are called
+    directly: two Python calls fewer per request. Other loops (uvloop) keep their own."""
+    kind = type(loop)
+    now = time.monotonic if kind.time is asyncio.BaseEventLoop.time else loop.time
+    if kind.create_future is asyncio.BaseEventLoop.create_future:
+        return now, functools.partial(asyncio.Future, loop=loop)
+    return now, loop.create_future
 
 
 def default_is_oom(exc: BaseException) -> bool:
@@ -229,6 +245,9 @@ class AdaptiveBatcher(Generic[X, Y]):
             TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the loop's clock and future factory, set on binding (see loop_shortcuts)
+        self._now: Callable[[], float] = time.monotonic
+        self._new_future: Callable[[], asyncio.Future[Any]] = asyncio.Future
         self._pump_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -284,40 +303,49 @@ class AdaptiveBatcher(Generic[X, Y]):
             ResultCountError: the model returned the wrong number of results.
             Exception: whatever exception instance the model returned in this request's slot.
         """
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
         if loop is not self._loop:
             self._bind()
-        now = loop.time()
+        now = self._now()
         deadline_s = None
-        if deadline_ms is not None:
-            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
-        if self._shed_after_s is not None:
-            shed_at = now + self._shed_after_s
-            deadline_s = shed_at if deadline_s is None else min(deadline_s, shed_at)
+        if deadline_ms is not None or self._shed_after_s is not None:
+            deadline_s = self._deadline_s(now, deadline_ms)
         size = 1 if self._size_fn is None else self._item_size(item)
-        recorder = self.recorder
-        recorder.submitted += 1
-        future: asyncio.Future[Y] = loop.create_future()
+        self.recorder.submitted += 1
+        future: asyncio.Future[Y] = self._new_future()
         request = _Pending(item, future, now, size, deadline_s)
         try:
             if self._engine.arrive(request, now) and not self._pump_scheduled:
                 self._pump_scheduled = True
                 loop.call_soon(self._pump)
         except BatcherError as exc:
-            recorder.rejected += 1
-            _log.debug(
-                "request.rejected",
-                batcher=self.name,
-                reason=type(exc).__name__,
-                queue_depth=self._engine.queue_depth,
-            )
+            self._note_rejected(exc)
             raise
         try:
             return await future
         except asyncio.CancelledError:
             if self._engine.cancel(request):
-                recorder.cancelled += 1
+                self.recorder.cancelled += 1
             raise
+
+    def _deadline_s(self, now: float, deadline_ms: float | None) -> float | None:
+        """The loop time at which a request submitted at ``now`` must have started, if any."""
+        deadline_s = None
+        if deadline_ms is not None:
+            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
+        if self._shed_after_s is not None:
+            shed_at = now + self._shed_after_s
+            deadline_s = shed_at if deadline_s is None else min(deadline_s, shed_at)
+        return deadline_s
+
+    def _note_rejected(self, exc: BatcherError) -> None:
+        self.recorder.rejected += 1
+        _log.debug(
+            "request.rejected",
+            batcher=self.name,
+            reason=type(exc).__name__,
+            queue_depth=self._engine.queue_depth,
+        )
 
     async def submit_many(
         self,
@@ -557,6 +585,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._loop is not None:
             raise RuntimeError("this AdaptiveBatcher is bound to another event loop")
         self._loop = loop
+        self._now, self._new_future = loop_shortcuts(loop)
         if self._controller is not None:
             self._start_controller()
         if self._sampler is not None and not self._closed:
@@ -579,8 +608,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         )
 
     def _clock(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        return self._now()
 
     def _start_controller(self) -> None:
         assert self._controller is not None and self._loop is not None

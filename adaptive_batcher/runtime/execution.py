@@ -9,6 +9,7 @@ a caller waiting: even a failing ``is_oom`` hook or a logging processor that rai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence, Set
+from operator import attrgetter
 from typing import Any
 
 from adaptive_batcher._log import get_logger
@@ -20,6 +21,8 @@ from adaptive_batcher.runtime.executors import BatchExecutor
 __all__ = ["BatchRunner", "fail_pending"]
 
 _log = get_logger()
+_item_of = attrgetter("item")
+_arrival_of = attrgetter("arrival_s")
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
@@ -85,7 +88,7 @@ class BatchRunner:
             BaseException: only a non-``Exception`` (cancellation, KeyboardInterrupt), after the
                 requests still pending were failed with ``BatchFailedError``.
         """
-        items = [r.item for r in requests]
+        items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
         try:
             results = await self.call_model(items, units)
@@ -136,21 +139,21 @@ class BatchRunner:
         ``BaseException`` that is not one, such as ``KeyboardInterrupt``, is wrapped in
         ``BatchFailedError`` rather than raised into the caller's task)."""
         now = self.clock()
-        latencies: list[float] = []
         failed = 0
+        settled: list[Any] = []  # requests settled elsewhere meanwhile (their caller gave up)
         for request, result in zip(requests, results, strict=True):
             future = request.handle
             if future.done():
-                continue
-            if isinstance(result, BaseException):
+                settled.append(request)
+            elif isinstance(result, BaseException):
                 if not isinstance(result, Exception):  # never hand KeyboardInterrupt & co. on
                     result = BatchFailedError(result, len(requests))
                 future.set_exception(result)
                 failed += 1
             else:
                 future.set_result(result)
-            latencies.append(now - request.arrival_s)
-        self.recorder.record_latencies(latencies, failed, now)
+        answered = [r for r in requests if r not in settled] if settled else requests
+        self.recorder.record_answers(list(map(_arrival_of, answered)), failed, now)
 
     def _note_oom(self, exc: Exception) -> bool:
         try:

@@ -254,3 +254,58 @@ def test_decorating_a_method_of_a_slotted_class_says_why_it_fails() -> None:
 
     with pytest.raises(TypeError, match="needs instances with a __dict__"):
         _ = Slotted().run
+
+
+class _ShiftedClockLoop(asyncio.SelectorEventLoop):
+    """A loop whose clock is not time.monotonic (as with uvloop): 1000 s ahead of it."""
+
+    def time(self) -> float:
+        return super().time() + 1000.0
+
+
+def test_loop_shortcuts_only_replace_methods_that_do_nothing_more() -> None:
+    import time
+
+    from adaptive_batcher.runtime.batcher import loop_shortcuts
+
+    stock = asyncio.new_event_loop()
+    shifted = _ShiftedClockLoop()
+    try:
+        now, new_future = loop_shortcuts(stock)
+        assert now is time.monotonic
+        assert new_future().get_loop() is stock
+        now, _ = loop_shortcuts(shifted)
+        assert now == shifted.time
+        assert now() - time.monotonic() > 999.0
+    finally:
+        stock.close()
+        shifted.close()
+
+
+def test_windows_and_deadlines_run_on_the_loops_own_clock() -> None:
+    async def main() -> tuple[list[int], list[float], list[BaseException | int]]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        waited: list[float] = []
+
+        async def timed(item: int, deadline_ms: float | None) -> int:
+            try:
+                return await batcher.submit(item, deadline_ms=deadline_ms)
+            finally:
+                waited.append(loop.time() - start)
+
+        model = EchoModel()
+        async with AdaptiveBatcher(model, max_batch_size=8, window_ms=40.0) as batcher:
+            results = await asyncio.gather(timed(1, None), timed(2, 15.0), return_exceptions=True)
+        return model.sizes, sorted(waited), results
+
+    loop = _ShiftedClockLoop()
+    try:
+        sizes, waited, results = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert sizes == [1]
+    assert results[0] == 1
+    assert isinstance(results[1], adaptive_batcher.DeadlineExceededError)
+    # the deadline fired at ~15 ms and the window closed at ~40 ms, on the loop's clock
+    assert 0.010 <= waited[0] < 0.035 <= waited[1]
