@@ -222,6 +222,7 @@ class BatchingEngine(Generic[H]):
         self._queued = 0
         self._queued_units = 0
         self._in_flight = 0
+        self._wake_units = 1  # an arrival that brings the queue to this many units needs a poll
         self._timer_at: float | None = None
         self._closed = False
         self._draining = False
@@ -273,6 +274,8 @@ class BatchingEngine(Generic[H]):
         Returns:
             True if :meth:`poll` must run before anything else happens (a batch may be ready, or
             the timer must move); False if the current timer already covers this arrival.
+            Between an arrival that returned True and the next poll, further arrivals may return
+            True as well (one poll serves them all).
 
         Raises:
             BatcherClosedError: after :meth:`close`.
@@ -285,14 +288,26 @@ class BatchingEngine(Generic[H]):
         self._queue.append(request)
         self._queued += 1
         self._queued_units += size
+        if request.deadline_s is not None and self._track_deadline(request):
+            return True
+        return self._queued_units >= self._wake_units
+
+    def _track_deadline(self, request: Request[H]) -> bool:
+        """Put a new request's deadline on the heap; True if it comes before the timer."""
         deadline = request.deadline_s
-        if deadline is not None:
-            heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
-            if self._timer_at is None or deadline < self._timer_at:
-                return True
+        assert deadline is not None
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
+        return self._timer_at is None or deadline < self._timer_at
+
+    def _update_wake_units(self) -> None:
+        """When an arrival needs a poll: with a slot free, the first arrival in an empty queue
+        (to start its window), any arrival when the window is 0, or one that fills a batch."""
         if self._in_flight >= self._slots:
-            return False
-        return self._queued == 1 or self._window_s <= 0.0 or self._queued_units >= self._cap
+            self._wake_units = sys.maxsize  # completing a batch polls anyway
+        elif self._queued == 0 or self._window_s <= 0.0:
+            self._wake_units = 1
+        else:
+            self._wake_units = self._cap
 
     def _reject(self, request: Request[H]) -> NoReturn:
         request.state = RequestState.REJECTED
@@ -324,6 +339,7 @@ class BatchingEngine(Generic[H]):
         self._in_flight -= 1
         if now is not None:
             self._slot_freed_s = now
+        self._update_wake_units()
 
     def set_limits(self, limits: EngineLimits) -> None:
         """Change window, cap and slots; they apply from the next :meth:`poll`.
@@ -340,6 +356,7 @@ class BatchingEngine(Generic[H]):
         self._window_s = limits.window_s
         self._cap = limits.max_batch_size
         self._slots = limits.max_concurrent_batches
+        self._update_wake_units()
 
     def close(self, *, drain: bool) -> list[Request[H]]:
         """Stop accepting arrivals.
@@ -381,6 +398,7 @@ class BatchingEngine(Generic[H]):
             window_end = self._window_start() + self._window_s if why == _BY_WINDOW else None
             actions.append(Dispatch(self._form_batch(now, window_end)))
         self._timer_at = self._next_wakeup()
+        self._update_wake_units()
         actions.append(SetTimer(self._timer_at))
         return actions
 
@@ -475,6 +493,7 @@ class BatchingEngine(Generic[H]):
         self._queued_units -= request.size
         if self._queued == 0:
             self._clear_queue()
+            self._update_wake_units()
 
     def _next_wakeup(self) -> float | None:
         wake: float | None = None

@@ -103,6 +103,13 @@ def run(ops: list[tuple[object, ...]], slots: int) -> Harness:
             try:
                 if h.engine.arrive(request, h.now):
                     h.poll()
+                else:  # the contract of False: nothing is due, the timer set covers it
+                    timer = h.engine.next_wakeup()
+                    actions = h.engine.poll(h.now)
+                    assert len(actions) == 1
+                    needed = actions[0].at_s  # type: ignore[union-attr]
+                    # a timer may be early (a cancelled deadline), never late or missing
+                    assert needed is None or (timer is not None and timer <= needed)
             except BatcherError:
                 assert request.state == RequestState.REJECTED
                 h.end(request.handle, "rejected")
