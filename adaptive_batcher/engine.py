@@ -51,7 +51,7 @@ __all__ = [
 H = TypeVar("H")
 
 _NOT_READY, _AT_ONCE, _BY_WINDOW = 0, 1, 2  # why a batch may form now
-_COMPACT_AT = 4096  # dispatched entries kept at the queue's front before it is compacted
+_COMPACT_AT = 1024  # passed entries at the queue's front before the list is compacted
 
 
 class RequestState:
@@ -87,6 +87,11 @@ class Request(Generic[H]):
             f"Request(handle={self.handle!r}, arrival_s={self.arrival_s}, size={self.size}, "
             f"deadline_s={self.deadline_s}, state={self.state})"
         )
+
+
+# what the queue keeps in place of a request that has left it, so nothing it held stays alive
+_GONE: Request[Any] = Request(None, 0.0)
+_GONE.state = RequestState.DISPATCHED
 
 
 class Batch(Generic[H]):
@@ -413,8 +418,16 @@ class BatchingEngine(Generic[H]):
         queue, front = self._queue, self._front
         while queue[front].state != RequestState.QUEUED:
             front += 1
-        self._front = front
+        self._pass(front)
         return queue[front]
+
+    def _pass(self, front: int) -> None:
+        """Move the front to ``front``: the entries passed are replaced by a placeholder, so the
+        queue keeps no reference to a dispatched or cancelled request (nor its item)."""
+        passed = front - self._front
+        if passed:
+            self._queue[self._front : front] = [_GONE] * passed
+            self._front = front
 
     def _clear_queue(self) -> None:
         self._queue.clear()
@@ -437,9 +450,10 @@ class BatchingEngine(Generic[H]):
         self._queued -= len(taken)
         self._queued_units -= units
         self._in_flight += 1
-        queue = self._queue
-        if self._front >= _COMPACT_AT and 2 * self._front >= len(queue):
-            del queue[: self._front]
+        if self._queued == 0:
+            self._clear_queue()  # what is left are stale entries
+        elif self._front >= _COMPACT_AT and 2 * self._front >= len(self._queue):
+            del self._queue[: self._front]
             self._front = 0
         idle = 0.0 if window_end is None else max(0.0, window_end - taken[-1].arrival_s)
         return Batch(next(self._batch_ids), taken, units, now, idle)
@@ -451,7 +465,7 @@ class BatchingEngine(Generic[H]):
         taken = self._queue[front:end]
         for request in taken:
             request.state = RequestState.DISPATCHED
-        self._front = end
+        self._pass(end)
         return taken, len(taken)
 
     def _take_fifo(self) -> tuple[list[Request[H]], int]:
@@ -472,7 +486,7 @@ class BatchingEngine(Generic[H]):
             units += request.size
             if units >= cap:
                 break
-        self._front = front
+        self._pass(front)
         return taken, units
 
     def _expire(self, now: float, actions: list[Action]) -> None:
@@ -494,6 +508,11 @@ class BatchingEngine(Generic[H]):
         if self._queued == 0:
             self._clear_queue()
             self._update_wake_units()
+            return
+        stale = len(self._queue) - self._front - self._queued
+        if stale > 64 and stale > self._queued:  # cancelled in bulk behind a waiting head
+            self._queue = [r for r in self._queue[self._front :] if r.state == RequestState.QUEUED]
+            self._front = 0
 
     def _next_wakeup(self) -> float | None:
         wake: float | None = None
