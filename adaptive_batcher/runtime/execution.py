@@ -140,11 +140,11 @@ class BatchRunner:
         ``BatchFailedError`` rather than raised into the caller's task)."""
         now = self.clock()
         failed = 0
-        settled: list[Any] = []  # requests settled elsewhere meanwhile (their caller gave up)
+        settled: set[int] = set()  # ids of requests settled meanwhile (their caller gave up)
         for request, result in zip(requests, results, strict=True):
             future = request.handle
             if future.done():
-                settled.append(request)
+                settled.add(id(request))
             elif isinstance(result, BaseException):
                 if not isinstance(result, Exception):  # never hand KeyboardInterrupt & co. on
                     result = BatchFailedError(result, len(requests))
@@ -152,7 +152,7 @@ class BatchRunner:
                 failed += 1
             else:
                 future.set_result(result)
-        answered = [r for r in requests if r not in settled] if settled else requests
+        answered = [r for r in requests if id(r) not in settled] if settled else requests
         self.recorder.record_answers(list(map(_arrival_of, answered)), failed, now)
 
     def _note_oom(self, exc: Exception) -> bool:
