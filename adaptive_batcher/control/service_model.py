@@ -24,7 +24,7 @@ import numpy as np
 
 from adaptive_batcher.metrics.recorder import BatchSample
 
-__all__ = ["OPTIMISM", "ServiceTimeModel"]
+__all__ = ["OPTIMISM", "ServiceTimeModel", "load_fitter"]
 
 OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
 
@@ -139,6 +139,12 @@ class ServiceTimeModel:
 
             y = isotonic_regression(y, sample_weight=weights, increasing=True)
         self._sizes, self._medians = x, y
+
+
+def load_fitter() -> None:
+    """Import the isotonic fit now (scikit-learn, about 1 s) rather than at the first fit, which
+    would run on the event loop during the first controller tick and stall every request."""
+    import sklearn.isotonic  # noqa: F401
 
 
 def _median(values: Iterable[float]) -> float:

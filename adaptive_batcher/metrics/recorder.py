@@ -29,8 +29,12 @@ class Counts:
 
     ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
     the SLO (all of them when no SLO is set), ``failed`` those that got an exception from the
-    model or a result-count error, ``rejected`` those refused at submit (queue full, too large,
-    closed), ``expired`` deadline errors, ``cancelled`` callers that gave up while queued.
+    model, a result-count error, or were running when a time-limited close gave up on them,
+    ``rejected`` those refused at submit (queue full, too large, closed) or taken off the queue
+    unstarted by a close without draining, ``expired`` deadline errors, ``cancelled`` callers
+    that gave up (were cancelled) before any of these. Once every request has ended,
+    ``submitted`` is the sum of the other six request counts (``within_slo`` is part of
+    ``completed``).
     """
 
     submitted: int

@@ -24,7 +24,7 @@ from adaptive_batcher._validate import (
     check_optional_int,
 )
 from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
-from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.service_model import ServiceTimeModel, load_fitter
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import (
     Batch,
@@ -70,11 +70,16 @@ def loop_shortcuts(
     """``loop.time`` and ``loop.create_future`` as plain callables. For asyncio's own loops,
     whose methods only call ``time.monotonic()`` and ``Future(loop=loop)``, those are called
     directly: two Python calls fewer per request. Other loops (uvloop) keep their own."""
-    kind = type(loop)
-    now = time.monotonic if kind.time is asyncio.BaseEventLoop.time else loop.time
-    if kind.create_future is asyncio.BaseEventLoop.create_future:
+    stock = asyncio.BaseEventLoop
+    # the bound methods' functions: catches subclasses and methods replaced on the instance
+    now = time.monotonic if _function_of(loop.time) is stock.time else loop.time
+    if _function_of(loop.create_future) is stock.create_future:
         return now, functools.partial(asyncio.Future, loop=loop)
     return now, loop.create_future
+
+
+def _function_of(method: Callable[..., Any]) -> Any:
+    return getattr(method, "__func__", None)
 
 
 def default_is_oom(exc: BaseException) -> bool:
@@ -249,6 +254,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._now: Callable[[], float] = time.monotonic
         self._new_future: Callable[[], asyncio.Future[Any]] = asyncio.Future
         self._pump_scheduled = False
+        self._pumps = 0  # pumps started, to spot a pump nested in another
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -324,7 +330,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         try:
             return await future
         except asyncio.CancelledError:
-            if self._engine.cancel(request):
+            self._engine.cancel(request)
+            if future.cancelled():  # not counted elsewhere: no result or error was set
                 self.recorder.cancelled += 1
             raise
 
@@ -519,8 +526,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         first = not self._closed
         self._closed = True
         rejected = self._engine.close(drain=drain)
-        for request in rejected:
-            self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
+        self._fail_unstarted(rejected)
         if first or rejected:
             _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
         try:
@@ -533,6 +539,12 @@ class AdaptiveBatcher(Generic[X, Y]):
         finally:
             self._release()
 
+    def _fail_unstarted(self, requests: list[Request[asyncio.Future[Any]]]) -> None:
+        """Requests a close took off the queue: refused, like a submit after closing."""
+        for request in requests:
+            if self._settle_error(request, BatcherClosedError("batcher closed before this ran")):
+                self.recorder.rejected += 1
+
     async def _settled(self) -> None:
         while self._tasks or not self._engine.idle:
             if self._tasks:
@@ -542,11 +554,11 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     async def _abort(self) -> None:
         """Fail everything still pending and cancel the running batches."""
-        for request in self._engine.close(drain=False):
-            self._settle_error(request, BatcherClosedError("batcher closed before this ran"))
+        self._fail_unstarted(self._engine.close(drain=False))
         for requests in self._running:
             for request in requests:
-                self._settle_error(request, BatcherClosedError("batcher closed while this ran"))
+                if self._settle_error(request, BatcherClosedError("batcher closed while this ran")):
+                    self.recorder.failed += 1
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()
@@ -593,6 +605,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         return loop
 
     def _make_controller(self, policy: Policy) -> Controller:
+        load_fitter()  # at construction, not in the first tick on the event loop
         control = self._control
         guards = control.guards
         if guards is None:
@@ -630,6 +643,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _pump(self, now: float | None = None) -> None:
         self._pump_scheduled = False
+        self._pumps += 1
+        pump = self._pumps
         loop = self._loop
         assert loop is not None
         now = loop.time() if now is None else now
@@ -644,12 +659,14 @@ class AdaptiveBatcher(Generic[X, Y]):
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             elif type(action) is Expire:
-                self.recorder.expired += 1
-                self._settle_error(
+                if self._settle_error(
                     action.request,
                     DeadlineExceededError("request did not start before its deadline"),
-                )
-            elif type(action) is SetTimer:
+                ):
+                    self.recorder.expired += 1
+            elif type(action) is SetTimer and pump == self._pumps:
+                # a batch that finished inside create_task (eager task factories, Python 3.12+)
+                # pumped again meanwhile and set a newer timer: this one is stale
                 self._set_timer(action.at_s)
 
     def _tick(self, controller: Controller, now: float) -> None:
@@ -684,10 +701,13 @@ class AdaptiveBatcher(Generic[X, Y]):
         now = self._loop.time()
         self._pump(now if at is None else max(now, at))
 
-    def _settle_error(self, request: Request[asyncio.Future[Any]], error: BaseException) -> None:
+    def _settle_error(self, request: Request[asyncio.Future[Any]], error: BaseException) -> bool:
+        """Fail the request's caller with ``error`` unless it is settled already; True if set."""
         future = request.handle
-        if not future.done():
-            future.set_exception(error)
+        if future.done():
+            return False
+        future.set_exception(error)
+        return True
 
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
         loop = self._loop

@@ -1,0 +1,182 @@
+"""What the runtime keeps and counts: nothing held after a request ends, counts that add up,
+timers that survive nested pumps, clocks taken from the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Coroutine
+from typing import Any
+
+from adaptive_batcher import AdaptiveBatcher, BatcherClosedError
+from adaptive_batcher.metrics.recorder import Counts
+
+
+class Blob:
+    """An item or result that can be tracked with a weak reference."""
+
+
+def ended_total(counts: Counts) -> int:
+    return counts.completed + counts.failed + counts.rejected + counts.expired + counts.cancelled
+
+
+async def test_nothing_is_held_after_requests_end() -> None:
+    async def model(batch: list[Blob]) -> list[Blob]:
+        return [Blob() for _ in batch]
+
+    inputs: list[weakref.ref[Blob]] = []
+    outputs: list[weakref.ref[Blob]] = []
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=0) as batcher:
+        for _ in range(300):
+            item = Blob()
+            inputs.append(weakref.ref(item))
+            outputs.append(weakref.ref(await batcher.submit(item)))
+        del item
+        await asyncio.sleep(0)  # the last batch's task finishes its bookkeeping
+        gc.collect()
+        assert sum(ref() is not None for ref in inputs + outputs) == 0
+
+
+async def test_callers_cancelled_behind_a_waiting_head_are_not_kept() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[Any]) -> list[Any]:
+        await gate.wait()
+        return batch
+
+    cancelled: list[weakref.ref[Blob]] = []
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        running = asyncio.ensure_future(batcher.submit(Blob()))
+        await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(batcher.submit(Blob()))  # the head, for the whole test
+        for _ in range(2000):
+            item = Blob()
+            cancelled.append(weakref.ref(item))
+            task = asyncio.ensure_future(batcher.submit(item))
+            await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.sleep(0)
+        del item, task
+        gc.collect()
+        alive = sum(ref() is not None for ref in cancelled)
+        gate.set()
+        await asyncio.gather(running, waiting)
+        counts = batcher.stats().counts
+    assert alive <= 65  # a bounded few, not 2000
+    assert counts.cancelled == 2000
+    assert ended_total(counts) == counts.submitted == 2002
+
+
+async def test_counts_add_up_when_callers_cancel_during_a_batch() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[int]) -> list[int]:
+        await gate.wait()
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=1000, window_ms=0) as batcher:
+        tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(1000)]
+        await asyncio.sleep(0.01)  # one batch of 1000 is running
+        for task in tasks[::2]:
+            task.cancel()
+        await asyncio.sleep(0.01)
+        gate.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        counts = batcher.stats().counts
+    assert results[1::2] == list(range(1, 1000, 2))
+    assert (counts.completed, counts.cancelled) == (500, 500)
+    assert ended_total(counts) == counts.submitted == 1000
+    assert batcher.stats().latency.count == 500  # only the answered ones are latency samples
+
+
+async def test_counts_add_up_after_a_close_without_draining() -> None:
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.05)
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=1, window_ms=0)
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(5)]
+    await asyncio.sleep(0.01)
+    await batcher.aclose(drain=False)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    counts = batcher.stats().counts
+    assert results[0] == 0
+    assert all(isinstance(r, BatcherClosedError) for r in results[1:])
+    assert (counts.completed, counts.rejected) == (1, 4)
+    assert ended_total(counts) == counts.submitted == 5
+
+
+async def test_counts_add_up_when_a_time_limited_close_gives_up() -> None:
+    async def hung(batch: list[int]) -> list[int]:
+        await asyncio.sleep(60)
+        return batch
+
+    batcher = AdaptiveBatcher(hung, max_batch_size=2, window_ms=0)
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(5)]
+    await asyncio.sleep(0.01)
+    await batcher.aclose(timeout_s=0.05)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    counts = batcher.stats().counts
+    assert all(isinstance(r, BatcherClosedError) for r in results)
+    assert (counts.failed, counts.rejected) == (2, 3)  # two were running, three queued
+    assert ended_total(counts) == counts.submitted == 5
+
+
+def _eager_task_factory(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]
+) -> asyncio.Future[Any]:
+    """Python 3.12's eager tasks, enough for coroutines that never suspend: the coroutine runs to
+    its end inside create_task (the batcher's batches, with an inline model)."""
+    done = loop.create_future()
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        done.set_result(stop.value)
+        return done
+    raise AssertionError("this factory only runs coroutines that finish without suspending")
+
+
+def test_leftovers_are_served_when_batches_finish_inside_create_task() -> None:
+    """A batch that ends inside create_task pumps again from within the pump; the outer pump's
+    older timer setting must not cancel the window timer for the requests left over."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        batcher = AdaptiveBatcher(lambda b: b, max_batch_size=4, window_ms=5, executor="inline")
+        submitters = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]
+        loop.set_task_factory(_eager_task_factory)  # type: ignore[arg-type]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*submitters), 2.0)
+        finally:
+            loop.set_task_factory(None)
+
+    assert asyncio.run(main()) == list(range(6))
+
+
+def test_a_clock_replaced_on_the_loop_instance_is_the_one_used() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        loop.time = lambda: time.monotonic() - 1000.0  # type: ignore[method-assign]
+        async with AdaptiveBatcher(lambda b: b, max_batch_size=8, window_ms=20.0) as batcher:
+            started = time.monotonic()
+            assert await asyncio.wait_for(batcher.submit(1), 2.0) == 1
+            return time.monotonic() - started
+
+    waited_s = asyncio.run(main())
+    assert 0.015 <= waited_s < 1.0  # the 20 ms window, on the loop's own clock
+
+
+def test_the_isotonic_fit_is_imported_when_a_controller_is_made_not_on_the_loop() -> None:
+    script = (
+        "import sys\n"
+        "from adaptive_batcher import SLO, AdaptiveBatcher\n"
+        "assert 'sklearn.isotonic' not in sys.modules\n"
+        "AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50))\n"
+        "print('sklearn.isotonic' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
