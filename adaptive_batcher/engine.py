@@ -376,7 +376,7 @@ class BatchingEngine(Generic[H]):
         if drain:
             self._draining = True
             return []
-        dropped = [r for r in self._queue[self._front :] if r.state == RequestState.QUEUED]
+        dropped = self._queued_entries()
         for request in dropped:
             request.state = RequestState.REJECTED
         self._clear_queue()
@@ -428,6 +428,10 @@ class BatchingEngine(Generic[H]):
         if passed:
             self._queue[self._front : front] = [_GONE] * passed
             self._front = front
+
+    def _queued_entries(self) -> list[Request[H]]:
+        """The requests still queued, in FIFO order, without the stale entries."""
+        return [r for r in self._queue[self._front :] if r.state == RequestState.QUEUED]
 
     def _clear_queue(self) -> None:
         self._queue.clear()
@@ -511,7 +515,7 @@ class BatchingEngine(Generic[H]):
             return
         stale = len(self._queue) - self._front - self._queued
         if stale > 64 and stale > self._queued:  # cancelled in bulk behind a waiting head
-            self._queue = [r for r in self._queue[self._front :] if r.state == RequestState.QUEUED]
+            self._queue = self._queued_entries()
             self._front = 0
 
     def _next_wakeup(self) -> float | None:

@@ -382,7 +382,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         """A frozen snapshot of queue, counters, batch sizes and sliding-window latency."""
         engine = self._engine
         limits = engine.limits
-        now = self._loop.time() if self._loop is not None else 0.0
+        now = self._now() if self._loop is not None else 0.0
         return BatcherStats(
             name=self.name,
             queue_depth=engine.queue_depth,
@@ -472,7 +472,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         """
         if self._closed:
             raise BatcherClosedError("batcher is closed")
-        loop = self._bind()
+        self._bind()
         sizes = warmup_sizes(self._buckets, self._engine.hard_max_batch_size)
         timings: dict[int, float] = {}
         for size in sizes:
@@ -480,9 +480,9 @@ class AdaptiveBatcher(Generic[X, Y]):
             if not items:  # an item is larger than this size: it cannot be warmed with them
                 continue
             ran = pad_target(self._buckets, units) if self._buckets else units
-            started = loop.time()
+            started = self._now()
             await self._runner.call_model(items, units)
-            timings[ran] = loop.time() - started
+            timings[ran] = self._now() - started
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
             "batcher.warmed_up",
@@ -627,7 +627,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         assert self._controller is not None and self._loop is not None
         limits = self._engine.limits
         current = Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
-        self._controller.start(current, self._loop.time(), self.recorder.counts())
+        self._controller.start(current, self._now(), self.recorder.counts())
 
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
@@ -647,7 +647,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         pump = self._pumps
         loop = self._loop
         assert loop is not None
-        now = loop.time() if now is None else now
+        now = self._now() if now is None else now
         controller = self._controller
         if controller is not None and (
             self._runner.oom_seen or controller.due(now, self.recorder.batch_count)
@@ -694,11 +694,10 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._timer = self._loop.call_at(at_s, self._on_timer)
 
     def _on_timer(self) -> None:
-        assert self._loop is not None
         at = self._timer_at
         self._timer = None
         self._timer_at = None
-        now = self._loop.time()
+        now = self._now()
         self._pump(now if at is None else max(now, at))
 
     def _settle_error(self, request: Request[asyncio.Future[Any]], error: BaseException) -> bool:
@@ -710,9 +709,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         return True
 
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
-        loop = self._loop
-        assert loop is not None
-        started = loop.time()
+        started = self._now()
         live = [r for r in batch.requests if not r.handle.done()]
         self._running.append(live)
         try:
@@ -738,8 +735,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _finish_batch(
         self, batch: Batch[asyncio.Future[Any]], live: list[Any], started: float
     ) -> None:
-        assert self._loop is not None
-        ended = self._loop.time()
+        ended = self._now()
         self._engine.complete(batch)
         if live:
             units = len(live) if self._size_fn is None else sum(r.size for r in live)
