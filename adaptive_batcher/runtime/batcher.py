@@ -258,6 +258,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
         self.warmed_sizes: frozenset[int] = frozenset()
@@ -655,9 +656,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._tick(controller, now)
         for action in self._engine.poll(now):
             if type(action) is Dispatch:
-                task = loop.create_task(self._run_batch(action.batch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._start_batch(loop, action.batch)
             elif type(action) is Expire:
                 if self._settle_error(
                     action.request,
@@ -668,6 +667,31 @@ class AdaptiveBatcher(Generic[X, Y]):
                 # a batch that finished inside create_task (eager task factories, Python 3.12+)
                 # pumped again meanwhile and set a newer timer: this one is stale
                 self._set_timer(action.at_s)
+
+    def _start_batch(self, loop: asyncio.AbstractEventLoop, batch: Batch[Any]) -> None:
+        self._unstarted.add(batch)  # before create_task: an eager task runs inside it
+        task = loop.create_task(self._run_batch(batch))
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._batch_task_done, batch))
+
+    def _batch_task_done(self, batch: Batch[Any], task: asyncio.Task[None]) -> None:
+        """A batch task ended. One cancelled before it ran (a time-limited close, or anything
+        cancelling the loop's tasks) never entered :meth:`_run_batch`: its callers are failed
+        here and its slot is given back, so that none of them waits forever."""
+        self._tasks.discard(task)
+        if batch not in self._unstarted:
+            return
+        self._unstarted.discard(batch)
+        for request in batch.requests:
+            if self._settle_error(request, self._never_ran_error()):
+                self.recorder.failed += 1
+        self._engine.complete(batch)
+        self._pump()
+
+    def _never_ran_error(self) -> BatcherError:
+        if self._closed:
+            return BatcherClosedError("batcher closed before this ran")
+        return BatcherError("the batch's task was cancelled before it ran")
 
     def _tick(self, controller: Controller, now: float) -> None:
         """One controller tick. Ticks ride on every pump (arrivals, timers, finished batches),
@@ -709,6 +733,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         return True
 
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
+        self._unstarted.discard(batch)
         started = self._now()
         live = [r for r in batch.requests if not r.handle.done()]
         self._running.append(live)

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-from adaptive_batcher import AdaptiveBatcher, BatcherClosedError
+from adaptive_batcher import AdaptiveBatcher, BatcherClosedError, BatcherError
 from adaptive_batcher.metrics.recorder import Counts
 
 
@@ -124,6 +124,41 @@ async def test_counts_add_up_when_a_time_limited_close_gives_up() -> None:
     assert all(isinstance(r, BatcherClosedError) for r in results)
     assert (counts.failed, counts.rejected) == (2, 3)  # two were running, three queued
     assert ended_total(counts) == counts.submitted == 5
+
+
+async def test_a_time_limited_close_ends_batches_whose_task_never_started() -> None:
+    """A batch dispatched just before the close times out has a task that is cancelled before
+    it runs: its caller must still get an error, and its slot must be given back."""
+    batcher = AdaptiveBatcher(lambda b: b, max_batch_size=1, window_ms=1.0, executor="inline")
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(10)]
+    await asyncio.sleep(0)  # all queued
+    await batcher.aclose(timeout_s=0)
+    done, pending = await asyncio.wait(tasks, timeout=2.0)
+    assert not pending
+    results = [t.result() if t.exception() is None else t.exception() for t in done]
+    assert any(isinstance(r, BatcherClosedError) for r in results)
+    counts = batcher.stats().counts
+    assert ended_total(counts) == counts.submitted == 10
+    assert batcher.stats().in_flight_batches == 0
+
+
+async def test_a_batch_task_cancelled_from_outside_before_it_runs_fails_its_callers() -> None:
+    """Whatever cancels a batch's task before it runs (here: the application cancelling every
+    task), its callers get a typed error and the batcher goes on serving."""
+    batcher = AdaptiveBatcher(lambda b: b, max_batch_size=2, window_ms=0, executor="inline")
+    first = [asyncio.ensure_future(batcher.submit(i)) for i in range(2)]
+    await asyncio.sleep(0)  # the submits ran
+    await asyncio.sleep(0)  # the pump ran: the batch's task is created, not yet run
+    others = asyncio.all_tasks() - {*first, asyncio.current_task()}
+    assert len(others) == 1
+    others.pop().cancel()
+    results = await asyncio.wait_for(asyncio.gather(*first, return_exceptions=True), 2.0)
+    assert all(type(r) is BatcherError for r in results)
+    assert "cancelled before it ran" in str(results[0])
+    assert await batcher.submit(7) == 7  # the slot was given back
+    counts = batcher.stats().counts
+    assert (counts.failed, counts.completed) == (2, 1)
+    assert ended_total(counts) == counts.submitted == 3
 
 
 def _eager_task_factory(
