@@ -63,8 +63,8 @@ def measure(benchmark: Any, factory: Any, fn: Any, executor: str, item: Any) -> 
     return best
 
 
-async def _build(factory: Any, fn: Any, executor: str) -> Any:
-    return factory(fn, CAP, WINDOW_MS, executor)
+async def _build(factory: Any, fn: Any, executor: str, window_ms: float = WINDOW_MS) -> Any:
+    return factory(fn, CAP, window_ms, executor)
 
 
 @pytest.mark.parametrize("name", list(PEERS))
@@ -78,17 +78,19 @@ def test_noop_bare_future_reference(benchmark: Any, one_core: None) -> None:
     report("noop_requests_per_s", "bare asyncio future (no batching)", rate, "req/s")
 
 
-def test_noop_interleaved(benchmark: Any, one_core: None) -> None:
+@pytest.mark.parametrize("window_ms", [WINDOW_MS, 0.0])
+def test_noop_interleaved(benchmark: Any, one_core: None, window_ms: float) -> None:
     """The same comparison with the batchers' rounds interleaved (A, B, C, A, B, C, ...), so
     machine noise hits all of them alike. The best round of each is the headline (as timeit
     takes the best repeat: slower rounds are interference, not the code); the median round is
-    reported beside it, as what a busy machine gives."""
+    reported beside it, as what a busy machine gives. At window 0 every batcher takes what is
+    queued without waiting (natural batching): the waves form the same batches as at 1 ms."""
     factories = {**PEERS, "bare asyncio future": bare_future}
     rates: dict[str, list[float]] = {name: [] for name in factories}
     loops = {}
     for name, factory in factories.items():
         loop = asyncio.new_event_loop()
-        submit, close = loop.run_until_complete(_build(factory, noop, "inline"))
+        submit, close = loop.run_until_complete(_build(factory, noop, "inline", window_ms))
         run_waves(loop, submit, 1)
         loops[name] = (loop, submit, close)
 
@@ -108,7 +110,8 @@ def test_noop_interleaved(benchmark: Any, one_core: None) -> None:
         benchmark.extra_info[f"ratio_to_faster_peer_{label}"] = figures["adaptive_batcher"] / peer
         for name, rate in figures.items():
             benchmark.extra_info[f"{name}_requests_per_s_{label}"] = rate
-            report(f"noop_requests_per_s_interleaved_{label}", name, rate, "req/s")
+            group = f"noop_requests_per_s_interleaved_window_{window_ms:g}ms_{label}"
+            report(group, name, rate, "req/s")
 
 
 def test_memory_per_queued_request(benchmark: Any) -> None:
