@@ -29,9 +29,11 @@ class Counts:
 
     ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
     the SLO (all of them when no SLO is set), ``failed`` those that got an exception from the
-    model, a result-count error, or were running when a time-limited close gave up on them,
-    ``rejected`` those refused at submit (queue full, too large, closed) or taken off the queue
-    unstarted by a close without draining, ``expired`` deadline errors, ``cancelled`` callers
+    model, a result-count error, were running when a time-limited close gave up on them, or
+    whose batch's task something cancelled before it ran, ``rejected`` those refused at submit
+    (queue full, too large, closed) or that a close kept from starting (taken off the queue by a
+    close without draining, or in a batch a time-limited close cancelled before it ran),
+    ``expired`` deadline errors, ``cancelled`` callers
     that gave up (were cancelled) before any of these. Once every request has ended,
     ``submitted`` is the sum of the other six request counts (``within_slo`` is part of
     ``completed``).

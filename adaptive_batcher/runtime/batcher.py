@@ -254,7 +254,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._now: Callable[[], float] = time.monotonic
         self._new_future: Callable[[], asyncio.Future[Any]] = asyncio.Future
         self._pump_scheduled = False
-        self._pumps = 0  # pumps started, to spot a pump nested in another
+        self._pumping = False  # inside _pump: a batch ending now must not pump again in it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -517,7 +517,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             timeout_s: the longest wait, seconds (None: no limit). When it runs out, running
                 batches are cancelled (an ``async def`` model sees ``CancelledError``; a sync
                 model's thread cannot be interrupted and finishes in the background) and every
-                request still pending fails with ``BatcherClosedError``.
+                request still pending fails with ``BatcherClosedError``. The close then returns
+                after one turn of the loop, without waiting for cancelled batches to wind down.
 
         Raises:
             ValueError: a negative ``timeout_s``.
@@ -560,11 +561,13 @@ class AdaptiveBatcher(Generic[X, Y]):
             for request in requests:
                 if self._settle_error(request, BatcherClosedError("batcher closed while this ran")):
                     self.recorder.failed += 1
+        for batch in self._unstarted:  # their tasks are cancelled before they run
+            self._fail_never_ran(batch)
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        if tasks:  # one turn of the loop to take the cancellation; no longer (timeout_s holds)
+            await asyncio.wait(tasks, timeout=0)
         _log.warning("batcher.aborted", batcher=self.name, cancelled_batches=len(tasks))
 
     def _release(self) -> None:
@@ -644,11 +647,15 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _pump(self, now: float | None = None) -> None:
         self._pump_scheduled = False
-        self._pumps += 1
-        pump = self._pumps
+        self._pumping = True
+        try:
+            self._poll_engine(self._now() if now is None else now)
+        finally:
+            self._pumping = False
+
+    def _poll_engine(self, now: float) -> None:
         loop = self._loop
         assert loop is not None
-        now = self._now() if now is None else now
         controller = self._controller
         if controller is not None and (
             self._runner.oom_seen or controller.due(now, self.recorder.batch_count)
@@ -663,9 +670,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                     DeadlineExceededError("request did not start before its deadline"),
                 ):
                     self.recorder.expired += 1
-            elif type(action) is SetTimer and pump == self._pumps:
-                # a batch that finished inside create_task (eager task factories, Python 3.12+)
-                # pumped again meanwhile and set a newer timer: this one is stale
+            elif type(action) is SetTimer:
                 self._set_timer(action.at_s)
 
     def _start_batch(self, loop: asyncio.AbstractEventLoop, batch: Batch[Any]) -> None:
@@ -682,16 +687,19 @@ class AdaptiveBatcher(Generic[X, Y]):
         if batch not in self._unstarted:
             return
         self._unstarted.discard(batch)
-        for request in batch.requests:
-            if self._settle_error(request, self._never_ran_error()):
-                self.recorder.failed += 1
+        self._fail_never_ran(batch)
         self._engine.complete(batch)
         self._pump()
 
-    def _never_ran_error(self) -> BatcherError:
+    def _fail_never_ran(self, batch: Batch[Any]) -> None:
+        """Fail the callers of a batch whose task was cancelled before it ran: refused, as if
+        taken off the queue, when the batcher is closing; failed otherwise."""
         if self._closed:
-            return BatcherClosedError("batcher closed before this ran")
-        return BatcherError("the batch's task was cancelled before it ran")
+            self._fail_unstarted(batch.requests)
+            return
+        for request in batch.requests:
+            if self._settle_error(request, BatcherError("the batch was cancelled before it ran")):
+                self.recorder.failed += 1
 
     def _tick(self, controller: Controller, now: float) -> None:
         """One controller tick. Ticks ride on every pump (arrivals, timers, finished batches),
@@ -769,4 +777,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self.recorder.record_batch(
                 ended, len(live), units, ended - started, batch.window_idle_s
             )
-        self._pump(ended)
+        if self._pumping:  # ended inside create_task (eager task factories, Python 3.12+):
+            self._schedule_pump()  # pumping from here would nest one pump per batch
+        else:
+            self._pump(ended)

@@ -139,7 +139,34 @@ async def test_a_time_limited_close_ends_batches_whose_task_never_started() -> N
     assert any(isinstance(r, BatcherClosedError) for r in results)
     counts = batcher.stats().counts
     assert ended_total(counts) == counts.submitted == 10
+    assert counts.failed == 0  # none reached the model: the ones not served were refused
+    assert counts.rejected == 10 - counts.completed
     assert batcher.stats().in_flight_batches == 0
+
+
+async def test_a_time_limited_close_does_not_wait_for_a_slow_cancellation() -> None:
+    release = asyncio.Event()
+
+    async def model(batch: list[int]) -> list[int]:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await release.wait()  # a clean-up that takes its time
+            raise
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=2, window_ms=0)
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(2)]
+    await asyncio.sleep(0.01)
+    started = time.monotonic()
+    await asyncio.wait_for(batcher.aclose(timeout_s=0.05), 2.0)
+    assert time.monotonic() - started < 1.0
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, BatcherClosedError) for r in results)
+    counts = batcher.stats().counts
+    assert counts.failed == counts.submitted == 2
+    release.set()  # let the model's clean-up end before the loop closes
+    await asyncio.wait(asyncio.all_tasks() - {asyncio.current_task()}, timeout=1.0)
 
 
 async def test_a_batch_task_cancelled_from_outside_before_it_runs_fails_its_callers() -> None:
@@ -190,6 +217,23 @@ def test_leftovers_are_served_when_batches_finish_inside_create_task() -> None:
             loop.set_task_factory(None)
 
     assert asyncio.run(main()) == list(range(6))
+
+
+def test_batches_ending_inside_create_task_do_not_nest_one_pump_per_batch() -> None:
+    """With eager tasks, each batch that ends inside create_task used to pump again from within
+    the pump: one level of recursion per batch, until RecursionError stranded callers."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        batcher = AdaptiveBatcher(lambda b: b, max_batch_size=1, window_ms=0, executor="inline")
+        submitters = [asyncio.ensure_future(batcher.submit(i)) for i in range(600)]
+        loop.set_task_factory(_eager_task_factory)  # type: ignore[arg-type]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*submitters), 5.0)
+        finally:
+            loop.set_task_factory(None)
+
+    assert asyncio.run(main()) == list(range(600))
 
 
 def test_a_clock_replaced_on_the_loop_instance_is_the_one_used() -> None:
