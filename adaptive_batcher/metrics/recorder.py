@@ -33,10 +33,9 @@ class Counts:
     whose batch's task something cancelled before it ran, ``rejected`` those refused at submit
     (queue full, too large, closed) or that a close kept from starting (taken off the queue by a
     close without draining, or in a batch a time-limited close cancelled before it ran),
-    ``expired`` deadline errors, ``cancelled`` callers
-    that gave up (were cancelled) before any of these. Once every request has ended,
-    ``submitted`` is the sum of the other six request counts (``within_slo`` is part of
-    ``completed``).
+    ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
+    of these. Once every request has ended, ``submitted`` is the sum of the other six request
+    counts (``within_slo`` is part of ``completed``).
     """
 
     submitted: int

@@ -543,9 +543,15 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _fail_unstarted(self, requests: list[Request[asyncio.Future[Any]]]) -> None:
         """Requests a close took off the queue: refused, like a submit after closing."""
-        for request in requests:
-            if self._settle_error(request, BatcherClosedError("batcher closed before this ran")):
-                self.recorder.rejected += 1
+        self.recorder.rejected += self._fail_each(
+            requests, lambda: BatcherClosedError("batcher closed before this ran")
+        )
+
+    def _fail_each(
+        self, requests: list[Request[asyncio.Future[Any]]], error: Callable[[], BaseException]
+    ) -> int:
+        """Fail every caller not settled yet with its own ``error()``; returns how many."""
+        return sum(self._settle_error(request, error()) for request in requests)
 
     async def _settled(self) -> None:
         while self._tasks or not self._engine.idle:
@@ -558,9 +564,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Fail everything still pending and cancel the running batches."""
         self._fail_unstarted(self._engine.close(drain=False))
         for requests in self._running:
-            for request in requests:
-                if self._settle_error(request, BatcherClosedError("batcher closed while this ran")):
-                    self.recorder.failed += 1
+            self.recorder.failed += self._fail_each(
+                requests, lambda: BatcherClosedError("batcher closed while this ran")
+            )
         for batch in self._unstarted:  # their tasks are cancelled before they run
             self._fail_never_ran(batch)
         tasks = set(self._tasks)
@@ -697,9 +703,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._closed:
             self._fail_unstarted(batch.requests)
             return
-        for request in batch.requests:
-            if self._settle_error(request, BatcherError("the batch was cancelled before it ran")):
-                self.recorder.failed += 1
+        self.recorder.failed += self._fail_each(
+            batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
+        )
 
     def _tick(self, controller: Controller, now: float) -> None:
         """One controller tick. Ticks ride on every pump (arrivals, timers, finished batches),
