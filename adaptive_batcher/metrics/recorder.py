@@ -34,7 +34,7 @@ class Counts:
     (queue full, too large, closed) or that a close kept from starting (taken off the queue by a
     close without draining, or in a batch a time-limited close cancelled before it ran),
     ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
-    of these. Once every request has ended, ``submitted`` is the sum of the other six request
+    of these. Once every request has ended, ``submitted`` is the sum of the five outcome
     counts (``within_slo`` is part of ``completed``).
     """
 

@@ -198,6 +198,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         queue_size = check_optional_int("max_queue_size", max_queue_size, 1)
         if size_fn is not None:
             check_callable("size_fn", size_fn)
+        if pad_fn is not None:
+            check_callable("pad_fn", pad_fn)
         check_callable("is_oom", is_oom)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -534,12 +536,23 @@ class AdaptiveBatcher(Generic[X, Y]):
         try:
             if self._loop is not None:
                 self._pump()
-            try:
-                await asyncio.wait_for(self._settled(), timeout_s)
-            except TimeoutError:
+            if not await self._settles_within(timeout_s):
                 await self._abort()
         finally:
             self._release()
+
+    async def _settles_within(self, timeout_s: float | None) -> bool:
+        """Wait until every request has ended, for at most ``timeout_s``; True if they did.
+        The wait ends at the timeout itself (``wait_for`` would first wait for its cancellation,
+        while inline batches went on starting)."""
+        if timeout_s == 0:
+            return not self._tasks and self._engine.idle
+        settled = asyncio.ensure_future(self._settled())
+        try:
+            done, _ = await asyncio.wait({settled}, timeout=timeout_s)
+        finally:
+            settled.cancel()  # nothing if it is done; else the wait is over
+        return bool(done)
 
     def _fail_unstarted(self, requests: list[Request[asyncio.Future[Any]]]) -> None:
         """Requests a close took off the queue: refused, like a submit after closing."""

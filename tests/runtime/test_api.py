@@ -52,6 +52,7 @@ def identity(batch: list[Any]) -> list[Any]:
         ({"max_concurrent_batches": 0}, ValueError, "max_concurrent_batches must be >= 1, got 0"),
         ({"max_queue_size": 0}, ValueError, "max_queue_size must be >= 1, got 0"),
         ({"size_fn": 3}, TypeError, "size_fn must be callable, got int"),
+        ({"pad_fn": 3}, TypeError, "pad_fn must be callable, got int"),
         ({"slo": 100}, TypeError, "slo must be an SLO, got int"),
         ({"batch_sizes": [4, 2]}, ValueError, "batch_sizes must be non-empty and strictly"),
         ({"batch_sizes": []}, ValueError, "batch_sizes must be non-empty and strictly"),

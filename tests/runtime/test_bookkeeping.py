@@ -144,6 +144,28 @@ async def test_a_time_limited_close_ends_batches_whose_task_never_started() -> N
     assert batcher.stats().in_flight_batches == 0
 
 
+async def test_a_close_out_of_time_starts_no_more_inline_batches() -> None:
+    """With an inline model every batch runs inside one loop turn: a close whose time is up
+    must not let queued batches start while it winds down."""
+
+    def model(batch: list[int]) -> list[int]:
+        time.sleep(0.005)
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=8, window_ms=3, executor="inline")
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(100)]
+    await asyncio.sleep(0.02)
+    served_before = batcher.stats().counts.completed
+    assert batcher.stats().queue_depth > 0
+    await batcher.aclose(timeout_s=0)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    closed = [r for r in results if isinstance(r, BatcherClosedError)]
+    assert len(results) - len(closed) == served_before
+    counts = batcher.stats().counts
+    assert counts.completed == served_before
+    assert ended_total(counts) == counts.submitted == 100
+
+
 async def test_a_time_limited_close_does_not_wait_for_a_slow_cancellation() -> None:
     release = asyncio.Event()
 
