@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["check_callable", "check_int", "check_number", "check_optional_int"]
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_optional_int",
+]
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -39,4 +46,22 @@ def check_callable(name: str, value: object) -> Callable[..., Any]:
     """``value`` if callable, else TypeError."""
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool, else TypeError (1 and "yes" are not bools)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    """``value`` if it is one of ``choices``; TypeError for a non-string, else ValueError."""
+    allowed = tuple(choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if value not in allowed:
+        listed = ", ".join(repr(c) for c in allowed)
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
     return value

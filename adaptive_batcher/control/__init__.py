@@ -1,6 +1,6 @@
 """The sans-IO controller: observations in, decisions out; guards; the service-time model."""
 
-from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
+from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
@@ -10,6 +10,7 @@ from adaptive_batcher.control.guards import (
     ShedGuard,
     UnusedWindowGuard,
 )
+from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 
@@ -23,6 +24,7 @@ __all__ = [
     "GuardFactory",
     "MemoryGuard",
     "Observation",
+    "Policy",
     "PowerGuard",
     "ServiceTimeModel",
     "ShedGuard",

@@ -1,11 +1,10 @@
 """The sans-IO controller: counters and samples in (with ``now``), a Decision out, once per tick.
 
-The runtime and the simulator both own a :class:`~adaptive_batcher.metrics.Recorder` and a
-:class:`~adaptive_batcher.engine.BatchingEngine`; after each batch they call
-:meth:`Controller.drive`, which ticks when due and applies the decision to the engine. Every
-decision is a ``controller.decision`` log event with the inputs that drove it. A policy that
-raises is logged (``controller.policy_failed``) and the last decision stands: serving never
-stops for the controller.
+The controller knows nothing of engines or event loops: :class:`~adaptive_batcher.core.BatcherCore`
+asks :meth:`Controller.due` on every poll, calls :meth:`Controller.tick` when a tick is due and
+applies the decision to its engine. Every decision is a ``controller.decision`` log event with the
+inputs that drove it. A policy that raises is logged (``controller.policy_failed``) and the last
+decision stands: serving never stops for the controller.
 """
 
 from __future__ import annotations
@@ -13,31 +12,26 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
-    Guard,
     MemoryGuard,
     PowerGuard,
     ShedGuard,
     UnusedWindowGuard,
 )
+from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision, Observation
-from adaptive_batcher.engine import BatchingEngine, EngineLimits
 from adaptive_batcher.metrics.recorder import Counts, Recorder
-from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["Controller", "GuardFactory", "default_guards"]
 
 _log = get_logger()
-
-GuardFactory = Callable[[Policy], Policy]
 
 
 def default_guards(
@@ -111,19 +105,20 @@ class Controller:
 
     @property
     def slo_unreachable(self) -> bool:
-        """True while the budget guard finds the SLO out of reach even at the smallest batch."""
-        chain: Policy | None = self.chain
-        while isinstance(chain, Guard):
-            if isinstance(chain, BudgetGuard):
-                return chain.slo_unreachable
-            chain = chain.inner
-        return False
+        """True while the last decision found the SLO out of reach even at the smallest batch
+        (a guard says so in the decision; see :class:`~adaptive_batcher.control.BudgetGuard`)."""
+        return self.decision is not None and self.decision.slo_unreachable
 
     def start(self, current: Decision, now: float, counts: Counts) -> None:
         """Begin from the settings in force at ``now`` (the policy is reset to them)."""
+        self.adopt(current)
+        self._last = _Snapshot(now, counts)
+
+    def adopt(self, current: Decision) -> None:
+        """Continue from ``current`` (settings changed from outside, e.g. ``set_limits``): the
+        policy is reset to them, clamped into the bounds (bumpless transfer)."""
         self.decision = self.bounds.clamp(current)
         self.chain.reset(self.decision)
-        self._last = _Snapshot(now, counts)
 
     def set_policy(self, policy: Policy) -> None:
         """Switch policy; it takes over from the settings in force at the next tick (bumpless)."""
@@ -184,31 +179,6 @@ class Controller:
         """Seconds after arrival at which a still-queued request is shed (None: no shedding)."""
         shed = self.decision.shed_after_ms if self.decision is not None else None
         return None if shed is None else shed / 1e3
-
-    def drive(
-        self,
-        engine: BatchingEngine[Any],
-        recorder: Recorder,
-        now: float,
-        telemetry: TelemetrySample,
-        *,
-        force: bool = False,
-    ) -> Decision | None:
-        """Tick if one is due at ``now`` (or ``force``) and apply a changed decision to ``engine``.
-
-        This is the whole control loop of a shell (the asyncio runtime, the simulator): call it
-        whenever the engine is polled; force it after an out-of-memory error, so the cap shrinks
-        before more batches fail. Returns the decision applied, if any.
-        """
-        if not (force or self.due(now, recorder.batch_count)):
-            return None
-        decision = self.tick(now, recorder, engine.queue_depth, engine.queued_units, telemetry)
-        if decision is not None:
-            slots = engine.limits.max_concurrent_batches
-            engine.set_limits(
-                EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
-            )
-        return decision
 
     def _wrap(self, policy: Policy) -> Policy:
         chain = policy

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.capacity import choose_cap, stability_cap, throughput_cap
+from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
-from adaptive_batcher.policies.base import Policy
 
 __all__ = [
     "BucketGuard",
@@ -142,7 +142,7 @@ class BudgetGuard(Guard):
             )
         self.slo_unreachable = unreachable
         if unreachable:
-            return decision.with_(window_ms=0.0, reason="slo_unreachable")
+            return decision.with_(window_ms=0.0, reason="slo_unreachable", slo_unreachable=True)
         cap = decision.max_batch_size
         ceiling = choose_cap(observation, budget, 0.0)
         if ceiling is not None and cap > ceiling:

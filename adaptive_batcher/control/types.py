@@ -23,12 +23,14 @@ class Decision:
         shed_after_ms: SLO-aware shedding: a request still queued this long after arrival fails
             at once with ``DeadlineExceededError`` instead of being served late (applies to
             requests that arrive after the decision; None: no shedding).
+        slo_unreachable: a guard found the SLO out of reach even at the smallest batch.
     """
 
     window_ms: float
     max_batch_size: int
     reason: str = ""
     shed_after_ms: float | None = None
+    slo_unreachable: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.window_ms) and self.window_ms >= 0):

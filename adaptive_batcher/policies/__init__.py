@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
+from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.policies.aimd import AIMD
 from adaptive_batcher.policies.bandit import Bandit, DiscountedThompson, DiscountedUCB
-from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.policies.pid import PID
 from adaptive_batcher.policies.static import Static
 

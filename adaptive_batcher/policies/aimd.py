@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher._validate import check_int, check_number, check_optional_int
 from adaptive_batcher.control.types import Decision, Observation
 
 __all__ = ["AIMD"]
@@ -44,6 +44,8 @@ class AIMD:
         backoff: multiplicative decrease factor, in (0, 1); 0.9 (a 10 % cut) as in Clipper.
         fill_threshold: the ``fill_ratio`` at or above which batches count as full, in [0, 1].
         window_ms: a fixed window, ms (>= 0); None keeps the window in force.
+        start_batch_size: the cap to start from when the policy first takes over, units
+            (int >= 1; None: the cap in force). Clipper starts small and climbs.
 
     Raises:
         TypeError: ``step`` not an int, or a number argument not a number.
@@ -58,6 +60,7 @@ class AIMD:
         backoff: float = 0.9,
         fill_threshold: float = 0.8,
         window_ms: float | None = None,
+        start_batch_size: int | None = None,
     ) -> None:
         self.step = check_int("AIMD.step", step, 1)
         self.backoff = check_number("AIMD.backoff", backoff, 0.0, strict=True)
@@ -67,12 +70,18 @@ class AIMD:
         if not self.fill_threshold <= 1.0:
             raise ValueError(f"AIMD.fill_threshold must be in [0, 1], got {fill_threshold!r}")
         self.window_ms = None if window_ms is None else check_number("AIMD.window_ms", window_ms, 0)
+        self.start_batch_size = check_optional_int("AIMD.start_batch_size", start_batch_size, 1)
         self._cap: int | None = None  # accumulated cap, units (above the bucket in force)
         self._last_cap: int | None = None  # the cap this policy last chose
 
     def reset(self, current: Decision) -> None:
-        """Continue from ``current`` (bumpless transfer)."""
-        self._cap = self._last_cap = current.max_batch_size
+        """Continue from ``current`` (bumpless transfer); the first time, from
+        ``start_batch_size`` if given."""
+        if self._cap is None and self.start_batch_size is not None:
+            self._cap = self.start_batch_size
+            self._last_cap = None  # nothing chosen yet: the cap in force is not compared
+        else:
+            self._cap = self._last_cap = current.max_batch_size
 
     @staticmethod
     def _measure(observation: Observation) -> tuple[float, float]:
@@ -87,7 +96,7 @@ class AIMD:
     def decide(self, observation: Observation) -> Decision:
         """The next (window, cap); see the class docstring for the rule."""
         current, bounds = observation.current, observation.bounds
-        if self._cap is None or current.max_batch_size != self._last_cap:
+        if self._cap is None or self._last_cap not in (None, current.max_batch_size):
             self.reset(current)
         assert self._cap is not None
         latency_ms, limit_ms = self._measure(observation)

@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher._validate import (
-    check_callable,
-    check_int,
-    check_number,
-    check_optional_int,
-)
-from adaptive_batcher.control.controller import Controller, GuardFactory, default_guards
-from adaptive_batcher.control.service_model import ServiceTimeModel, load_fitter
-from adaptive_batcher.control.types import Bounds, Decision
+from adaptive_batcher._validate import check_callable, check_int, check_number
+from adaptive_batcher.control.policy import GuardFactory, Policy
+from adaptive_batcher.control.types import Bounds
+from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import (
     Batch,
-    BatchingEngine,
     Dispatch,
     EngineLimits,
     Expire,
@@ -40,16 +33,19 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
-    describe,
 )
-from adaptive_batcher.metrics.recorder import Recorder
-from adaptive_batcher.policies.base import Policy
-from adaptive_batcher.runtime.buckets import check_buckets, pad_target, warmup_sizes
+from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
-from adaptive_batcher.runtime.control_settings import ControlSettings, check_policy
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats
+from adaptive_batcher.settings import (
+    DEFAULT_CONTROL_INTERVAL_MS,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_WINDOW_MS,
+    BatcherSettings,
+    ServiceProfile,
+)
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 from adaptive_batcher.telemetry.sampler import TelemetrySampler
@@ -168,8 +164,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         self,
         model: Callable[[list[X]], Sequence[Y] | Awaitable[Sequence[Y]]],
         *,
-        max_batch_size: int = 32,
-        window_ms: float = 5.0,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        window_ms: float = DEFAULT_WINDOW_MS,
         max_concurrent_batches: int = 1,
         max_queue_size: int | None = None,
         size_fn: Callable[[X], int] | None = None,
@@ -184,18 +180,29 @@ class AdaptiveBatcher(Generic[X, Y]):
         guards: Sequence[GuardFactory] | None = None,
         telemetry: Telemetry | None = None,
         telemetry_hz: float = 20.0,
-        control_interval_ms: float = 250.0,
+        control_interval_ms: float = DEFAULT_CONTROL_INTERVAL_MS,
         control_interval_batches: int | None = None,
-        service_profile: str | os.PathLike[str] | Sequence[tuple[int, float]] | None = None,
+        service_profile: ServiceProfile | None = None,
         shed_late: bool = False,
         name: str = "batcher",
         cuda_event_factory: Callable[[], CompletionEvent] | None = None,
     ) -> None:
         check_callable("model", model)
-        cap = check_int("max_batch_size", max_batch_size, 1)
-        window_s = check_number("window_ms", window_ms, 0.0) / 1e3
-        slots = check_int("max_concurrent_batches", max_concurrent_batches, 1)
-        queue_size = check_optional_int("max_queue_size", max_queue_size, 1)
+        settings = BatcherSettings(
+            max_batch_size=max_batch_size,
+            window_ms=window_ms,
+            max_concurrent_batches=max_concurrent_batches,
+            max_queue_size=max_queue_size,
+            batch_sizes=batch_sizes,
+            slo=slo,
+            policy=policy,
+            bounds=bounds,
+            guards=guards,
+            control_interval_ms=control_interval_ms,
+            control_interval_batches=control_interval_batches,
+            service_profile=service_profile,
+            shed_late=shed_late,
+        )
         if size_fn is not None:
             check_callable("size_fn", size_fn)
         if pad_fn is not None:
@@ -210,16 +217,23 @@ class AdaptiveBatcher(Generic[X, Y]):
                 f"telemetry must have a sample() method, got {type(telemetry).__name__}"
             )
         check_number("telemetry_hz", telemetry_hz, 0.0, strict=True)
-        self._buckets = check_buckets(batch_sizes, cap)
+        self._buckets = settings.buckets
         if pad_fn is None and self._buckets and size_fn is not None:
             raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
-        self._engine: BatchingEngine[asyncio.Future[Any]] = BatchingEngine(
-            EngineLimits(window_s, cap, slots), max_queue_size=queue_size
+        self._sampler = (
+            TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
         )
+        self._core: BatcherCore[asyncio.Future[Any]] = BatcherCore(
+            settings,
+            read_telemetry=self._read_telemetry,
+            warmed=lambda: self.warmed_sizes,
+            name=name,
+        )
+        self._engine = self._core.engine
         self._size_fn = size_fn
         self.name = name
-        self.recorder = Recorder()
-        self._executor = make_executor(model, executor, slots, cuda_event_factory)
+        self.recorder = self._core.recorder
+        self._executor = make_executor(model, executor, max_concurrent_batches, cuda_event_factory)
         self._runner = BatchRunner(
             self._executor,
             self._buckets,
@@ -230,26 +244,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self.recorder,
             self._clock,
             name,
-        )
-        self.slo: SLO | None = None
-        self._controller: Controller | None = None
-        self.set_slo(slo)
-        self._control = ControlSettings.check(
-            slo,
-            policy,
-            bounds,
-            guards,
-            control_interval_ms,
-            control_interval_batches,
-            service_profile,
-            shed_late,
-            default_bounds=Bounds(0.0, max(100.0, window_s * 1e3), 1, cap, self._buckets),
-        )
-        self._shed_after_s: float | None = None
-        if self._control.policy is not None:
-            self._controller = self._make_controller(self._control.policy)
-        self._sampler = (
-            TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
+            on_oom=self._core.note_oom,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         # the loop's clock and future factory, set on binding (see loop_shortcuts)
@@ -317,19 +312,14 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._bind()
         now = self._now()
         deadline_s = None
-        if deadline_ms is not None or self._shed_after_s is not None:
-            deadline_s = self._deadline_s(now, deadline_ms)
+        if deadline_ms is not None:
+            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
         size = 1 if self._size_fn is None else self._item_size(item)
-        self.recorder.submitted += 1
         future: asyncio.Future[Y] = self._new_future()
         request = _Pending(item, future, now, size, deadline_s)
-        try:
-            if self._engine.arrive(request, now) and not self._pump_scheduled:
-                self._pump_scheduled = True
-                loop.call_soon(self._pump)
-        except BatcherError as exc:
-            self._note_rejected(exc)
-            raise
+        if self._core.arrive(request, now) and not self._pump_scheduled:
+            self._pump_scheduled = True
+            loop.call_soon(self._pump)
         try:
             return await future
         except asyncio.CancelledError:
@@ -337,25 +327,6 @@ class AdaptiveBatcher(Generic[X, Y]):
             if future.cancelled():  # not counted elsewhere: no result or error was set
                 self.recorder.cancelled += 1
             raise
-
-    def _deadline_s(self, now: float, deadline_ms: float | None) -> float | None:
-        """The loop time at which a request submitted at ``now`` must have started, if any."""
-        deadline_s = None
-        if deadline_ms is not None:
-            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
-        if self._shed_after_s is not None:
-            shed_at = now + self._shed_after_s
-            deadline_s = shed_at if deadline_s is None else min(deadline_s, shed_at)
-        return deadline_s
-
-    def _note_rejected(self, exc: BatcherError) -> None:
-        self.recorder.rejected += 1
-        _log.debug(
-            "request.rejected",
-            batcher=self.name,
-            reason=type(exc).__name__,
-            queue_depth=self._engine.queue_depth,
-        )
 
     async def submit_many(
         self,
@@ -384,6 +355,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def stats(self) -> BatcherStats:
         """A frozen snapshot of queue, counters, batch sizes and sliding-window latency."""
         engine = self._engine
+        controller = self._core.controller
         limits = engine.limits
         now = self._now() if self._loop is not None else 0.0
         return BatcherStats(
@@ -398,9 +370,9 @@ class AdaptiveBatcher(Generic[X, Y]):
             max_batch_size=limits.max_batch_size,
             max_concurrent_batches=limits.max_concurrent_batches,
             slo=self.slo,
-            policy=self._controller.chain.name if self._controller else None,
-            slo_unreachable=self._controller.slo_unreachable if self._controller else False,
-            decisions=self._controller.decisions if self._controller else 0,
+            policy=controller.chain.name if controller else None,
+            slo_unreachable=controller.slo_unreachable if controller else False,
+            decisions=controller.decisions if controller else 0,
         )
 
     def set_limits(
@@ -427,10 +399,15 @@ class AdaptiveBatcher(Generic[X, Y]):
             if max_concurrent_batches is None
             else check_int("max_concurrent_batches", max_concurrent_batches, 1),
         )
-        self._engine.set_limits(limits)
+        self._core.set_limits(limits)
         self._executor.resize(limits.max_concurrent_batches)  # one thread per slot
         if self._loop is not None:
             self._schedule_pump()
+
+    @property
+    def slo(self) -> SLO | None:
+        """The latency objective in force (None: none)."""
+        return self._core.slo
 
     def set_slo(self, slo: SLO | None) -> None:
         """Change the latency objective at run time; the controller uses it from its next tick.
@@ -438,28 +415,18 @@ class AdaptiveBatcher(Generic[X, Y]):
         Raises:
             TypeError: ``slo`` is not an SLO or None.
         """
-        if slo is not None and not isinstance(slo, SLO):
-            raise TypeError(f"slo must be an SLO, got {type(slo).__name__}")
-        self.slo = slo
-        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
-        if self._controller is not None:
-            self._controller.set_slo(slo)
+        self._core.set_slo(slo)
 
     def set_policy(self, policy: Policy | None) -> None:
         """Switch the control law at run time; it continues from the settings in force.
 
-        None stops the controller: the settings in force stay as they are.
+        None stops the controller (and SLO-aware shedding): the settings in force stay as they
+        are.
+
+        Raises:
+            TypeError: ``policy`` is not a Policy.
         """
-        if policy is None:
-            self._controller = None
-            return
-        check_policy(policy)
-        if self._controller is None:
-            self._controller = self._make_controller(policy)
-            if self._loop is not None:
-                self._start_controller()
-        else:
-            self._controller.set_policy(policy)
+        self._core.set_policy(policy, self._now() if self._loop is not None else None)
 
     async def warmup(self, make_item: Callable[[], X]) -> dict[int, float]:
         """Run the model once at every bucket size before serving; returns {size: seconds}.
@@ -529,7 +496,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             check_number("timeout_s", timeout_s, 0.0)
         first = not self._closed
         self._closed = True
-        rejected = self._engine.close(drain=drain)
+        rejected = self._core.close(drain=drain)
         self._fail_unstarted(rejected)
         if first or rejected:
             _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
@@ -575,7 +542,7 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     async def _abort(self) -> None:
         """Fail everything still pending and cancel the running batches."""
-        self._fail_unstarted(self._engine.close(drain=False))
+        self._fail_unstarted(self._core.close(drain=False))
         for requests in self._running:
             self.recorder.failed += self._fail_each(
                 requests, lambda: BatcherClosedError("batcher closed while this ran")
@@ -621,36 +588,17 @@ class AdaptiveBatcher(Generic[X, Y]):
             raise RuntimeError("this AdaptiveBatcher is bound to another event loop")
         self._loop = loop
         self._now, self._new_future = loop_shortcuts(loop)
-        if self._controller is not None:
-            self._start_controller()
+        self._core.start(self._now())
         if self._sampler is not None and not self._closed:
             self._sampler.start()
         return loop
 
-    def _make_controller(self, policy: Policy) -> Controller:
-        load_fitter()  # at construction, not in the first tick on the event loop
-        control = self._control
-        guards = control.guards
-        if guards is None:
-            guards = default_guards(lambda: self.warmed_sizes, shed_late=control.shed_late)
-        return Controller(
-            policy,
-            control.bounds,
-            slo=self.slo,
-            interval_s=control.interval_s,
-            interval_batches=control.interval_batches,
-            guards=guards,
-            service_model=ServiceTimeModel(seed=control.service_seed),
-        )
-
     def _clock(self) -> float:
         return self._now()
 
-    def _start_controller(self) -> None:
-        assert self._controller is not None and self._loop is not None
-        limits = self._engine.limits
-        current = Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
-        self._controller.start(current, self._now(), self.recorder.counts())
+    def _read_telemetry(self, now: float) -> TelemetrySample:
+        del now
+        return self._sampler.latest if self._sampler is not None else _UNKNOWN
 
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
@@ -675,12 +623,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _poll_engine(self, now: float) -> None:
         loop = self._loop
         assert loop is not None
-        controller = self._controller
-        if controller is not None and (
-            self._runner.oom_seen or controller.due(now, self.recorder.batch_count)
-        ):
-            self._tick(controller, now)
-        for action in self._engine.poll(now):
+        for action in self._core.poll(now):
             if type(action) is Dispatch:
                 self._start_batch(loop, action.batch)
             elif type(action) is Expire:
@@ -707,7 +650,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             return
         self._unstarted.discard(batch)
         self._fail_never_ran(batch)
-        self._engine.complete(batch)
+        self._core.complete(batch, self._now())
         self._pump()
 
     def _fail_never_ran(self, batch: Batch[Any]) -> None:
@@ -719,19 +662,6 @@ class AdaptiveBatcher(Generic[X, Y]):
         self.recorder.failed += self._fail_each(
             batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
         )
-
-    def _tick(self, controller: Controller, now: float) -> None:
-        """One controller tick. Ticks ride on every pump (arrivals, timers, finished batches),
-        so the controller keeps deciding even when no batch finishes (e.g. all are shed)."""
-        telemetry = self._sampler.latest if self._sampler is not None else _UNKNOWN
-        force, self._runner.oom_seen = self._runner.oom_seen, False
-        try:
-            decision = controller.drive(self._engine, self.recorder, now, telemetry, force=force)
-        except Exception as exc:  # the controller must never stop the pump
-            _log.error("controller.failed", batcher=self.name, error=describe(exc))
-            return
-        if decision is not None:
-            self._shed_after_s = controller.shed_after_s
 
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:
@@ -788,14 +718,12 @@ class AdaptiveBatcher(Generic[X, Y]):
         self, batch: Batch[asyncio.Future[Any]], live: list[Any], started: float
     ) -> None:
         ended = self._now()
-        self._engine.complete(batch)
+        self._core.complete(batch, ended)
         if live:
             units = len(live) if self._size_fn is None else sum(r.size for r in live)
             if self._buckets:
                 units = pad_target(self._buckets, units)  # what the model actually ran
-            self.recorder.record_batch(
-                ended, len(live), units, ended - started, batch.window_idle_s
-            )
+            self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
         if self._pumping:  # ended inside create_task (eager task factories, Python 3.12+):
             self._schedule_pump()  # pumping from here would nest one pump per batch
         else:

@@ -56,6 +56,7 @@ class BatchRunner:
         recorder: where failures, OOMs and latencies are counted.
         clock: the event loop's clock, seconds.
         name: the batcher's name, for log events.
+        on_oom: called once per model call that ran out of memory (it counts the OOM).
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class BatchRunner:
         recorder: Recorder,
         clock: Callable[[], float],
         name: str,
+        on_oom: Callable[[], None],
     ) -> None:
         self.executor = executor
         self.buckets = buckets
@@ -79,7 +81,7 @@ class BatchRunner:
         self.recorder = recorder
         self.clock = clock
         self.name = name
-        self.oom_seen = False
+        self.on_oom = on_oom
 
     async def run(self, requests: list[Any]) -> None:
         """Run ``requests`` through the model and settle each; split on OOM or when bisecting.
@@ -161,8 +163,7 @@ class BatchRunner:
         except Exception:  # a broken hook must not strand the batch
             oom = False
         if oom:
-            self.recorder.oom_errors += 1
-            self.oom_seen = True
+            self.on_oom()
         return oom
 
 

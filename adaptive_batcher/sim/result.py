@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,9 @@ class SimResult:
         busy_fraction: share of slot time spent computing (including failed OOM attempts), from
             the first arrival to the last answer.
         series: per-second time series and controller decisions.
+        latency_ms: latency of each completed request, ms, in request order; shape ``(completed,)``.
+        calls: one row per model call ``(start_s, end_s, items, units)``, in the order the calls
+            ended (an out-of-memory attempt is a call too); shape ``(calls, 4)``.
     """
 
     name: str
@@ -82,6 +86,7 @@ class SimResult:
     busy_fraction: float
     series: TimeSeries = field(repr=False)
     latency_ms: FloatArray = field(repr=False)
+    calls: FloatArray = field(repr=False, default_factory=lambda: np.empty((0, 4)))
 
     @property
     def lost(self) -> int:
@@ -123,6 +128,7 @@ class SimResult:
         decisions: list[tuple[float, float, int]],
         slots: int,
         bin_s: float = 1.0,
+        calls: Sequence[tuple[float, float, int, int]] = (),
     ) -> SimResult:
         """Compute the metrics from per-request arrays (index = request id)."""
         del sizes
@@ -159,6 +165,7 @@ class SimResult:
             busy_fraction=busy_s / (_span_s(arrival_s, done_s) * slots),
             series=_series(arrival_s, done_s, ok, limit_ms, decisions, bin_s),
             latency_ms=latency_ms,
+            calls=np.asarray(calls, dtype=np.float64).reshape(-1, 4),
         )
 
     def recovery_time_s(self, after_s: float, limit_ms: float, hold_s: float = 5.0) -> float:

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from adaptive_batcher.control.controller import default_guards
+from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
-from adaptive_batcher.policies.base import Policy
 from adaptive_batcher.policies.cork import BentoCork
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, TableService
@@ -237,14 +237,14 @@ def _adaptive(policy: Callable[[], Policy], *, shed: bool) -> Callable[[Scenario
             policy=policy(),
             bounds=_bounds(),
             guards=default_guards(shed_late=shed),
-            service_seed=scenario.warmup,
+            service_profile=scenario.warmup,
         )
 
     return make
 
 
 def _static(window_ms: float, cap: int) -> Callable[[Scenario], SimConfig]:
-    return lambda scenario: SimConfig(cap, window_ms, slo=scenario.slo)
+    return lambda scenario: SimConfig(cap, window_ms)
 
 
 CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
@@ -254,7 +254,7 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
     "bandit_thompson_shed": _adaptive(DiscountedThompson, shed=True),
     "triton_like": _static(0.0, MAX_CAP),
     "ray_serve_defaults": _static(10.0, 10),
-    "torchserve_like": lambda s: SimConfig(MAX_CAP, 10.0, slo=s.slo, window_origin="slot_free"),
+    "torchserve_like": lambda s: SimConfig(MAX_CAP, 10.0, window_origin="slot_free"),
     # baselines that learn a service-time model start from the same warm-up as ours
     "bentoml_cork": lambda s: SimConfig(
         MAX_CAP,
@@ -263,23 +263,25 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
         policy=BentoCork(s.slo.p99_ms),
         bounds=_bounds(),
         guards=[],
-        service_seed=s.warmup,
+        service_profile=s.warmup,
     ),
     "clipper_aimd": lambda s: SimConfig(
-        32,
+        MAX_CAP,
         0.0,
         slo=s.slo,
-        policy=AIMD(step=8),
+        policy=AIMD(step=8, start_batch_size=32),
         bounds=_bounds(),
         guards=[],
-        service_seed=s.warmup,
+        service_profile=s.warmup,
     ),
 }
 
 
 def run(scenario: Scenario, config: SimConfig, seed: int = 0) -> SimResult:
     """Replay ``scenario`` against ``config`` (fresh service model; same seed, same result)."""
-    simulator = Simulator(scenario.service(), config, memory=scenario.memory, seed=seed)
+    simulator = Simulator(
+        scenario.service(), config, memory=scenario.memory, seed=seed, judge_slo=scenario.slo
+    )
     return simulator.run(scenario.arrivals(seed))
 
 

@@ -17,26 +17,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from adaptive_batcher.control.controller import Controller, GuardFactory
-from adaptive_batcher.control.service_model import ServiceTimeModel
-from adaptive_batcher.control.types import Bounds, Decision
-from adaptive_batcher.engine import (
-    Batch,
-    BatchingEngine,
-    Dispatch,
-    EngineLimits,
-    Expire,
-    Request,
-    SetTimer,
-)
+from adaptive_batcher.control.types import Decision
+from adaptive_batcher.core import BatcherCore
+from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherError
-from adaptive_batcher.metrics.recorder import Recorder
-from adaptive_batcher.policies.base import Policy
+from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
 from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
@@ -49,44 +38,24 @@ OOM_DETECT_FRACTION = 0.25  # an OOM batch fails a quarter of the way through it
 
 
 @dataclass(frozen=True)
-class SimConfig:
-    """The batcher under test, as a user would configure it.
+class SimConfig(BatcherSettings):
+    """The batcher under test, as a user would configure it: the settings of
+    :class:`~adaptive_batcher.settings.BatcherSettings` (the same names, defaults and checks as
+    ``AdaptiveBatcher``), plus what only a replay has.
 
     Attributes:
-        max_batch_size: starting cap, units; also the hard cap unless ``bounds`` says otherwise.
-        window_ms: starting window, ms.
-        max_concurrent_batches: execution slots (the simulated device runs one batch at a time
-            per slot).
-        max_queue_size: bounded queue (None: unbounded).
-        policy: the control law (None: static settings, no controller).
-        slo: the latency objective (used by policies and for goodput).
-        bounds: controller bounds (default: window 0-100 ms, cap 1..max_batch_size).
-        guards: guard factories (default: the controller's default chain).
-        control_interval_s: seconds between controller ticks.
-        control_interval_batches: also tick after this many finished batches (None: time only).
-        deadline_ms: per-request deadline from arrival (None: none).
-        window_origin: ``"arrival"`` (ours) or ``"slot_free"`` (TorchServe-like baseline).
-        slo_changes: ``(time_s, slo)`` pairs: the SLO given to the controller from then on (as
-            ``AdaptiveBatcher.set_slo`` would); goodput keeps using ``slo``.
-        service_seed: ``(batch_size, median_ms)`` rows the controller's service-time model starts
-            from (what ``AdaptiveBatcher(service_profile=...)`` takes: a profile or warm-up).
+        deadline_ms: per-request deadline from arrival, ms (None: none), as ``submit``'s
+            ``deadline_ms``.
+        slo_changes: ``(time_s, slo)`` pairs: ``set_slo(slo)`` at that time, as
+            ``AdaptiveBatcher.set_slo`` would; the result's goodput keeps using ``slo``.
         name: label in results.
+
+    Raises:
+        TypeError, ValueError: as :class:`~adaptive_batcher.settings.BatcherSettings`.
     """
 
-    max_batch_size: int
-    window_ms: float
-    max_concurrent_batches: int = 1
-    max_queue_size: int | None = None
-    policy: Policy | None = None
-    slo: SLO | None = None
-    bounds: Bounds | None = None
-    guards: Sequence[GuardFactory] | None = None
-    control_interval_s: float = 0.25
-    control_interval_batches: int | None = None
     deadline_ms: float | None = None
-    window_origin: str = "arrival"
     slo_changes: tuple[tuple[float, SLO], ...] = ()
-    service_seed: tuple[tuple[int, float], ...] = ()
     name: str = ""
 
 
@@ -115,6 +84,7 @@ class _Run:
     client: list[int] = field(default_factory=list)
     busy_s: float = 0.0
     decisions: list[tuple[float, float, int]] = field(default_factory=list)
+    calls: list[tuple[float, float, int, int]] = field(default_factory=list)
 
 
 class Simulator:
@@ -125,6 +95,9 @@ class Simulator:
         config: the batcher configuration.
         memory: device memory capacity over time (None: unlimited).
         seed: seed of the service-time noise (the arrivals carry their own).
+        judge_slo: the SLO the result's goodput and SLO attainment are measured against
+            (default: ``config.slo``). A static batcher is judged against a scenario's SLO
+            without being given one (with an SLO, a batcher tunes itself).
     """
 
     def __init__(
@@ -134,11 +107,13 @@ class Simulator:
         *,
         memory: MemoryLimit | None = None,
         seed: int = 0,
+        judge_slo: SLO | None = None,
     ) -> None:
         self.service = service
         self.config = config
         self.memory = memory
         self.seed = seed
+        self.judge_slo = judge_slo if judge_slo is not None else config.slo
 
     def run(self, workload: Arrivals | tuple[ClosedLoop, float]) -> SimResult:
         """Replay ``workload``: open-loop arrivals, or ``(ClosedLoop, duration_s)``.
@@ -150,34 +125,24 @@ class Simulator:
 
 
 class _Replay:
-    """One replay: the event loop over arrivals, batch completions and the engine's timer."""
+    """One replay: the event loop over arrivals, batch completions and the core's timer."""
 
     def __init__(self, sim: Simulator, workload: Arrivals | tuple[ClosedLoop, float]) -> None:
         config = sim.config
         self.sim = sim
         self.config = config
         self.rng = np.random.default_rng(sim.seed)
-        hard_cap = config.bounds.max_batch_size if config.bounds else config.max_batch_size
-        self.engine: BatchingEngine[int] = BatchingEngine(
-            EngineLimits(
-                config.window_ms / 1e3, config.max_batch_size, config.max_concurrent_batches
-            ),
-            hard_max_batch_size=max(hard_cap, config.max_batch_size),
-            max_queue_size=config.max_queue_size,
-            window_origin=config.window_origin,
-        )
-        self.recorder = Recorder()
-        if config.slo is not None:
-            self.recorder.slo_latency_s = config.slo.p99_ms / 1e3
-        self.controller = self._make_controller()
         self.state = _Run()
+        self.core: BatcherCore[int] = BatcherCore(
+            config, read_telemetry=self._telemetry, on_decision=self._note_decision
+        )
+        self.recorder = self.core.recorder
+        self.deadline_s = None if config.deadline_ms is None else config.deadline_ms / 1e3
+        self.slo_changes = sorted(config.slo_changes, key=lambda change: change[0])
         self.completions: list[_Completion] = []
         self.sequence = itertools.count()
         self.timer_at: float | None = None
-        self.shed_after_s: float | None = None
         self.poll_pending = False
-        self.oom_seen = False
-        self.slo_changed_s = -math.inf
         self.now = 0.0
         self.running_units = 0
         self.open_times: np.ndarray = np.empty(0)
@@ -197,27 +162,7 @@ class _Replay:
             self.state.done_s = [math.nan] * count
             self.state.outcome = [Outcome.PENDING] * count
         self.name = workload.name if isinstance(workload, Arrivals) else "closed_loop"
-
-    def _make_controller(self) -> Controller | None:
-        config = self.config
-        if config.policy is None:
-            return None
-        bounds = config.bounds or Bounds(
-            0.0, max(100.0, config.window_ms), 1, config.max_batch_size
-        )
-        controller = Controller(
-            config.policy,
-            bounds,
-            slo=config.slo,
-            interval_s=config.control_interval_s,
-            interval_batches=config.control_interval_batches,
-            guards=config.guards,
-            service_model=ServiceTimeModel(seed=config.service_seed),
-        )
-        controller.start(
-            Decision(config.window_ms, config.max_batch_size, "start"), 0.0, self.recorder.counts()
-        )
-        return controller
+        self.core.start(0.0)
 
     # -- the event loop ---------------------------------------------------------------------
 
@@ -235,7 +180,6 @@ class _Replay:
             next_arrival = min(next_open, next_closed)
             if self.poll_pending and min(next_arrival, next_done, next_timer) > self.now:
                 # like the runtime's pump: arrivals at the same instant join one batch
-                self.poll_pending = False
                 self._poll()
                 continue
             if next_done <= next_arrival and next_done <= next_timer:
@@ -255,17 +199,22 @@ class _Replay:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
                     self._arrive(self._add_closed_request(client), 1)
+        return self._result()
+
+    def _result(self) -> SimResult:
+        state = self.state
         return SimResult.build(
             name=self.config.name or self.name,
-            arrival_s=np.asarray(self.state.arrival_s),
-            done_s=np.asarray(self.state.done_s),
-            outcome=np.asarray(self.state.outcome, dtype=np.int8),
-            sizes=np.asarray(self.state.size, dtype=np.int64),
-            slo=self.config.slo,
+            arrival_s=np.asarray(state.arrival_s),
+            done_s=np.asarray(state.done_s),
+            outcome=np.asarray(state.outcome, dtype=np.int8),
+            sizes=np.asarray(state.size, dtype=np.int64),
+            slo=self.sim.judge_slo,
             recorder=self.recorder,
-            busy_s=self.state.busy_s,
-            decisions=self.state.decisions,
+            busy_s=state.busy_s,
+            decisions=state.decisions,
             slots=self.config.max_concurrent_batches,
+            calls=state.calls,
         )
 
     def _add_closed_request(self, client: int) -> int:
@@ -279,26 +228,18 @@ class _Replay:
 
     def _arrive(self, request_id: int, size: int) -> None:
         now = self.now
-        deadline = None if self.config.deadline_ms is None else now + self.config.deadline_ms / 1e3
-        if self.shed_after_s is not None:
-            shed_at = now + self.shed_after_s
-            deadline = shed_at if deadline is None else min(deadline, shed_at)
-        self.recorder.submitted += 1
+        deadline = None if self.deadline_s is None else now + self.deadline_s
         try:
-            if self.engine.arrive(Request(request_id, now, size, deadline), now):
+            if self.core.arrive(Request(request_id, now, size, deadline), now):
                 self.poll_pending = True
         except BatcherError:
-            self.recorder.rejected += 1
             self._finish(request_id, Outcome.REJECTED)
 
     def _poll(self) -> None:
         self.poll_pending = False
-        controller = self.controller
-        if controller is not None and (
-            self.oom_seen or controller.due(self.now, self.recorder.batch_count)
-        ):
-            self._control_tick()
-        for action in self.engine.poll(self.now):
+        while self.slo_changes and self.slo_changes[0][0] <= self.now:
+            self.core.set_slo(self.slo_changes.pop(0)[1])
+        for action in self.core.poll(self.now):
             if type(action) is Dispatch:
                 self._dispatch(action.batch)
             elif type(action) is Expire:
@@ -306,6 +247,9 @@ class _Replay:
                 self._finish(action.request.handle, Outcome.EXPIRED)
             elif type(action) is SetTimer:
                 self.timer_at = action.at_s
+
+    def _note_decision(self, now: float, decision: Decision) -> None:
+        self.state.decisions.append((now, decision.window_ms, decision.max_batch_size))
 
     def _finish(self, request_id: int, outcome: int, at_s: float | None = None) -> None:
         state = self.state
@@ -334,11 +278,10 @@ class _Replay:
         memory = self.sim.memory
         if memory is not None and memory.is_oom(self.sim.service, units, start):
             failed_at = start + OOM_DETECT_FRACTION * service
-            self.recorder.oom_errors += 1
-            self.oom_seen = True
+            self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
             self.state.busy_s += failed_at - start
+            parts.append(_Part(start, failed_at, ids, units, ok=False))
             if len(ids) == 1:
-                parts.append(_Part(start, failed_at, ids, units, ok=False))
                 return failed_at
             middle = len(ids) // 2
             after_first = self._execute(ids[:middle], failed_at, parts)
@@ -349,18 +292,21 @@ class _Replay:
 
     def _complete(self, event: _Completion) -> None:
         _, _, batch, parts = event
-        state, recorder = self.state, self.recorder
+        state, core = self.state, self.core
         idle = batch.window_idle_s  # counted once per dispatched batch
         for part in parts:
+            state.calls.append((part.start_s, part.end_s, len(part.ids), part.units))
             if part.ok:
-                latencies = [part.end_s - state.arrival_s[i] for i in part.ids]
-                recorder.record_latencies(latencies, 0, part.end_s)
-                recorder.record_batch(
+                arrivals = [state.arrival_s[i] for i in part.ids]
+                core.record_answers(arrivals, 0, part.end_s)
+                core.record_run(
                     part.end_s, len(part.ids), part.units, part.end_s - part.start_s, idle
                 )
                 idle = 0.0
+            elif len(part.ids) == 1:  # an OOM on a single item: it cannot be split further
+                self.recorder.failed += 1
             else:
-                recorder.failed += len(part.ids)
+                continue  # split and re-run: the halves are parts of their own
             outcome = Outcome.OK if part.ok else Outcome.FAILED
             if self.closed is None:  # the common, open-loop case, inlined
                 done_s, outcomes, end = state.done_s, state.outcome, part.end_s
@@ -371,34 +317,17 @@ class _Replay:
             for request_id in part.ids:
                 self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
-        self.engine.complete(batch, self.now)
+        core.complete(batch, self.now)
         self._poll()
 
-    def _control_tick(self) -> None:
-        controller = self.controller
-        assert controller is not None
-        for at_s, slo in self.config.slo_changes:
-            if self.slo_changed_s < at_s <= self.now:
-                controller.set_slo(slo)
-                self.slo_changed_s = at_s
-        decision = controller.drive(
-            self.engine, self.recorder, self.now, self._telemetry(), force=self.oom_seen
-        )
-        self.oom_seen = False
-        if decision is not None:
-            self.shed_after_s = controller.shed_after_s
-        current = controller.decision
-        assert current is not None
-        self.state.decisions.append((self.now, current.window_ms, current.max_batch_size))
-
-    def _telemetry(self) -> TelemetrySample:
+    def _telemetry(self, now: float) -> TelemetrySample:
         memory = self.sim.memory
         if memory is None:
-            return TelemetrySample(time_s=self.now, source="sim")
+            return TelemetrySample(time_s=now, source="sim")
         total = memory.capacity_at(0.0)
-        capacity = memory.capacity_at(self.now)
+        capacity = memory.capacity_at(now)
         used = self.sim.service.memory_bytes(max(self.running_units, 1))
         free = max(0.0, capacity - (0.0 if math.isnan(used) else used))
         return TelemetrySample(
-            time_s=self.now, mem_total_bytes=int(total), mem_free_bytes=int(free), source="sim"
+            time_s=now, mem_total_bytes=int(total), mem_free_bytes=int(free), source="sim"
         )

@@ -7,5 +7,13 @@ from adaptive_batcher.testing.cuda import FakeCudaEvent
 from adaptive_batcher.testing.models import EchoModel
 from adaptive_batcher.testing.nvml import FakePynvml
 from adaptive_batcher.testing.telemetry import FakeTelemetry
+from adaptive_batcher.testing.virtual_time import VirtualClockLoop, run_in_virtual_time
 
-__all__ = ["EchoModel", "FakeCudaEvent", "FakePynvml", "FakeTelemetry"]
+__all__ = [
+    "EchoModel",
+    "FakeCudaEvent",
+    "FakePynvml",
+    "FakeTelemetry",
+    "VirtualClockLoop",
+    "run_in_virtual_time",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def write(tmp_path: Path, text: str, name: str = "bad.toml") -> Path:
 
 
 def controller_of(batcher: AdaptiveBatcher[Any, Any]) -> Any:
-    controller = batcher._controller
+    controller = batcher._core.controller
     assert controller is not None
     return controller
 
@@ -159,7 +160,9 @@ def test_overridden_policy_slo_and_bounds_are_used_as_given() -> None:
         "realtime_chat", EchoModel(), policy=policy, slo=slo, bounds=bounds
     )
     assert controller_of(batcher).policy is policy
-    assert controller_of(batcher).bounds is bounds
+    # the bounds as given, on the preset's buckets (bounds without buckets take the batcher's)
+    buckets = load_preset("realtime_chat").batcher["batch_sizes"]
+    assert controller_of(batcher).bounds == replace(bounds, batch_sizes=buckets)
     assert batcher.stats().slo is slo
 
 

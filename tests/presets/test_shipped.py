@@ -32,7 +32,7 @@ SHIPPED = [
 
 def controller_of(batcher: AdaptiveBatcher[Any, Any]) -> Any:
     """The batcher's controller (private: the policy instance and bounds have no public view)."""
-    controller = batcher._controller
+    controller = batcher._core.controller
     assert controller is not None
     return controller
 

@@ -118,8 +118,8 @@ async def test_failing_policy_never_stops_serving() -> None:
             assert await b.submit_many(range(20)) == list(range(20))
             await asyncio.sleep(0.005)
     assert b.stats().decisions == 0
-    assert b._controller is not None
-    assert b._controller.failures >= 1
+    assert b._core.controller is not None
+    assert b._core.controller.failures >= 1
 
 
 async def test_slo_and_policy_can_change_at_run_time() -> None:
@@ -139,7 +139,7 @@ async def test_slo_and_policy_can_change_at_run_time() -> None:
     assert "pid" in stats.policy
     assert stats.slo == SLO(p99_ms=30)
     assert stats.decisions > 0
-    with pytest.raises(TypeError, match="slo must be an SLO, got int"):
+    with pytest.raises(TypeError, match="slo must be an SLO or None, got int"):
         batcher.set_slo(30)  # type: ignore[arg-type]
 
 
@@ -149,9 +149,9 @@ def test_service_profile_seeds_the_controller(tmp_path: Path) -> None:
     write_profile(path, ProfileResult(rows, None, "cpu", "mlp", 5))
     from_file = AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=path)
     from_rows = AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=[(1, 2.0)])
-    assert from_file._controller is not None
-    assert from_file._controller.service_model.predict_ms(64) == pytest.approx(6.0)
-    assert from_rows._controller is not None
-    assert from_rows._controller.service_model.predict_ms(1) == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="service_profile needs rows"):
+    assert from_file._core.controller is not None
+    assert from_file._core.controller.service_model.predict_ms(64) == pytest.approx(6.0)
+    assert from_rows._core.controller is not None
+    assert from_rows._core.controller.service_model.predict_ms(1) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=r"service_profile rows must be \(batch_size: int >= 1"):
         AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=[(0, 2.0)])

@@ -53,7 +53,7 @@ def identity(batch: list[Any]) -> list[Any]:
         ({"max_queue_size": 0}, ValueError, "max_queue_size must be >= 1, got 0"),
         ({"size_fn": 3}, TypeError, "size_fn must be callable, got int"),
         ({"pad_fn": 3}, TypeError, "pad_fn must be callable, got int"),
-        ({"slo": 100}, TypeError, "slo must be an SLO, got int"),
+        ({"slo": 100}, TypeError, "slo must be an SLO or None, got int"),
         ({"batch_sizes": [4, 2]}, ValueError, "batch_sizes must be non-empty and strictly"),
         ({"batch_sizes": []}, ValueError, "batch_sizes must be non-empty and strictly"),
         (
@@ -227,8 +227,8 @@ async def test_decorated_methods_get_their_own_policy_copy() -> None:
     a, b = Model(), Model()
     assert await a.run(1) == 1
     assert await b.run(2) == 2
-    policy_a = a.run.batcher._controller.policy  # type: ignore[union-attr]
-    policy_b = b.run.batcher._controller.policy  # type: ignore[union-attr]
+    policy_a = a.run.batcher._core.controller.policy  # type: ignore[union-attr]
+    policy_b = b.run.batcher._core.controller.policy  # type: ignore[union-attr]
     assert policy_a is not policy_b
     await a.run.aclose()
     await b.run.aclose()

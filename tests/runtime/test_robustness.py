@@ -159,8 +159,8 @@ async def test_a_closed_batcher_refuses_reuse() -> None:
         ({"shed_late": True}, ValueError, "shed_late=True needs an slo"),
         ({"shed_late": "yes", "slo": SLO(p99_ms=10)}, TypeError, "shed_late must be a bool"),
         ({"is_oom": None}, TypeError, "is_oom must be callable, got NoneType"),
-        ({"service_profile": []}, ValueError, "service_profile needs rows"),
-        ({"bounds": 5}, TypeError, "bounds must be a Bounds, got int"),
+        ({"service_profile": []}, ValueError, "service_profile needs at least one"),
+        ({"bounds": 5}, TypeError, "bounds must be a Bounds or None, got int"),
         ({"timeout": 1}, TypeError, "unexpected keyword argument"),
     ],
 )

@@ -7,11 +7,12 @@ guards (:mod:`adaptive_batcher.control.guards`) wrap any policy, and the control
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from adaptive_batcher.control.types import Decision, Observation
 
-__all__ = ["Policy"]
+__all__ = ["GuardFactory", "Policy"]
 
 
 @runtime_checkable
@@ -29,3 +30,7 @@ class Policy(Protocol):
     def decide(self, observation: Observation) -> Decision: ...
 
     def reset(self, current: Decision) -> None: ...
+
+
+GuardFactory = Callable[[Policy], Policy]
+"""Wraps a policy in a guard (see :mod:`adaptive_batcher.control.guards`)."""

@@ -1,0 +1,280 @@
+"""The sans-IO batcher: engine, recorder and controller joined by one set of rules.
+
+:class:`BatcherCore` plays the part of h11's connection object over its state machine: it owns a
+:class:`~adaptive_batcher.engine.BatchingEngine`, a :class:`~adaptive_batcher.metrics.Recorder`
+and (with an SLO or a policy) a :class:`~adaptive_batcher.control.Controller`, and it holds every
+rule that joins them: the hard cap and the controller's bounds, the default policy and guards,
+SLO-aware shedding (a deadline for each arrival), controller ticks on polls (forced after an
+out-of-memory error), and how finished batches and answers are counted. It reads no clock and
+does no I/O: every time is a ``now`` argument in seconds on the caller's clock.
+
+Two thin shells drive it: the asyncio runtime
+(:class:`~adaptive_batcher.runtime.batcher.AdaptiveBatcher`) and the simulator
+(:class:`~adaptive_batcher.sim.simulator.Simulator`). What serves production is therefore what a
+replay measures, glue included.
+
+A shell's part, per event:
+
+* a request arrives: make a :class:`~adaptive_batcher.engine.Request` (its ``deadline_s`` is
+  the caller's own, if any) and call :meth:`BatcherCore.arrive`; if it returns True, call
+  :meth:`~BatcherCore.poll` before anything else happens (once for all arrivals at one instant);
+* the timer set by the last ``SetTimer`` fires: :meth:`~BatcherCore.poll`;
+* carry out the actions of ``poll``: run each ``Dispatch``'s batch, fail each ``Expire``'s
+  request with ``DeadlineExceededError``, set the timer;
+* a model call ends: :meth:`~BatcherCore.record_run` (and :meth:`~BatcherCore.note_oom` if it
+  ran out of memory), :meth:`~BatcherCore.record_answers` for the requests it answered;
+* a dispatched batch has ended: :meth:`~BatcherCore.complete`, then :meth:`~BatcherCore.poll`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from adaptive_batcher._log import get_logger
+from adaptive_batcher.control.controller import Controller, default_guards
+from adaptive_batcher.control.policy import Policy
+from adaptive_batcher.control.service_model import ServiceTimeModel, load_fitter
+from adaptive_batcher.control.types import Bounds, Decision
+from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits, Request
+from adaptive_batcher.errors import BatcherError, describe
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.settings import BatcherSettings, check_policy
+from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.base import TelemetrySample
+
+__all__ = ["BatcherCore", "DecisionHook", "TelemetryReader"]
+
+H = TypeVar("H")
+
+TelemetryReader = Callable[[float], TelemetrySample]
+"""``read(now_s)``: the latest device reading, asked for only when the controller ticks."""
+
+DecisionHook = Callable[[float, Decision], None]
+"""``hook(now_s, decision)``: called after every controller tick with the decision in force."""
+
+_log = get_logger()
+_UNKNOWN = TelemetrySample(source="none")
+
+
+def _no_telemetry(now: float) -> TelemetrySample:
+    del now
+    return _UNKNOWN
+
+
+class BatcherCore(Generic[H]):
+    """Engine, recorder and controller behind ``arrive`` / ``poll`` / ``complete``; sans-IO.
+
+    Args:
+        settings: the checked settings (the same for the runtime and the simulator).
+        read_telemetry: the latest device reading at ``now`` (default: nothing known).
+        warmed: the batch sizes warmed up so far; with it, the default guards keep caps among
+            them (see :class:`~adaptive_batcher.control.BucketGuard`).
+        on_decision: called after every controller tick with ``(now_s, decision in force)``.
+        name: the ``batcher`` field of log events.
+
+    Raises:
+        FileNotFoundError, ValueError: an unreadable ``settings.service_profile``.
+    """
+
+    def __init__(
+        self,
+        settings: BatcherSettings,
+        *,
+        read_telemetry: TelemetryReader | None = None,
+        warmed: Callable[[], frozenset[int]] | None = None,
+        on_decision: DecisionHook | None = None,
+        name: str = "batcher",
+    ) -> None:
+        self.settings = settings
+        self.name = name
+        cap = settings.max_batch_size
+        self.engine: BatchingEngine[H] = BatchingEngine(
+            EngineLimits(settings.window_ms / 1e3, cap, settings.max_concurrent_batches),
+            hard_max_batch_size=cap,
+            max_queue_size=settings.max_queue_size,
+            window_origin=settings.window_origin,
+        )
+        self.recorder = Recorder()
+        self.bounds: Bounds = settings.controller_bounds
+        self.controller: Controller | None = None
+        self.slo: SLO | None = None
+        self.shed_after_s: float | None = None
+        self._service_seed = settings.service_seed()
+        self._read_telemetry = read_telemetry or _no_telemetry
+        self._warmed = warmed
+        self._on_decision = on_decision
+        self._tick_forced = False
+        self.set_slo(settings.slo)
+        policy = settings.policy
+        if policy is None and settings.slo is not None:
+            from adaptive_batcher.policies.pid import PID  # the default law, chosen here
+
+            policy = PID()
+        if policy is not None:
+            self.controller = self._make_controller(policy)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def start(self, now: float) -> None:
+        """Start the controller (if any) from the settings in force at ``now``."""
+        if self.controller is not None:
+            self.controller.start(self._decision_in_force(), now, self.recorder.counts())
+
+    def arrive(self, request: Request[H], now: float) -> bool:
+        """Queue ``request`` (arrived at ``now``); True if :meth:`poll` must run next.
+
+        With SLO-aware shedding in force, the request's deadline becomes the earlier of its own
+        and ``now + shed_after``: it fails at that moment if it has not started.
+
+        Raises:
+            QueueFullError, ItemTooLargeError, BatcherClosedError: the request is refused
+                (counted as ``rejected``); see :meth:`BatchingEngine.arrive`.
+        """
+        shed_after = self.shed_after_s
+        if shed_after is not None:
+            shed_at = now + shed_after
+            if request.deadline_s is None or shed_at < request.deadline_s:
+                request.deadline_s = shed_at
+        self.recorder.submitted += 1
+        try:
+            return self.engine.arrive(request, now)
+        except BatcherError as exc:
+            self.recorder.rejected += 1
+            _log.debug(
+                "request.rejected",
+                batcher=self.name,
+                reason=type(exc).__name__,
+                queue_depth=self.engine.queue_depth,
+            )
+            raise
+
+    def poll(self, now: float) -> list[Action]:
+        """Tick the controller if due (or forced by an OOM), then poll the engine at ``now``.
+
+        Returns:
+            The engine's actions: ``Expire``, then ``Dispatch`` in FIFO order, then ``SetTimer``.
+        """
+        controller = self.controller
+        if controller is not None and (
+            self._tick_forced or controller.due(now, self.recorder.batch_count)
+        ):
+            self._tick(controller, now)
+        return self.engine.poll(now)
+
+    def record_run(
+        self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
+    ) -> None:
+        """A model call on ``items`` requests (``units`` size units, padding included) ran for
+        ``service_s`` seconds and ended at ``end_s``; ``window_idle_s`` as in
+        :attr:`Batch.window_idle_s` (count it for one call per batch only)."""
+        self.recorder.record_batch(end_s, items, units, service_s, window_idle_s)
+
+    def record_answers(self, arrivals_s: list[float], failed: int, now: float) -> None:
+        """Requests that arrived at ``arrivals_s`` (non-decreasing) were answered at ``now``;
+        ``failed`` of them with an error (see :meth:`Recorder.record_answers`)."""
+        self.recorder.record_answers(arrivals_s, failed, now)
+
+    def note_oom(self) -> None:
+        """A model call ran out of memory: counted, and the controller ticks at the next poll
+        (so the cap shrinks before more batches fail)."""
+        self.recorder.oom_errors += 1
+        self._tick_forced = True
+
+    def complete(self, batch: Batch[H], now: float) -> None:
+        """``batch`` has ended at ``now`` (success or failure): its slot is free; poll next."""
+        self.engine.complete(batch, now)
+
+    def close(self, *, drain: bool) -> list[Request[H]]:
+        """Stop accepting requests; see :meth:`BatchingEngine.close`."""
+        return self.engine.close(drain=drain)
+
+    # -- changes at run time ---------------------------------------------------------------
+
+    def set_slo(self, slo: SLO | None) -> None:
+        """Change the objective: goodput counts against it now, the controller from its next
+        tick.
+
+        Raises:
+            TypeError: ``slo`` is not an SLO or None.
+        """
+        if slo is not None and not isinstance(slo, SLO):
+            raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
+        self.slo = slo
+        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
+        if self.controller is not None:
+            self.controller.set_slo(slo)
+
+    def set_policy(self, policy: Policy | None, now: float | None = None) -> None:
+        """Switch the control law; it continues from the settings in force (bumpless).
+
+        None stops the controller: the settings in force stay. ``now``: start a new controller
+        at once (else :meth:`start` must be called).
+
+        Raises:
+            TypeError: ``policy`` is not a Policy.
+        """
+        if policy is None:
+            self.controller = None
+            self.shed_after_s = None
+            return
+        check_policy(policy)
+        if self.controller is not None:
+            self.controller.set_policy(policy)
+            return
+        self.controller = self._make_controller(policy)
+        if now is not None:
+            self.start(now)
+
+    def set_limits(self, limits: EngineLimits) -> None:
+        """Set window, cap and slots now; a controller continues from them.
+
+        Raises:
+            ValueError: a cap above the hard cap (``max_batch_size``).
+        """
+        self.engine.set_limits(limits)
+        if self.controller is not None and self.controller.decision is not None:
+            self.controller.adopt(self._decision_in_force())
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _make_controller(self, policy: Policy) -> Controller:
+        load_fitter()  # now, not in the first tick (on an event loop it would stall requests)
+        settings = self.settings
+        guards = settings.guards
+        if guards is None:
+            guards = default_guards(self._warmed, shed_late=settings.shed_late)
+        return Controller(
+            policy,
+            self.bounds,
+            slo=self.slo,
+            interval_s=settings.control_interval_s,
+            interval_batches=settings.control_interval_batches,
+            guards=guards,
+            service_model=ServiceTimeModel(seed=self._service_seed),
+        )
+
+    def _decision_in_force(self) -> Decision:
+        limits = self.engine.limits
+        return Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
+
+    def _tick(self, controller: Controller, now: float) -> None:
+        self._tick_forced = False
+        engine = self.engine
+        try:
+            telemetry = self._read_telemetry(now)
+            decision = controller.tick(
+                now, self.recorder, engine.queue_depth, engine.queued_units, telemetry
+            )
+        except Exception as exc:  # the controller must never stop serving
+            _log.error("controller.failed", batcher=self.name, error=describe(exc))
+            return
+        if decision is not None:
+            slots = engine.limits.max_concurrent_batches
+            engine.set_limits(
+                EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
+            )
+        self.shed_after_s = controller.shed_after_s
+        if self._on_decision is not None and controller.decision is not None:
+            self._on_decision(now, controller.decision)
