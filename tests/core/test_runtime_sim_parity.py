@@ -18,8 +18,8 @@ from adaptive_batcher import SLO, AdaptiveBatcher
 from adaptive_batcher.control import Decision, Observation, Policy, default_guards
 from adaptive_batcher.control.guards import Guard
 from adaptive_batcher.policies import PID, DiscountedUCB
-from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.service import LinearService
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.workloads import Arrivals, Steps
 from adaptive_batcher.testing import run_in_virtual_time
 
