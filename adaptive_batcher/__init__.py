@@ -10,6 +10,7 @@ Quick start::
 See README.md and docs/ for the architecture, the tuning guide and the policy reference.
 """
 
+from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
@@ -19,7 +20,13 @@ from adaptive_batcher.errors import (
     QueueFullError,
     ResultCountError,
 )
-from adaptive_batcher.presets import Preset, PresetError, list_presets, load_preset
+from adaptive_batcher.presets import (
+    Preset,
+    PresetError,
+    list_presets,
+    load_preset,
+    load_preset_group,
+)
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
 from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
 from adaptive_batcher.runtime.decorator import BatchedFunction, batched
@@ -35,6 +42,7 @@ __all__ = [
     "BatcherClosedError",
     "BatcherError",
     "BatcherStats",
+    "Bounds",
     "DeadlineExceededError",
     "ItemTooLargeError",
     "Preset",
@@ -46,6 +54,7 @@ __all__ = [
     "concat_rows",
     "list_presets",
     "load_preset",
+    "load_preset_group",
     "pad_rows",
     "repeat_last",
     "row_count",

@@ -26,7 +26,7 @@ Schema (every table and key is optional unless marked; units are in the key name
 
     [policy]                     # default: PID when [slo] is set, else fixed settings
     name = "pid"                 # required: pid | static | aimd | bandit_ucb | bandit_thompson
-    kp = 0.3                     # ... and that policy's constructor arguments (see POLICY_KEYS)
+    kp = 0.3                     # ... and that policy's constructor arguments (its parameters)
 
     [batcher]                    # AdaptiveBatcher keyword arguments, only these (BATCHER_KEYS):
     max_batch_size = 16          #   max_batch_size, window_ms, max_concurrent_batches,
@@ -55,7 +55,6 @@ Every error is a :class:`PresetError` (a ``ValueError``) whose message reads
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import tomllib
@@ -68,16 +67,20 @@ from typing import Any
 
 from adaptive_batcher._validate import check_int, check_number
 from adaptive_batcher.control.types import Bounds
-from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB, Policy, Static
-from adaptive_batcher.runtime.batcher import AdaptiveBatcher
+from adaptive_batcher.policies import REGISTRY, Policy
 from adaptive_batcher.runtime.executors import EXECUTOR_KINDS
+from adaptive_batcher.settings import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MIN_WINDOW_RANGE_MS,
+    DEFAULT_WINDOW_MS,
+    BatcherSettings,
+)
 from adaptive_batcher.slo import SLO
 
 __all__ = [
     "BATCHER_KEYS",
     "BOUNDS_KEYS",
     "POLICIES",
-    "POLICY_KEYS",
     "PRESET_DIRS",
     "SLO_KEYS",
     "PolicySpec",
@@ -192,60 +195,13 @@ BOUNDS_KEYS: Mapping[str, _Check] = MappingProxyType(
 )
 """The keys of ``[bounds]`` (the :class:`~adaptive_batcher.control.Bounds` fields)."""
 
-POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
-    {
-        "aimd": AIMD,
-        "bandit_thompson": DiscountedThompson,
-        "bandit_ucb": DiscountedUCB,
-        "pid": PID,
-        "static": Static,
-    }
-)
-"""The policy classes by the ``[policy] name`` that selects them (each class's ``name``)."""
-
-_BANDIT_KEYS: dict[str, _Check] = {
-    "discount": _number(0, strict=True),
-    "windows_ms": _array(_number(0)),
-    "caps": _array(_int(1)),
-    "max_caps": _int(2),
-    "dwell_ticks": _int(1),
-    "miss_penalty": _number(0),
-    "violation_penalty": _number(0),
-}
-
-POLICY_KEYS: Mapping[str, Mapping[str, _Check]] = MappingProxyType(
-    {
-        "aimd": {
-            "step": _int(1),
-            "backoff": _number(0, strict=True),
-            "fill_threshold": _number(0),
-            "window_ms": _number(0),
-        },
-        "bandit_thompson": {
-            **_BANDIT_KEYS,
-            "sigma": _number(0, strict=True),
-            "prior_mean": _number(0),
-            "seed": _int(0),
-        },
-        "bandit_ucb": {**_BANDIT_KEYS, "exploration": _number(0)},
-        "pid": {
-            "kp": _number(0),
-            "ki": _number(0),
-            "kd": _number(0),
-            "min_samples": _int(1),
-            "max_window_ms": _number(0),
-        },
-        "static": {"window_ms": _number(0), "max_batch_size": _int(1)},
-    }
-)
-"""The constructor arguments each policy accepts in ``[policy]``, besides ``name``."""
+POLICIES: Mapping[str, Any] = REGISTRY
+"""The policy classes by the ``[policy] name`` that selects them (each class's ``name``); the
+keys each one accepts besides ``name`` are its constructor arguments, listed in its
+``parameters``."""
 
 _SECTIONS = ("slo", "policy", "batcher", "bounds")
 _MEMBER = re.compile(r"[A-Za-z0-9_-]+")
-_BATCHER_DEFAULTS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(AdaptiveBatcher.__init__).parameters.items()
-}
 
 
 # -- the result ---------------------------------------------------------------------------------
@@ -270,7 +226,8 @@ class PolicySpec:
         Raises:
             TypeError, ValueError: as the policy's constructor (a loaded spec never raises).
         """
-        return POLICIES[self.name](**self.params)
+        policy: Policy = POLICIES[self.name](**self.params)
+        return policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,35 +446,18 @@ def _parse_batcher(
         slo = _build(path, f"{prefix}slo", SLO, fields)
     policy = _parse_policy(path, f"{prefix}policy", table["policy"]) if "policy" in table else None
     batcher = _section(path, f"{prefix}batcher", table.get("batcher", {}), BATCHER_KEYS)
-    cap: int = batcher.get("max_batch_size", _BATCHER_DEFAULTS["max_batch_size"])
-    window: float = batcher.get("window_ms", _BATCHER_DEFAULTS["window_ms"])
-    buckets: tuple[int, ...] = batcher.get("batch_sizes", ())
-    if buckets and cap > buckets[-1]:
-        raise _error(
-            path,
-            f"{prefix}batcher.max_batch_size",
-            f"max_batch_size ({cap}) must not exceed the largest of batch_sizes ({buckets[-1]})",
-        )
     bounds = None
     if "bounds" in table:
         key = f"{prefix}bounds"
         given = _section(path, key, table["bounds"], BOUNDS_KEYS)
-        defaults = {"max_batch_size": cap, "max_window_ms": max(100.0, window)}
-        bounds = _build(path, key, Bounds, {**defaults, "batch_sizes": buckets, **given}, given)
-        if bounds.max_batch_size > cap:
-            raise _error(
-                path,
-                f"{key}.max_batch_size",
-                f"max_batch_size ({bounds.max_batch_size}) must not exceed the batcher's "
-                f"max_batch_size ({cap})",
-            )
-        if not bounds.min_window_ms <= window <= bounds.max_window_ms:
-            raise _error(
-                path,
-                f"{prefix}batcher.window_ms",
-                f"window_ms ({window:g}) must lie within the bounds' window range "
-                f"[{bounds.min_window_ms:g}, {bounds.max_window_ms:g}]",
-            )
+        window: float = batcher.get("window_ms", DEFAULT_WINDOW_MS)
+        missing = {
+            "max_batch_size": batcher.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+            "max_window_ms": max(DEFAULT_MIN_WINDOW_RANGE_MS, window),
+            "batch_sizes": batcher.get("batch_sizes", ()),
+        }
+        bounds = _build(path, key, Bounds, {**missing, **given}, given)
+    _check_settings(path, prefix, batcher, slo, bounds)
     return Preset(
         name=name,
         description=description,
@@ -534,10 +474,40 @@ def _parse_policy(path: Path, key: str, value: object) -> PolicySpec:
     if "name" not in table:
         raise _error(path, f"{key}.name", f"missing; choose one of {', '.join(POLICIES)}")
     name = _checked(path, f"{key}.name", _choice(*POLICIES), table["name"])
-    _known(path, key, table, ("name", *POLICY_KEYS[name]))
-    params = _section(path, key, {k: v for k, v in table.items() if k != "name"}, POLICY_KEYS[name])
-    _build(path, key, POLICIES[name], params)  # validate once; batchers get fresh instances
+    cls = POLICIES[name]
+    _known(path, key, table, ("name", *cls.parameters))
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items() if k != "name"}
+    _build(path, key, cls, params)  # validate once (the policy checks); batchers get new ones
     return PolicySpec(name, MappingProxyType(params))
+
+
+def _settings_of(batcher: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[batcher]`` keys that are :class:`BatcherSettings` fields (not ``executor``)."""
+    return {k: v for k, v in batcher.items() if k in BatcherSettings.__dataclass_fields__}
+
+
+def _check_settings(
+    path: Path,
+    prefix: str,
+    batcher: Mapping[str, Any],
+    slo: SLO | None,
+    bounds: Bounds | None,
+) -> None:
+    """The cross-checks every batcher makes (one rule, one message; see
+    :class:`~adaptive_batcher.settings.BatcherSettings`), blamed on the key they name."""
+    settings = _settings_of(batcher)
+    try:
+        BatcherSettings(**settings, slo=slo, bounds=bounds)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        section = "bounds" if message.startswith("bounds.") and bounds is not None else "batcher"
+        named = [k for k in settings if re.search(rf"\b{re.escape(k)}\b", message)]
+        key = f"{prefix}{section}"
+        if section == "bounds":
+            key += "." + message.split(" ", 1)[0].removeprefix("bounds.")
+        elif named:
+            key += f".{named[-1]}"
+        raise _error(path, key, message) from exc
 
 
 def _section(

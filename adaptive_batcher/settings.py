@@ -90,7 +90,8 @@ class BatcherSettings:
         control_interval_batches: also decide after this many finished batches (>= 1; None:
             time only).
         service_profile: where the controller's service-time model starts: a profile JSON path
-            or ``(batch_size, median_ms)`` rows (None: it learns from the first batches).
+            or ``(batch_size, median_ms)`` rows (None: it learns from the first batches). A file
+            is read at construction and replaced by its rows.
         shed_late: fail at once the queued requests that can no longer meet the SLO.
         window_origin: ``"arrival"`` (default) or ``"slot_free"`` (a baseline only).
 
@@ -135,6 +136,8 @@ class BatcherSettings:
             raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
         check_choice("window_origin", self.window_origin, WINDOW_ORIGINS)
         self._check_bounds(self.controller_bounds)
+        if self.service_profile is not None:  # read once: a file becomes its rows
+            self._set("service_profile", read_service_profile(self.service_profile))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a normalised value (e.g. a tuple for a list)

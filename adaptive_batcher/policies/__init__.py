@@ -10,10 +10,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.policies.aimd import AIMD
 from adaptive_batcher.policies.bandit import Bandit, DiscountedThompson, DiscountedUCB
 from adaptive_batcher.policies.pid import PID
 from adaptive_batcher.policies.static import Static
 
-__all__ = ["AIMD", "PID", "Bandit", "DiscountedThompson", "DiscountedUCB", "Policy", "Static"]
+__all__ = [
+    "AIMD",
+    "PID",
+    "REGISTRY",
+    "Bandit",
+    "DiscountedThompson",
+    "DiscountedUCB",
+    "Policy",
+    "Static",
+]
+
+REGISTRY: Mapping[str, Any] = MappingProxyType(
+    {cls.name: cls for cls in (AIMD, DiscountedThompson, DiscountedUCB, PID, Static)}
+)
+"""The policy classes by name (each class's ``name``), as presets select them; each class
+lists the constructor arguments a preset may set in its ``parameters``."""

@@ -12,6 +12,7 @@ latency at the SLO percentile is compared with the target instead.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from adaptive_batcher._validate import check_int, check_number, check_optional_int
 from adaptive_batcher.control.types import Decision, Observation
@@ -53,6 +54,13 @@ class AIMD:
     """
 
     name = "aimd"
+    parameters: ClassVar[tuple[str, ...]] = (
+        "step",
+        "backoff",
+        "fill_threshold",
+        "window_ms",
+        "start_batch_size",
+    )
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import ClassVar, TypedDict, Unpack
 
 import numpy as np
 
@@ -115,6 +115,10 @@ class BanditOptions(TypedDict, total=False):
     dwell_ticks: int
     miss_penalty: float
     violation_penalty: float
+
+
+BANDIT_PARAMETERS: tuple[str, ...] = tuple(BanditOptions.__annotations__)
+"""The constructor arguments every :class:`Bandit` takes."""
 
 
 class Bandit(ABC):
@@ -322,6 +326,7 @@ class DiscountedUCB(Bandit):
     """
 
     name = "bandit_ucb"
+    parameters: ClassVar[tuple[str, ...]] = (*BANDIT_PARAMETERS, "exploration")
 
     def __init__(self, *, exploration: float = 0.05, **options: Unpack[BanditOptions]) -> None:
         super().__init__(**options)
@@ -361,6 +366,7 @@ class DiscountedThompson(Bandit):
     """
 
     name = "bandit_thompson"
+    parameters: ClassVar[tuple[str, ...]] = (*BANDIT_PARAMETERS, "sigma", "prior_mean", "seed")
 
     def __init__(
         self,

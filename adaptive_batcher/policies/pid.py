@@ -29,7 +29,9 @@ SLO) cause no derivative kick.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
+from adaptive_batcher._validate import check_int, check_number
 from adaptive_batcher.control.capacity import choose_cap
 from adaptive_batcher.control.types import Decision, Observation
 
@@ -47,10 +49,12 @@ class PID:
         max_window_ms: ceiling of the window range; default: the bounds' maximum.
 
     Raises:
+        TypeError: an argument of the wrong type (the message names it, as ``PID.kp``).
         ValueError: a negative gain, or ``min_samples`` < 1.
     """
 
     name = "pid"
+    parameters: ClassVar[tuple[str, ...]] = ("kp", "ki", "kd", "min_samples", "max_window_ms")
 
     def __init__(
         self,
@@ -60,13 +64,13 @@ class PID:
         min_samples: int = 20,
         max_window_ms: float | None = None,
     ) -> None:
-        if min(kp, ki, kd) < 0:
-            raise ValueError(f"PID gains must be >= 0, got kp={kp}, ki={ki}, kd={kd}")
-        if min_samples < 1:
-            raise ValueError(f"min_samples must be >= 1, got {min_samples}")
-        self.kp, self.ki, self.kd = kp, ki, kd
-        self.min_samples = min_samples
-        self.max_window_ms = max_window_ms
+        self.kp = check_number("PID.kp", kp, 0.0)
+        self.ki = check_number("PID.ki", ki, 0.0)
+        self.kd = check_number("PID.kd", kd, 0.0)
+        self.min_samples = check_int("PID.min_samples", min_samples, 1)
+        self.max_window_ms = (
+            None if max_window_ms is None else check_number("PID.max_window_ms", max_window_ms, 0)
+        )
         self.output = 0.0
         self._error: float | None = None
         self._measurements: list[float] = []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from adaptive_batcher._validate import check_number, check_optional_int
 from adaptive_batcher.control.types import Decision, Observation
 
 __all__ = ["Static"]
@@ -13,13 +16,20 @@ class Static:
     Args:
         window_ms: the window, ms; None keeps whatever is in force when the policy takes over.
         max_batch_size: the cap, units; None keeps whatever is in force.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range (the message names
+            it, as ``Static.window_ms``).
     """
 
     name = "static"
+    parameters: ClassVar[tuple[str, ...]] = ("window_ms", "max_batch_size")
 
     def __init__(self, window_ms: float | None = None, max_batch_size: int | None = None) -> None:
-        self.window_ms = window_ms
-        self.max_batch_size = max_batch_size
+        self.window_ms = (
+            None if window_ms is None else check_number("Static.window_ms", window_ms, 0)
+        )
+        self.max_batch_size = check_optional_int("Static.max_batch_size", max_batch_size, 1)
         self._fixed: Decision | None = None
 
     def reset(self, current: Decision) -> None:

@@ -98,10 +98,11 @@ def test_derivative_damps_a_latency_ramp() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"kp": -1.0}, "PID gains must be >= 0"),
-        ({"min_samples": 0}, "min_samples must be >= 1, got 0"),
+        ({"kp": -1.0}, "PID.kp must be a finite number >= 0, got -1.0"),
+        ({"kd": "0.1"}, "PID.kd must be a number, got str"),
+        ({"min_samples": 0}, "PID.min_samples must be >= 1, got 0"),
     ],
 )
 def test_validation(kwargs: dict[str, float], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((TypeError, ValueError), match=message):
         PID(**kwargs)  # type: ignore[arg-type]

@@ -221,3 +221,19 @@ async def test_customer_service_yields_two_batchers_with_different_settings() ->
     assert controller_of(interactive).policy is not controller_of(background).policy
     await interactive.aclose()
     await background.aclose()
+
+
+def test_each_policy_lists_exactly_its_constructor_arguments() -> None:
+    """Presets accept a policy's ``parameters``; they must be its constructor's arguments."""
+    import inspect
+
+    from adaptive_batcher.policies.bandit import BanditOptions
+
+    for name, cls in POLICIES.items():
+        signature = inspect.signature(cls.__init__).parameters
+        named = {p for p, v in signature.items() if v.kind is v.KEYWORD_ONLY or p != "self"}
+        named = {p for p in named if signature[p].kind is not inspect.Parameter.VAR_KEYWORD}
+        if any(v.kind is inspect.Parameter.VAR_KEYWORD for v in signature.values()):
+            named |= set(BanditOptions.__annotations__)
+        assert set(cls.parameters) == named - {"self"}, name
+        assert cls.name == name

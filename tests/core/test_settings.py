@@ -1,0 +1,77 @@
+"""One rule, one message: a setting means the same in the runtime, the simulator and presets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from adaptive_batcher import AdaptiveBatcher, PresetError, load_preset
+from adaptive_batcher.control import Bounds
+from adaptive_batcher.policies import Static
+from adaptive_batcher.settings import BatcherSettings
+from adaptive_batcher.sim.simulator import SimConfig
+from adaptive_batcher.slo import SLO
+
+BOUNDS_ABOVE_CAP = re.escape("bounds.max_batch_size (64) exceeds max_batch_size (8), the hard cap")
+
+
+def test_bounds_above_the_hard_cap_are_refused_everywhere_with_one_message(
+    tmp_path: Path,
+) -> None:
+    # the issue's example: the controller would believe 64 while the engine ran at 8
+    kwargs = {"max_batch_size": 8, "bounds": Bounds(max_batch_size=64)}
+    with pytest.raises(ValueError, match=BOUNDS_ABOVE_CAP):
+        AdaptiveBatcher(lambda b: b, policy=Static(max_batch_size=64), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=BOUNDS_ABOVE_CAP):
+        SimConfig(policy=Static(max_batch_size=64), **kwargs)  # type: ignore[arg-type]
+    preset = tmp_path / "p.toml"
+    preset.write_text("[batcher]\nmax_batch_size = 8\n[bounds]\nmax_batch_size = 64\n")
+    with pytest.raises(PresetError, match=BOUNDS_ABOVE_CAP) as caught:
+        load_preset(preset)
+    assert caught.value.key == "bounds.max_batch_size"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"window_ms": 150.0, "bounds": Bounds(max_window_ms=100.0, max_batch_size=16)},
+            "window_ms \\(150\\) must lie within the bounds' window range \\[0, 100\\]",
+        ),
+        (
+            {"batch_sizes": [8, 16], "bounds": Bounds(max_batch_size=16, batch_sizes=(4, 16))},
+            "bounds.batch_sizes \\[4\\] are not among batch_sizes \\[8, 16\\]",
+        ),
+        ({"shed_late": True}, "shed_late=True needs an slo"),
+        ({"guards": 5}, "guards must be a sequence of guard factories, got int"),
+        ({"window_origin": "worker"}, "window_origin must be one of 'arrival', 'slot_free'"),
+        ({"service_profile": [("a", "b")]}, "service_profile rows must be"),
+    ],
+)
+def test_contradicting_settings_are_refused_at_construction(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        BatcherSettings(max_batch_size=16, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError), match=message):
+        SimConfig(max_batch_size=16, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_missing_profile_file_names_the_setting(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    with pytest.raises(FileNotFoundError, match="service_profile: no such file"):
+        AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=missing)
+
+
+def test_default_bounds_follow_the_batcher() -> None:
+    assert BatcherSettings(max_batch_size=64, window_ms=250.0).controller_bounds == Bounds(
+        0.0, 250.0, 1, 64
+    )
+    with_buckets = BatcherSettings(max_batch_size=16, batch_sizes=(4, 8, 16))
+    assert with_buckets.controller_bounds.batch_sizes == (4, 8, 16)
+    given = BatcherSettings(
+        max_batch_size=16, batch_sizes=(4, 8, 16), bounds=Bounds(0.0, 20.0, 1, 8)
+    )
+    assert given.controller_bounds == Bounds(0.0, 20.0, 1, 8, (4, 8, 16))

@@ -1,0 +1,91 @@
+"""The architecture, checked: which package may import which, and the public names.
+
+Dependencies point one way: the sans-IO engine and controller import no shell (runtime,
+simulator), no policy and no wiring; the wiring (core, settings) imports no shell; presets
+import no runtime. Imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import adaptive_batcher
+
+PACKAGE = Path(adaptive_batcher.__file__).parent
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "engine": ("control", "policies", "runtime", "sim", "core", "settings", "presets", "cli"),
+    "control": ("policies", "runtime", "sim", "core", "settings", "presets", "cli", "profile"),
+    "policies": ("runtime", "sim", "core", "settings", "presets", "cli"),
+    "metrics": ("control", "policies", "runtime", "sim", "core", "presets", "cli"),
+    "settings": ("runtime.batcher", "runtime.executors", "sim", "core", "presets", "cli"),
+    "core": ("runtime.batcher", "runtime.executors", "sim", "presets", "cli"),
+    "presets": ("runtime.batcher", "sim", "cli"),
+    "sim": ("runtime.batcher", "runtime.executors", "cli"),
+}
+
+
+def modules_of(part: str) -> list[Path]:
+    folder = PACKAGE / part
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else [PACKAGE / f"{part}.py"]
+
+
+def imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {n.removeprefix("adaptive_batcher.") for n in names if n.startswith("adaptive_batcher")}
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_dependencies_point_one_way(part: str) -> None:
+    offending = [
+        f"{path.relative_to(PACKAGE)} imports adaptive_batcher.{name}"
+        for path in modules_of(part)
+        for name in sorted(imported(path))
+        if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[part])
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_the_top_level_exports_exactly_the_public_api() -> None:
+    assert sorted(adaptive_batcher.__all__) == sorted(
+        [
+            "SLO",
+            "AdaptiveBatcher",
+            "BatchFailedError",
+            "BatchedFunction",
+            "BatcherClosedError",
+            "BatcherError",
+            "BatcherStats",
+            "Bounds",
+            "DeadlineExceededError",
+            "ItemTooLargeError",
+            "Preset",
+            "PresetError",
+            "QueueFullError",
+            "ResultCountError",
+            "__version__",
+            "batched",
+            "concat_rows",
+            "list_presets",
+            "load_preset",
+            "load_preset_group",
+            "pad_rows",
+            "repeat_last",
+            "row_count",
+            "stacked",
+        ]
+    )
+    for name in adaptive_batcher.__all__:
+        assert hasattr(adaptive_batcher, name), name
+
+
+def test_the_package_is_typed() -> None:
+    assert (PACKAGE / "py.typed").is_file()
