@@ -111,8 +111,17 @@ def _directives() -> dict[str, str]:
     return found
 
 
-def _renders_members(options: str) -> bool:
-    return re.search(r"^\s*members:\s*false\s*$", options, re.MULTILINE) is None
+def _rendered_names(identifier: str, options: str) -> set[str]:
+    """The names a directive renders: those its ``members:`` option lists (``false``: none),
+    by default the module's ``__all__``."""
+    listed = re.search(r"^\s*members:\s*(.+?)\s*$", options, re.MULTILINE)
+    if listed is None:
+        return set(getattr(importlib.import_module(identifier), "__all__", ()))
+    if listed.group(1) == "false":
+        return set()
+    names = re.fullmatch(r"\[([\w, ]*)\]", listed.group(1))
+    assert names is not None, f"{identifier}: members must be false or a [flow, list]"
+    return {name.strip() for name in names.group(1).split(",") if name.strip()}
 
 
 def _public_modules() -> list[str]:
@@ -165,12 +174,15 @@ def test_the_nav_lists_every_page_and_only_pages_that_exist() -> None:
 
 
 def test_the_api_reference_covers_every_public_module() -> None:
-    """Each name in the ``__all__`` of a public module is rendered: by a directive for its module,
-    or for a module that re-exports it (same object) and renders its members."""
-    directives = _directives()
-    rendering = [
-        importlib.import_module(name) for name, o in directives.items() if _renders_members(o)
+    """Each name in the ``__all__`` of a public module is rendered: by the directive for its
+    module, or for a module that re-exports it (the same object)."""
+    rendered = [
+        (importlib.import_module(identifier), _rendered_names(identifier, options))
+        for identifier, options in _directives().items()
     ]
+    for module, names in rendered:
+        unknown = names - set(getattr(module, "__all__", ()))
+        assert not unknown, f"{module.__name__}: members not in its __all__: {sorted(unknown)}"
     missing: list[str] = []
     for name in _public_modules():
         if _left_out(name):
@@ -180,15 +192,12 @@ def test_the_api_reference_covers_every_public_module() -> None:
         if public is None:  # a namespace of submodules: documented through them
             assert hasattr(module, "__path__"), f"{name} is public but has no __all__"
             continue
-        if name in directives and _renders_members(directives[name]):
-            continue
         for member in public:
             if member.startswith("__"):  # __version__: stated in docs/api/index.md
                 continue
             value = getattr(module, member)
             if not any(
-                member in getattr(shown, "__all__", ()) and getattr(shown, member) is value
-                for shown in rendering
+                member in names and getattr(shown, member) is value for shown, names in rendered
             ):
                 missing.append(f"{name}.{member}")
     assert not missing, "public names the API reference does not render:\n" + "\n".join(missing)
@@ -209,3 +218,46 @@ def test_the_reference_index_links_every_top_level_name() -> None:
             continue
         assert name in links, f"docs/api/index.md does not link {name}"
         assert _resolve(links[name]) is getattr(adaptive_batcher, name), (name, links[name])
+
+
+def _sphinx_roles() -> ModuleType:
+    """``docs/sphinx_roles.py``, the griffe extension of the site (needs the ``docs`` extra)."""
+    spec = importlib.util.spec_from_file_location("sphinx_roles", DOCS / "sphinx_roles.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sphinx_roles_become_optional_cross_references() -> None:
+    paths = {"Bandit": "p.bandit.Bandit", "Engine.poll": "p.engine.Engine.poll", "f": "p.f"}
+    text = "See :class:`Bandit`, :meth:`~Engine.poll` and :py:func:`f()`; ``x`` and `y` stay."
+    assert _sphinx_roles().rewrite_roles(text, paths.__getitem__) == (
+        'See <autoref identifier="p.bandit.Bandit" optional><code>Bandit</code></autoref>, '
+        '<autoref identifier="p.engine.Engine.poll" optional><code>poll</code></autoref> and '
+        '<autoref identifier="p.f" optional><code>f</code></autoref>; ``x`` and `y` stay.'
+    )
+
+
+def test_sphinx_roles_resolve_in_the_scope_of_the_docstring() -> None:
+    import griffe
+
+    extension = _sphinx_roles().SphinxRoles()
+    package = griffe.load(adaptive_batcher.__name__, extensions=griffe.Extensions(extension))
+    bandit = package["policies.bandit.Bandit"]
+    assert bandit.docstring is not None
+    # ":func:`tick_reward`" in Bandit's docstring names the module-level function
+    assert 'identifier="adaptive_batcher.policies.bandit.tick_reward"' in bandit.docstring.value
+    left: list[str] = []
+
+    def collect(obj: griffe.Object) -> None:
+        if obj.docstring is not None and re.search(
+            r":(class|func|meth|mod):`", obj.docstring.value
+        ):
+            left.append(obj.path)
+        for member in obj.members.values():
+            if not member.is_alias:
+                collect(member)
+
+    collect(package)
+    assert not left, f"Sphinx roles left in: {left}"
