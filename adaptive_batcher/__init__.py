@@ -1,6 +1,6 @@
 """adaptive_batcher: a drop-in dynamic batcher whose window and batch cap are tuned online.
 
-Quick start::
+Quick start:
 
     from adaptive_batcher import AdaptiveBatcher
 

@@ -266,8 +266,7 @@ class Preset:
         (``min_batch_size`` lowered to it if needed), ``window_ms`` widens the window range to
         include it, ``batch_sizes`` replaces the bounds' buckets.
 
-        Raises:
-            Nothing itself; the batcher's constructor validates the overrides.
+        Raises nothing itself; the batcher's constructor validates the overrides.
         """
         kwargs: dict[str, Any] = {"name": self.name, **self.batcher, "slo": self.slo}
         if "policy" not in overrides:

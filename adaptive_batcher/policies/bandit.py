@@ -160,7 +160,8 @@ class Bandit(ABC):
         max_caps: keep at most this many of the caps taken from the bounds (int >= 2); None
             keeps all. Caps given in ``caps`` are all kept.
         dwell_ticks: informative ticks an arm is kept before choosing again (int >= 1).
-        miss_penalty, violation_penalty: reward weights, >= 0; see :func:`tick_reward`.
+        miss_penalty: reward weight of the late fraction, >= 0; see :func:`tick_reward`.
+        violation_penalty: reward weight of a broken percentile, >= 0; see :func:`tick_reward`.
 
     Raises:
         TypeError: an argument of the wrong type.

@@ -343,7 +343,8 @@ class AdaptiveBatcher(Generic[X, Y]):
                 ``asyncio.gather``.
 
         Raises:
-            The first error any item raised (see :meth:`submit`), unless ``return_exceptions``.
+            Exception: the first error any item raised (the errors of :meth:`submit`), unless
+                ``return_exceptions``.
         """
         return list(
             await asyncio.gather(

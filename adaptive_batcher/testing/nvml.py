@@ -156,7 +156,8 @@ class FakePynvml:
             functions raise ``NVML_ERROR_NOT_SUPPORTED``.
         memory_v2_supported: when False, ``nvmlDeviceGetMemoryInfo(..., version=...)`` raises
             ``NVML_ERROR_FUNCTION_NOT_FOUND`` (a driver without ``nvmlDeviceGetMemoryInfo_v2``).
-        gpu_util_pct, mem_util_pct: what ``nvmlDeviceGetUtilizationRates`` reports.
+        gpu_util_pct: what ``nvmlDeviceGetUtilizationRates`` reports as ``gpu``, %.
+        mem_util_pct: what ``nvmlDeviceGetUtilizationRates`` reports as ``memory``, %.
         gpm_values: GPM metric id -> value; defaults to the H200 reading in the module docstring.
     """
 
