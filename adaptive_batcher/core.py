@@ -22,7 +22,8 @@ A shell's part, per event:
 * carry out the actions of ``poll``: run each ``Dispatch``'s batch, fail each ``Expire``'s
   request with ``DeadlineExceededError``, set the timer;
 * a model call ends: :meth:`~BatcherCore.record_run` (and :meth:`~BatcherCore.note_oom` if it
-  ran out of memory), :meth:`~BatcherCore.record_answers` for the requests it answered;
+  ran out of memory), :meth:`~BatcherCore.record_answers` for the requests it answered, and
+  :meth:`~BatcherCore.record_device_time` for the time it held the device;
 * a dispatched batch has ended: :meth:`~BatcherCore.complete`, then :meth:`~BatcherCore.poll`.
 """
 
@@ -170,6 +171,11 @@ class BatcherCore(Generic[H]):
         ``service_s`` seconds and ended at ``end_s``; ``window_idle_s`` as in
         :attr:`Batch.window_idle_s` (count it for one call per batch only)."""
         self.recorder.record_batch(end_s, items, units, service_s, window_idle_s)
+
+    def record_device_time(self, busy_s: float) -> None:
+        """The device ran model calls for ``busy_s`` seconds (every call counts: split, failed
+        and padded ones too); this is the device cost ``stats()`` and replays report."""
+        self.recorder.record_device_time(busy_s)
 
     def record_answers(self, arrivals_s: list[float], failed: int, now: float) -> None:
         """Requests that arrived at ``arrivals_s`` (non-decreasing) were answered at ``now``;

@@ -36,6 +36,9 @@ class Counts:
     ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
     of these. Once every request has ended, ``submitted`` is the sum of the five outcome
     counts (``within_slo`` is part of ``completed``).
+
+    ``device_busy_s`` is the device cost: the summed wall time of every model call, seconds
+    (split and failed calls included; concurrent batches add up, as device-seconds do).
     """
 
     submitted: int
@@ -51,11 +54,18 @@ class Counts:
     oom_errors: int
     window_batches: int = 0
     window_idle_s: float = 0.0
+    device_busy_s: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:
         """Mean items per batch (NaN before the first batch)."""
         return self.batch_items / self.batches if self.batches else math.nan
+
+    @property
+    def device_ms_per_request(self) -> float:
+        """Device cost: busy time per answered request, ms (NaN before the first answer)."""
+        answered = self.completed + self.failed
+        return self.device_busy_s * 1e3 / answered if answered else math.nan
 
 
 class Recorder:
@@ -84,6 +94,7 @@ class Recorder:
         self.oom_errors = 0
         self.window_batches = 0
         self.window_idle_s = 0.0
+        self.device_busy_s = 0.0
 
     def record_batch(
         self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
@@ -98,6 +109,10 @@ class Recorder:
         self.batch_count += 1
         self.batch_items += items
         self.batch_units += units
+
+    def record_device_time(self, busy_s: float) -> None:
+        """The device ran model calls for ``busy_s`` seconds (the cost of answering)."""
+        self.device_busy_s += busy_s
 
     def record_latencies(self, latencies_s: list[float], failed: int, now: float) -> None:
         """Requests that got an answer at ``now`` after ``latencies_s``; ``failed`` of them errors.
@@ -142,6 +157,7 @@ class Recorder:
             oom_errors=self.oom_errors,
             window_batches=self.window_batches,
             window_idle_s=self.window_idle_s,
+            device_busy_s=self.device_busy_s,
         )
 
     def quantiles(self, now: float) -> Quantiles:

@@ -721,6 +721,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         ended = self._now()
         self._core.complete(batch, ended)
         if live:
+            self._core.record_device_time(ended - started)
             units = len(live) if self._size_fn is None else sum(r.size for r in live)
             if self._buckets:
                 units = pad_target(self._buckets, units)  # what the model actually ran

@@ -279,6 +279,7 @@ class _Replay:
         if memory is not None and memory.is_oom(self.sim.service, units, start):
             failed_at = start + OOM_DETECT_FRACTION * service
             self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
+            self.core.record_device_time(failed_at - start)
             self.state.busy_s += failed_at - start
             parts.append(_Part(start, failed_at, ids, units, ok=False))
             if len(ids) == 1:
@@ -286,6 +287,7 @@ class _Replay:
             middle = len(ids) // 2
             after_first = self._execute(ids[:middle], failed_at, parts)
             return self._execute(ids[middle:], after_first, parts)
+        self.core.record_device_time(service)
         self.state.busy_s += service
         parts.append(_Part(start, start + service, ids, units, ok=True))
         return start + service
