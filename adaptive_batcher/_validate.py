@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["check_callable", "check_int", "check_number", "check_optional_int"]
+__all__ = ["check_callable", "check_int", "check_number", "check_optional_int", "check_strings"]
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -40,3 +40,14 @@ def check_callable(name: str, value: object) -> Callable[..., Any]:
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}")
     return value
+
+
+def check_strings(name: str, value: object) -> tuple[str, ...]:
+    """``value`` (an iterable of str, not a str itself) as a tuple; TypeError naming the item."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of str, got {type(value).__name__}")
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}")
+    return items
