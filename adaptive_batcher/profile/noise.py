@@ -51,8 +51,9 @@ MAD_TO_SD: Final = 1.4826
 """Scales a median absolute deviation to a standard deviation for normal data (Hampel 1974)."""
 
 DEFAULT_CV_THRESHOLD: Final = 0.1
-"""A batch size is settled once its robust CV is at most this (10 %). On an idle 2-core CPU the
-example MLP's timings have a robust CV of 1-11 %; a CUDA device's are usually under 2 %."""
+"""A batch size is settled once its robust CV is at most this (10 %). A choice, not a measured
+constant: loose enough for the calls of a quiet machine to settle in one round, tight enough that
+timings spread by a tenth of their median are repeated; ``cv_threshold`` changes it."""
 
 MONOTONE_TOLERANCE: Final = 0.05
 """A larger batch faster by less than this fraction of the smaller batch's median is not reported
