@@ -13,6 +13,7 @@ __all__ = [
     "check_int",
     "check_number",
     "check_optional_int",
+    "check_strings",
 ]
 
 
@@ -65,3 +66,14 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
         listed = ", ".join(repr(c) for c in allowed)
         raise ValueError(f"{name} must be one of {listed}, got {value!r}")
     return value
+
+
+def check_strings(name: str, value: object) -> tuple[str, ...]:
+    """``value`` (an iterable of str, not a str itself) as a tuple; TypeError naming the item."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of str, got {type(value).__name__}")
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}")
+    return items

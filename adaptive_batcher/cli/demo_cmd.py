@@ -5,6 +5,14 @@ Open-loop arrivals: Poisson at ``--rate`` for the first 40 % of the run, a burst
 and cap toward ``--slo-p99-ms`` and sheds requests that can no longer meet it (``--static`` keeps
 window and cap fixed and sheds nothing). A live table shows queue depth,
 batch size, p50/p99 latency, the window and cap in force; a summary table closes the run.
+
+torch runs the model with one intra-op thread unless --torch-threads says otherwise: the example
+MLP is small (a batch of 64 is a few milliseconds of work), so splitting each matmul across
+threads gains little, while the event loop (arrivals, batching, this display) needs a core of its
+own. On a machine with few cores, torch's default (one thread per core) makes the model's threads
+and the event loop compete, and intra-op threads that wait for a descheduled peer stretch batch
+latencies unpredictably: on a busy 2-core machine, profiling this model with 2 threads gave
+batch 4 at 40 ms next to batch 8 at 0.52 ms, and one thread a sane curve.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
+from adaptive_batcher._threads import use_torch_threads
 
 __all__ = ["register"]
 
@@ -56,6 +66,13 @@ def register(subparsers: Any) -> None:
         "--static", action="store_true", help="no controller: keep --window-ms and the cap"
     )
     parser.add_argument("--seed", type=int, default=0, help="arrival process seed")
+    parser.add_argument(
+        "--torch-threads",
+        type=_non_negative_int,
+        default=1,
+        help="torch.set_num_threads for the run (restored afterwards); 0 keeps torch's default "
+        "(one per core). 1 by default: the model is small and the event loop needs a core",
+    )
     parser.set_defaults(func=run)
 
 
@@ -85,6 +102,13 @@ def _non_negative(text: str) -> float:
     return _number(text, allow_zero=True)
 
 
+def _non_negative_int(text: str) -> int:
+    value = _non_negative(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text}")
+    return int(value)
+
+
 def _positive_int(text: str) -> int:
     value = _positive(text)
     if value != int(value):
@@ -95,13 +119,34 @@ def _positive_int(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status."""
     try:
-        from adaptive_batcher.examples.mlp import make_input, mlp_batch_fn
+        from adaptive_batcher.examples.mlp import make_input
     except ImportError:  # pragma: no cover - the torch extra is missing
         Console(stderr=True).print(
             "[red]the demo needs torch: pip install 'adaptive-batcher[torch]'"
         )
         return 2
-    return asyncio.run(_serve(args, stacked(mlp_batch_fn()), make_input))
+    threads = None if args.torch_threads == 0 else args.torch_threads
+    with use_torch_threads(threads, option="--torch-threads"):
+        model = _ThreadReportingModel()
+        return asyncio.run(_serve(args, model, make_input))
+
+
+class _ThreadReportingModel:
+    """The example MLP's batch function, stacked; records ``torch.get_num_threads()`` as seen
+    from the thread each batch runs on (torch keeps the count per thread)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        from adaptive_batcher.examples.mlp import mlp_batch_fn
+
+        self._torch = torch
+        self._run = stacked(mlp_batch_fn())
+        self.threads_seen: set[int] = set()
+
+    def __call__(self, items: list[Any]) -> Sequence[Any]:
+        self.threads_seen.add(int(self._torch.get_num_threads()))
+        return self._run(items)
 
 
 def _rate_at(elapsed_s: float, args: argparse.Namespace) -> float:
@@ -109,7 +154,7 @@ def _rate_at(elapsed_s: float, args: argparse.Namespace) -> float:
     return float(args.burst_rate if 0.4 <= phase < 0.6 else args.rate)
 
 
-async def _serve(args: argparse.Namespace, model: Any, make_input: Any) -> int:
+async def _serve(args: argparse.Namespace, model: _ThreadReportingModel, make_input: Any) -> int:
     console = Console()
     batcher = AdaptiveBatcher(
         model,
@@ -134,7 +179,7 @@ async def _serve(args: argparse.Namespace, model: Any, make_input: Any) -> int:
                 elapsed = time.perf_counter() - started
                 live.update(_live_table(batcher, tally, elapsed, args))
             await arrivals
-    console.print(_summary_table(batcher, tally, time.perf_counter() - started))
+    console.print(_summary_table(batcher, tally, time.perf_counter() - started, model))
     return 0
 
 
@@ -189,7 +234,12 @@ def _live_table(
     return table
 
 
-def _summary_table(batcher: AdaptiveBatcher[Any, Any], tally: _Tally, wall_s: float) -> Table:
+def _summary_table(
+    batcher: AdaptiveBatcher[Any, Any],
+    tally: _Tally,
+    wall_s: float,
+    model: _ThreadReportingModel,
+) -> Table:
     stats = batcher.stats()
     counts = stats.counts
     table = Table(title="summary (latency: the last 10 s of the run)")
@@ -207,7 +257,12 @@ def _summary_table(batcher: AdaptiveBatcher[Any, Any], tally: _Tally, wall_s: fl
         ("window, ms / batch cap at the end", f"{stats.window_ms:.1f} / {stats.max_batch_size}"),
         ("controller", f"{stats.policy} ({stats.decisions} decisions)" if stats.policy else "off"),
         ("SLO p99, ms", f"{stats.slo.p99_ms:g}" if stats.slo else "none"),
+        ("torch threads in the model thread", _threads_text(model.threads_seen)),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _threads_text(seen: set[int]) -> str:
+    return ", ".join(str(n) for n in sorted(seen)) if seen else "n/a"

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adaptive_batcher.profile import Recommendation
 
 __all__ = ["register"]
 
@@ -25,6 +29,13 @@ three-step method): 1. sweep batch sizes on the real model and hardware, 2. find
 the throughput curve, 3. keep a margin and check the latency budget against an SLO. It prints
 a markdown table and a recommended batch cap (max_batch_size) and batching window (window_ms).
 
+Each batch size is timed in rounds until its timings settle (robust coefficient of variation
+at most --cv-threshold) or --max-repeats calls were made; the table shows the CV and the calls.
+When a batch size did not settle, or a larger batch ran measurably faster than a smaller one
+(beyond both rows' spread), the timings describe the machine's load as much as the model: the
+command prints warnings and marks the recommendation NOT RELIABLE. torch's thread counts and
+the CPU cores available are reported; --threads sets torch's count for the sweep.
+
 With no MODEL it profiles the built-in example: a small torch MLP (256 -> 1024 -> 1024 -> 64)
 fed batches of torch.randn(n, 256), so you can try it straight away.
 """
@@ -32,6 +43,7 @@ fed batches of torch.randn(n, 256), so you can try it straight away.
 _EPILOG = """\
 examples:
   adaptive-batcher profile --batch-sizes 1,2,4,8 --repeats 5
+  adaptive-batcher profile --threads 1 --max-repeats 200      # a busy or small CPU
   adaptive-batcher profile --slo-p99-ms 50 --preprocess-ms 2 --out results/
   adaptive-batcher profile mypkg.serving:build_model --input mypkg.serving:make_batch
 
@@ -99,7 +111,32 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         type=_positive_int,
         default=20,
-        help="timed calls per batch size; median and p99 are taken over them (default: 20)",
+        help="timed calls per round at each batch size; median, p99 and CV are taken over all "
+        "the rounds' calls (default: 20)",
+    )
+    timing.add_argument(
+        "--max-repeats",
+        metavar="N",
+        type=_positive_int,
+        help="most timed calls per batch size: rounds of --repeats are added while the robust "
+        "CV of the timings is above --cv-threshold (default: 5 x --repeats; equal to --repeats "
+        "for a single round)",
+    )
+    timing.add_argument(
+        "--cv-threshold",
+        metavar="F",
+        type=_positive_float,
+        default=0.1,
+        help="a batch size is settled once the robust coefficient of variation of its timings "
+        "(1.4826 x MAD / median) is at most F (default: 0.1, i.e. 10 %%)",
+    )
+    timing.add_argument(
+        "--threads",
+        metavar="N",
+        type=_positive_int,
+        help="torch.set_num_threads(N) for the sweep (default: leave torch's count as it is; "
+        "the count used is reported either way). On a small or busy CPU, more threads than free "
+        "cores make timings noisy: try 1",
     )
     timing.add_argument(
         "--warmup",
@@ -282,6 +319,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _print_warnings(rec: Recommendation) -> None:
+    """The sweep's warnings, the SLO's, then NOT RELIABLE when the sweep was noisy; on stderr."""
+    messages = [*rec.warnings, rec.message, rec.noise_message]
+    for message in messages:
+        if message is not None:
+            print(f"warning: {message}", file=sys.stderr)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from adaptive_batcher.profile import (
         find_knee,
@@ -308,6 +353,12 @@ def _profile(args: argparse.Namespace) -> int:
         raise _UsageError(f"--device: {exc}") from None
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise _UsageError(f"--out {str(args.out)!r} exists and is not a directory")
+    if args.max_repeats is not None and args.max_repeats < args.repeats:
+        raise _UsageError(
+            f"--max-repeats ({args.max_repeats}) must be >= --repeats ({args.repeats})"
+        )
+    if args.threads is not None and importlib.util.find_spec("torch") is None:
+        raise _UsageError("--threads sets torch's thread count, but torch is not installed")
 
     if args.model is None:
         model, make_batch = _builtin_model(device)
@@ -335,8 +386,11 @@ def _profile(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         max_batch_size=args.max_batch_size,
         repeats=args.repeats,
+        max_repeats=args.max_repeats,
+        cv_threshold=args.cv_threshold,
         warmup=args.warmup,
         device=device,
+        torch_threads=args.threads,
         progress=not args.no_progress,
         model_name=name,
     )
@@ -351,8 +405,7 @@ def _profile(args: argparse.Namespace) -> int:
     rec = recommend(result, slo, args.margin, knee=knee)
     report = markdown_report(result, knee=knee, recommendation=rec)
     print(report)
-    if rec.message is not None:
-        print(f"warning: {rec.message}", file=sys.stderr)
+    _print_warnings(rec)
     if args.out is not None:
         out: Path = args.out
         out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """The offline profiler: the practitioners' sweep -> knee -> margin method, as a tool.
 
 1. :func:`profile_model` sweeps batch sizes on the real model and hardware (median / p99 batch
-   latency, items/s, peak memory; stops at the first out-of-memory batch size).
+   latency, items/s, peak memory; stops at the first out-of-memory batch size), repeating each
+   until its timings settle, and warns when they did not or when a larger batch ran measurably
+   faster than a smaller one (:func:`noise_warnings`): ``ProfileResult.noisy``.
 2. :func:`find_knee` finds the knee of the throughput curve (Kneedle, with a fallback).
 3. :func:`recommend` keeps a margin and checks the latency budget against an
    :class:`~adaptive_batcher.SLO`.
@@ -18,12 +20,19 @@ Example::
     result = profile_model(model, lambda n: torch.randn(n, 256), max_batch_size=256)
     rec = recommend(result, SLO(p99_ms=50.0))
     print(rec.max_batch_size, rec.window_ms, rec.reasons)
+    if rec.noisy:
+        print(rec.noise_message, *rec.warnings, sep="\n")
 """
 
 from __future__ import annotations
 
 from adaptive_batcher.profile._devices import is_out_of_memory, resolve_device
 from adaptive_batcher.profile.knee import FALLBACK_FRACTION, Knee, KneeMethod, find_knee
+from adaptive_batcher.profile.noise import (
+    DEFAULT_CV_THRESHOLD,
+    MONOTONE_TOLERANCE,
+    noise_warnings,
+)
 from adaptive_batcher.profile.plot import plot_profile
 from adaptive_batcher.profile.recommend import (
     DEFAULT_MARGIN,
@@ -49,8 +58,10 @@ from adaptive_batcher.profile.sweep import (
 )
 
 __all__ = [
+    "DEFAULT_CV_THRESHOLD",
     "DEFAULT_MARGIN",
     "FALLBACK_FRACTION",
+    "MONOTONE_TOLERANCE",
     "SCHEMA",
     "ControllerBounds",
     "Knee",
@@ -66,6 +77,7 @@ __all__ = [
     "load_profile",
     "markdown_report",
     "markdown_table",
+    "noise_warnings",
     "plot_profile",
     "profile_model",
     "profile_to_dict",

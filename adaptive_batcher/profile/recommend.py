@@ -19,11 +19,10 @@ compute, so window <= SLO - preprocess - compute(batch), with a safety margin):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, NamedTuple
 
-from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher._validate import check_int, check_number, check_strings
 from adaptive_batcher.profile.knee import Knee, find_knee
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.slo import SLO
@@ -61,6 +60,9 @@ class Recommendation:
             otherwise (also when no SLO was given).
         reasons: the reasoning, one sentence per step; when ``meets_slo`` is False the first one
             is the warning (see :attr:`message`).
+        noisy: True when the sweep it comes from was noisy (``ProfileResult.noisy``): the cap
+            and window are then not reliable (see :attr:`noise_message`).
+        warnings: the sweep's warnings (``ProfileResult.warnings``), stable wording.
 
     Raises:
         TypeError, ValueError: on a field of the wrong type or out of range (message names it).
@@ -71,6 +73,8 @@ class Recommendation:
     slo_p99_ms: float | None
     meets_slo: bool
     reasons: tuple[str, ...]
+    noisy: bool = False
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_int("Recommendation.max_batch_size", self.max_batch_size, 1)
@@ -83,18 +87,12 @@ class Recommendation:
             raise TypeError(
                 f"Recommendation.meets_slo must be a bool, got {type(self.meets_slo).__name__}"
             )
-        raw: object = self.reasons
-        if isinstance(raw, str) or not isinstance(raw, Iterable):
-            raise TypeError(
-                f"Recommendation.reasons must be a sequence of str, got {type(raw).__name__}"
-            )
-        reasons = tuple(raw)
-        for i, reason in enumerate(reasons):
-            if not isinstance(reason, str):
-                raise TypeError(
-                    f"Recommendation.reasons[{i}] must be a str, got {type(reason).__name__}"
-                )
-        object.__setattr__(self, "reasons", reasons)
+        object.__setattr__(self, "reasons", check_strings("Recommendation.reasons", self.reasons))
+        if not isinstance(self.noisy, bool):
+            raise TypeError(f"Recommendation.noisy must be a bool, got {type(self.noisy).__name__}")
+        object.__setattr__(
+            self, "warnings", check_strings("Recommendation.warnings", self.warnings)
+        )
 
     @property
     def message(self) -> str | None:
@@ -102,6 +100,19 @@ class Recommendation:
         if self.meets_slo or not self.reasons:
             return None
         return self.reasons[0]
+
+    @property
+    def noise_message(self) -> str | None:
+        """When :attr:`noisy`: a warning that the cap and window are NOT RELIABLE; else None."""
+        if not self.noisy:
+            return None
+        return (
+            f"recommendation NOT RELIABLE: cap {self.max_batch_size} and window "
+            f"{self.window_ms:.2f} ms come from a noisy sweep (timings that did not settle, or "
+            "a larger batch measurably faster than a smaller one; see the warnings). Rerun the "
+            "profile on an idle machine, with fewer torch threads or more repeats, before "
+            "using them"
+        )
 
     def controller_bounds(self) -> ControllerBounds:
         """Same as :func:`controller_bounds` of this recommendation."""
@@ -152,7 +163,9 @@ def recommend(
         knee: the knee to use; default :func:`find_knee` of ``result``.
 
     Returns:
-        The :class:`Recommendation`, with its reasoning in ``reasons``.
+        The :class:`Recommendation`, with its reasoning in ``reasons``, and the sweep's
+        ``noisy`` flag and ``warnings`` carried over: from a noisy sweep it is computed by the
+        same rules but flagged as not reliable (:attr:`Recommendation.noise_message`).
 
     Raises:
         TypeError: ``result`` is not a ProfileResult, ``slo`` not an SLO or None, ``knee`` not a
@@ -160,6 +173,13 @@ def recommend(
         ValueError: ``result`` has no rows, ``margin`` is outside (0, 1], or ``knee`` is not at a
             profiled batch size.
     """
+    rec = _recommend(result, slo, margin, knee)
+    return replace(rec, noisy=result.noisy, warnings=result.warnings)
+
+
+def _recommend(
+    result: ProfileResult, slo: SLO | None, margin: float, knee: Knee | None
+) -> Recommendation:
     if not isinstance(result, ProfileResult):
         raise TypeError(f"result must be a ProfileResult, got {type(result).__name__}")
     if slo is not None and not isinstance(slo, SLO):

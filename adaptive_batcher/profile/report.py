@@ -5,17 +5,26 @@ The JSON file is also the simulator's measured service-time table, so its schema
     {
       "schema": "adaptive_batcher.profile/1",
       "model": str, "device": str, "repeats": int,
+      "max_repeats": int | null, "cv_threshold": float | null,
+      "torch_threads": int | null, "torch_interop_threads": int | null,
+      "available_cores": int | null,
+      "noisy": bool, "warnings": [str, ...],
       "rows": [{"batch_size": int, "median_ms": float, "p99_ms": float,
-                "items_per_s": float, "peak_mem_bytes": int | null}, ...],
+                "items_per_s": float, "peak_mem_bytes": int | null,
+                "repeats": int | null, "cv": float | null, "robust_cv": float | null}, ...],
       "oom_batch_size": int | null,
       "knee": {"batch_size": int, "median_ms": float, "p99_ms": float,
                "items_per_s": float, "method": "kneedle" | "fraction_of_max"},
       "recommendation": {"max_batch_size": int, "window_ms": float, "slo_p99_ms": float | null,
-                         "meets_slo": bool, "reasons": [str, ...]} | null
+                         "meets_slo": bool, "reasons": [str, ...],
+                         "noisy": bool, "warnings": [str, ...]} | null
     }
 
-Rows are in ascending batch size; times are milliseconds, memory bytes, throughput items/s.
-The reader ignores keys it does not know, so later minor additions stay readable.
+Rows are in ascending batch size; times are milliseconds, memory bytes, throughput items/s; CV
+and robust CV are fractions (0.05 = 5 %). The reader ignores keys it does not know, so later
+minor additions stay readable, and it reads files written before the spread, thread and noise
+keys existed (``max_repeats`` ... ``warnings``, a row's ``repeats``, ``cv`` and ``robust_cv``, a
+recommendation's ``noisy`` and ``warnings``): a missing one reads as null, false or empty.
 """
 
 from __future__ import annotations
@@ -90,12 +99,21 @@ def profile_to_dict(
             "slo_p99_ms": recommendation.slo_p99_ms,
             "meets_slo": recommendation.meets_slo,
             "reasons": list(recommendation.reasons),
+            "noisy": recommendation.noisy,
+            "warnings": list(recommendation.warnings),
         }
     return {
         "schema": SCHEMA,
         "model": result.model_name,
         "device": result.device,
         "repeats": result.repeats,
+        "max_repeats": result.max_repeats,
+        "cv_threshold": result.cv_threshold,
+        "torch_threads": result.torch_threads,
+        "torch_interop_threads": result.torch_interop_threads,
+        "available_cores": result.available_cores,
+        "noisy": result.noisy,
+        "warnings": list(result.warnings),
         "rows": [
             {
                 "batch_size": row.batch_size,
@@ -103,6 +121,9 @@ def profile_to_dict(
                 "p99_ms": row.p99_ms,
                 "items_per_s": row.items_per_s,
                 "peak_mem_bytes": row.peak_mem_bytes,
+                "repeats": row.repeats,
+                "cv": row.cv,
+                "robust_cv": row.robust_cv,
             }
             for row in result.rows
         ],
@@ -155,6 +176,23 @@ class _Reader:
         if key not in obj:
             raise self.fail(None, f"missing key {prefix + key!r}")
         return obj[key]
+
+    def optional_int(self, obj: dict[str, Any], key: str, prefix: str, minimum: int) -> int | None:
+        """An optional key (absent in older files) holding an int or null."""
+        return self.as_optional_int(obj.get(key), prefix + key, minimum=minimum)
+
+    def optional_number(self, obj: dict[str, Any], key: str, prefix: str) -> float | None:
+        """An optional key (absent in older files) holding a number or null."""
+        return self.as_optional_number(obj.get(key), prefix + key)
+
+    def optional_flag(self, obj: dict[str, Any], key: str, prefix: str) -> bool:
+        """An optional key (absent in older files: false) holding true or false."""
+        return self.as_bool(obj.get(key, False), prefix + key)
+
+    def optional_strings(self, obj: dict[str, Any], key: str, prefix: str) -> tuple[str, ...]:
+        """An optional key (absent in older files: empty) holding an array of strings."""
+        values = self.as_list(obj.get(key, []), prefix + key)
+        return tuple(self.as_str(value, f"{prefix}{key}[{i}]") for i, value in enumerate(values))
 
     def as_object(self, value: Any, key: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -245,8 +283,13 @@ def _read_rows(reader: _Reader, doc: dict[str, Any]) -> list[ProfileRow]:
         peak = reader.as_optional_int(
             reader.get(obj, "peak_mem_bytes", prefix), prefix + "peak_mem_bytes", minimum=0
         )
+        repeats = reader.optional_int(obj, "repeats", prefix, 1)
+        cv = reader.optional_number(obj, "cv", prefix)
+        robust_cv = reader.optional_number(obj, "robust_cv", prefix)
         try:
-            rows.append(ProfileRow(batch_size, median_ms, p99_ms, items_per_s, peak))
+            rows.append(
+                ProfileRow(batch_size, median_ms, p99_ms, items_per_s, peak, repeats, cv, robust_cv)
+            )
         except (TypeError, ValueError) as exc:
             raise reader.fail(where, str(exc)) from exc
     return rows
@@ -269,8 +312,12 @@ def _read_recommendation(reader: _Reader, raw: Any) -> Recommendation | None:
     reasons = tuple(
         reader.as_str(reason, f"{prefix}reasons[{i}]") for i, reason in enumerate(raw_reasons)
     )
+    noisy = reader.optional_flag(obj, "noisy", prefix)
+    warnings = reader.optional_strings(obj, "warnings", prefix)
     try:
-        return Recommendation(max_batch_size, window_ms, slo_p99_ms, meets_slo, reasons)
+        return Recommendation(
+            max_batch_size, window_ms, slo_p99_ms, meets_slo, reasons, noisy, warnings
+        )
     except (TypeError, ValueError) as exc:
         raise reader.fail("recommendation", str(exc)) from exc
 
@@ -296,6 +343,42 @@ def load_profile(path: str | os.PathLike[str]) -> tuple[ProfileResult, Recommend
     return _read_document(reader, decoded)
 
 
+def _result(
+    reader: _Reader,
+    doc: dict[str, Any],
+    rows: list[ProfileRow],
+    oom: int | None,
+    device: str,
+    model: str,
+    repeats: int,
+) -> ProfileResult:
+    """The ProfileResult, with the optional sweep keys (absent in older files) read too."""
+    max_repeats = reader.optional_int(doc, "max_repeats", "", repeats)
+    cv_threshold = reader.optional_number(doc, "cv_threshold", "")
+    torch_threads = reader.optional_int(doc, "torch_threads", "", 1)
+    interop_threads = reader.optional_int(doc, "torch_interop_threads", "", 1)
+    cores = reader.optional_int(doc, "available_cores", "", 1)
+    warnings = reader.optional_strings(doc, "warnings", "")
+    noisy = reader.optional_flag(doc, "noisy", "")
+    try:
+        return ProfileResult(
+            tuple(rows),
+            oom,
+            device,
+            model,
+            repeats,
+            max_repeats=max_repeats,
+            cv_threshold=cv_threshold,
+            torch_threads=torch_threads,
+            torch_interop_threads=interop_threads,
+            available_cores=cores,
+            warnings=warnings,
+            noisy=noisy,
+        )
+    except (TypeError, ValueError) as exc:
+        raise reader.fail(None, str(exc)) from exc
+
+
 def _read_document(reader: _Reader, decoded: Any) -> tuple[ProfileResult, Recommendation | None]:
     if not isinstance(decoded, dict):
         raise reader.fail(None, f"must hold a JSON object, got {_json_type(decoded)}")
@@ -314,7 +397,7 @@ def _read_document(reader: _Reader, decoded: Any) -> tuple[ProfileResult, Recomm
             f"must be larger than every row's batch size (largest: {rows[-1].batch_size}), "
             f"got {oom}",
         )
-    result = ProfileResult(tuple(rows), oom, device, model, repeats)
+    result = _result(reader, doc, rows, oom, device, model, repeats)
     knee = reader.as_object(reader.get(doc, "knee"), "knee")
     knee_size = reader.as_int(reader.get(knee, "batch_size", "knee."), "knee.batch_size")
     if knee_size not in result.batch_sizes:
@@ -334,11 +417,15 @@ def markdown_table(
 ) -> str:
     """A markdown table of the sweep: one line per batch size, the knee and the cap marked.
 
-    Columns: batch, median ms, p99 ms, items/s, peak memory MiB, note. A line after the table
-    records the out-of-memory batch size, if any.
+    Columns: batch, median ms, p99 ms, items/s, peak memory MiB, CV % and robust CV % of the
+    timed calls, the number of timed calls, note ("n/a" where a value was not recorded). A line
+    after the table records the out-of-memory batch size, if any.
     """
-    header = "| batch | median ms | p99 ms | items/s | peak mem MiB | note |"
-    lines = [header, "|---:|---:|---:|---:|---:|:---|"]
+    header = (
+        "| batch | median ms | p99 ms | items/s | peak mem MiB | CV % | robust CV % | calls "
+        "| note |"
+    )
+    lines = [header, "|---:|---:|---:|---:|---:|---:|---:|---:|:---|"]
     for row in result.rows:
         notes = []
         if knee is not None and row.batch_size == knee.batch_size:
@@ -348,12 +435,76 @@ def markdown_table(
         mem = "n/a" if row.peak_mem_bytes is None else f"{row.peak_mem_bytes / _MIB:,.1f}"
         lines.append(
             f"| {row.batch_size} | {row.median_ms:.3f} | {row.p99_ms:.3f} | "
-            f"{row.items_per_s:,.0f} | {mem} | {', '.join(notes)} |"
+            f"{row.items_per_s:,.0f} | {mem} | {_percent(row.cv)} | {_percent(row.robust_cv)} | "
+            f"{'n/a' if row.repeats is None else row.repeats} | {', '.join(notes)} |"
         )
     if result.oom_batch_size is not None:
         lines.append("")
         lines.append(f"Batch {result.oom_batch_size}: out of memory (the sweep stopped there).")
     return "\n".join(lines) + "\n"
+
+
+def _percent(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}"
+
+
+def _timing_sentence(result: ProfileResult) -> str:
+    if result.max_repeats is None or result.cv_threshold is None:
+        return (
+            f"Latency of one batch call: median and p99 of {result.repeats} timed calls per "
+            "batch size."
+        )
+    return (
+        "Latency of one batch call: median and p99 of the timed calls per batch size (column "
+        f"calls), timed in rounds of {result.repeats} until the robust CV (1.4826 x MAD / "
+        f"median) was at most {100 * result.cv_threshold:g} %, or {result.max_repeats} calls."
+    )
+
+
+def _threads_sentence(result: ProfileResult) -> str | None:
+    cores = (
+        ""
+        if result.available_cores is None
+        else f"; {result.available_cores} CPU cores available to the process"
+    )
+    if result.torch_threads is not None:
+        interop = (
+            ""
+            if result.torch_interop_threads is None
+            else f", inter-op {result.torch_interop_threads}"
+        )
+        return f"Threads: torch intra-op {result.torch_threads}{interop}{cores}."
+    if cores:
+        return f"Threads: torch not in use{cores}."
+    return None
+
+
+def _warnings_section(result: ProfileResult) -> list[str]:
+    if not result.warnings:
+        return []
+    return ["## Warnings", "", *(f"- {warning}" for warning in result.warnings), ""]
+
+
+def _recommendation_section(recommendation: Recommendation) -> list[str]:
+    if recommendation.slo_p99_ms is None:
+        slo = "none given"
+    else:
+        verdict = "can be met" if recommendation.meets_slo else "**cannot be met**"
+        slo = f"p99 <= {recommendation.slo_p99_ms:g} ms, {verdict}"
+    noise = recommendation.noise_message
+    return [
+        "## Recommendation",
+        "",
+        *([f"**{noise}**", ""] if noise is not None else []),
+        f"- batch cap (max_batch_size): **{recommendation.max_batch_size}**",
+        f"- batching window (window_ms): **{recommendation.window_ms:.2f} ms**",
+        f"- SLO: {slo}",
+        "",
+        "Why:",
+        "",
+        *(f"{i}. {reason}" for i, reason in enumerate(recommendation.reasons, start=1)),
+        "",
+    ]
 
 
 def markdown_report(
@@ -362,31 +513,20 @@ def markdown_report(
     knee: Knee | None = None,
     recommendation: Recommendation | None = None,
 ) -> str:
-    """A markdown report: title, :func:`markdown_table`, then the recommendation and its reasons."""
+    """A markdown report: title, how the calls were timed and with how many threads,
+    :func:`markdown_table`, the sweep's warnings (section "Warnings", when there are any), then
+    the recommendation and its reasons, headed by a bold NOT RELIABLE line when it comes from a
+    noisy sweep."""
+    threads = _threads_sentence(result)
     lines = [
         f"# Profile of `{result.model_name}`",
         "",
-        f"Device: {result.device}. Latency of one batch call: median and p99 of "
-        f"{result.repeats} timed calls per batch size.",
+        f"Device: {result.device}. {_timing_sentence(result)}",
         "",
+        *([threads, ""] if threads is not None else []),
         markdown_table(result, knee=knee, recommendation=recommendation),
+        *_warnings_section(result),
     ]
     if recommendation is not None:
-        if recommendation.slo_p99_ms is None:
-            slo = "none given"
-        else:
-            verdict = "can be met" if recommendation.meets_slo else "**cannot be met**"
-            slo = f"p99 <= {recommendation.slo_p99_ms:g} ms, {verdict}"
-        lines += [
-            "## Recommendation",
-            "",
-            f"- batch cap (max_batch_size): **{recommendation.max_batch_size}**",
-            f"- batching window (window_ms): **{recommendation.window_ms:.2f} ms**",
-            f"- SLO: {slo}",
-            "",
-            "Why:",
-            "",
-            *(f"{i}. {reason}" for i, reason in enumerate(recommendation.reasons, start=1)),
-            "",
-        ]
+        lines += _recommendation_section(recommendation)
     return "\n".join(lines)

@@ -1,9 +1,12 @@
 """Step 1 of the practitioners' method: sweep batch sizes on the real model and hardware.
 
 For each batch size (ascending): build one batch, run ``warmup`` untimed calls (the first call at a
-new shape is slow: algorithm selection, allocator growth; see shared/profiles/h200/README.md), then
-``repeats`` timed calls; keep the median and p99 batch latency, throughput and peak memory. The
-sweep stops at the first batch size that runs out of memory and keeps what it measured before.
+new shape is slow: algorithm selection, allocator growth), then timed calls in rounds of
+``repeats`` until the timings settle (robust coefficient of variation at most ``cv_threshold``) or
+``max_repeats`` calls were timed; keep the median and p99 batch latency, throughput, peak memory,
+the spread (CV, robust CV) and the number of timed calls. The sweep stops at the first batch size
+that runs out of memory and keeps what it measured before. It then checks the curve for noise
+(:mod:`adaptive_batcher.profile.noise`) and records torch's thread counts and the cores available.
 """
 
 from __future__ import annotations
@@ -15,22 +18,44 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher._validate import check_callable, check_int, check_number, check_optional_int
+from adaptive_batcher._threads import (
+    TorchThreads,
+    available_cores,
+    current_torch_threads,
+    use_torch_threads,
+)
+from adaptive_batcher._validate import (
+    check_callable,
+    check_int,
+    check_number,
+    check_optional_int,
+    check_strings,
+)
 from adaptive_batcher.profile._devices import (
     DeviceBackend,
     is_out_of_memory,
     make_backend,
     resolve_device,
 )
+from adaptive_batcher.profile.noise import (
+    DEFAULT_CV_THRESHOLD,
+    coefficient_of_variation,
+    noise_warnings,
+    robust_cv,
+    setup_warnings,
+)
 
 __all__ = ["ProfileResult", "ProfileRow", "default_batch_sizes", "profile_model"]
 
 _log = get_logger()
+
+DEFAULT_REPEAT_FACTOR: Final = 5
+"""Without ``max_repeats``, a batch size is timed in at most this many rounds of ``repeats``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +70,15 @@ class ProfileRow:
         items_per_s: throughput, ``batch_size / median`` in items per second (> 0).
         peak_mem_bytes: peak memory in bytes (CUDA: allocator peak; CPU: growth of the process
             peak RSS since the sweep started), or None where it could not be read.
+        repeats: timed calls the statistics are over (>= 1), or None (a profile written before
+            it was recorded).
+        cv: coefficient of variation of those calls, sample standard deviation / mean (>= 0), or
+            None (fewer than 2 calls, or not recorded).
+        robust_cv: ``1.4826 x MAD / median`` of those calls (>= 0; MAD: median absolute deviation
+            from the median; on the scale of ``cv`` for normal data, but blind to a minority of
+            outliers), or None (fewer than 2 calls, or not recorded). The sweep repeats a batch
+            size until this is at most its ``cv_threshold``; see
+            :mod:`adaptive_batcher.profile.noise`.
 
     Raises:
         TypeError, ValueError: on a field of the wrong type or out of range (message names it).
@@ -55,6 +89,9 @@ class ProfileRow:
     p99_ms: float
     items_per_s: float
     peak_mem_bytes: int | None = None
+    repeats: int | None = None
+    cv: float | None = None
+    robust_cv: float | None = None
 
     def __post_init__(self) -> None:
         check_int("ProfileRow.batch_size", self.batch_size, 1)
@@ -62,6 +99,11 @@ class ProfileRow:
             value = check_number(f"ProfileRow.{name}", getattr(self, name), 0.0, strict=True)
             object.__setattr__(self, name, value)
         check_optional_int("ProfileRow.peak_mem_bytes", self.peak_mem_bytes, 0)
+        check_optional_int("ProfileRow.repeats", self.repeats, 1)
+        for name in ("cv", "robust_cv"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check_number(f"ProfileRow.{name}", value, 0.0))
         if self.p99_ms < self.median_ms:
             raise ValueError(
                 f"ProfileRow.p99_ms ({self.p99_ms!r}) must be >= median_ms ({self.median_ms!r})"
@@ -79,7 +121,22 @@ class ProfileResult:
             Larger than every row's batch size.
         device: the device the sweep ran on, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H200)"``.
         model_name: a name for the model (free text).
-        repeats: timed calls per batch size (>= 1).
+        repeats: timed calls per round at each batch size (>= 1); each row's ``repeats`` says
+            how many were run in all.
+        max_repeats: the most timed calls allowed per batch size (>= ``repeats``), or None (a
+            profile written before it was recorded).
+        cv_threshold: the robust CV a batch size had to reach to stop repeating (> 0), or None.
+        torch_threads: ``torch.get_num_threads()`` during the sweep (intra-op threads), or None
+            when torch was not in use (not imported) or not recorded.
+        torch_interop_threads: ``torch.get_num_interop_threads()`` during the sweep, or None.
+        available_cores: CPU cores the process could run on (``os.sched_getaffinity``, else
+            ``os.cpu_count()``), or None.
+        warnings: human-readable warnings about the sweep, stable wording: the noise checks of
+            :func:`~adaptive_batcher.profile.noise.noise_warnings` first, then those about how it
+            was run (more torch threads than cores, batch sizes timed once).
+        noisy: True when the noise checks found a batch size that did not settle or a latency
+            curve that is not monotone beyond noise: the timings then describe the machine's load
+            as much as the model, and a recommendation from them is not reliable.
 
     Raises:
         TypeError, ValueError: on an inconsistent field (message names it).
@@ -90,6 +147,13 @@ class ProfileResult:
     device: str
     model_name: str
     repeats: int
+    max_repeats: int | None = None
+    cv_threshold: float | None = None
+    torch_threads: int | None = None
+    torch_interop_threads: int | None = None
+    available_cores: int | None = None
+    warnings: tuple[str, ...] = ()
+    noisy: bool = False
 
     def __post_init__(self) -> None:
         rows = tuple(self.rows)
@@ -115,6 +179,20 @@ class ProfileResult:
             if not isinstance(value, str):
                 raise TypeError(f"ProfileResult.{name} must be a str, got {type(value).__name__}")
         check_int("ProfileResult.repeats", self.repeats, 1)
+        self._check_sweep_settings()
+
+    def _check_sweep_settings(self) -> None:
+        check_optional_int("ProfileResult.max_repeats", self.max_repeats, self.repeats)
+        if self.cv_threshold is not None:
+            threshold = check_number(
+                "ProfileResult.cv_threshold", self.cv_threshold, 0.0, strict=True
+            )
+            object.__setattr__(self, "cv_threshold", threshold)
+        for name in ("torch_threads", "torch_interop_threads", "available_cores"):
+            check_optional_int(f"ProfileResult.{name}", getattr(self, name), 1)
+        object.__setattr__(self, "warnings", check_strings("ProfileResult.warnings", self.warnings))
+        if not isinstance(self.noisy, bool):
+            raise TypeError(f"ProfileResult.noisy must be a bool, got {type(self.noisy).__name__}")
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -218,31 +296,63 @@ def _progress(enabled: bool, total: int) -> Iterator[_Progress]:
         yield _Progress(bar, bar.add_task("profiling", total=total))
 
 
-def _measure(
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    """How each batch size is timed (arguments of :func:`profile_model`, checked)."""
+
+    repeats: int
+    max_repeats: int
+    cv_threshold: float
+    warmup: int
+    timer: Callable[[], float]
+
+
+def _time_calls(
     model: Callable[[Any], Any],
-    make_batch: Callable[[int], Any],
-    batch_size: int,
-    *,
-    repeats: int,
-    warmup: int,
+    batch: Any,
+    count: int,
     timer: Callable[[], float],
     backend: DeviceBackend,
-) -> ProfileRow:
-    """One batch size: build the batch, warm up, time ``repeats`` calls. May raise OOM."""
-    batch = make_batch(batch_size)
-    for _ in range(warmup):
-        model(batch)
-    backend.synchronize()
-    backend.start_memory_window()
+) -> list[float]:
+    """``count`` timed calls of ``model(batch)``, each between two device barriers; seconds."""
     samples_s: list[float] = []
-    for _ in range(repeats):
+    for _ in range(count):
         backend.synchronize()
         start = timer()
         out = model(batch)
         backend.synchronize()
         samples_s.append(timer() - start)
         del out
-    peak_mem_bytes = backend.peak_memory_bytes()
+    return samples_s
+
+
+def _settled(samples_s: list[float], cv_threshold: float) -> bool:
+    spread = robust_cv(samples_s)
+    return spread is not None and spread <= cv_threshold
+
+
+def _measure(
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    batch_size: int,
+    timing: _Timing,
+    backend: DeviceBackend,
+) -> ProfileRow:
+    """One batch size: build the batch, warm up, time rounds of calls until settled. May raise
+    OOM."""
+    batch = make_batch(batch_size)
+    for _ in range(timing.warmup):
+        model(batch)
+    backend.synchronize()
+    backend.start_memory_window()
+    samples_s: list[float] = []
+    while len(samples_s) < timing.max_repeats and not _settled(samples_s, timing.cv_threshold):
+        count = min(timing.repeats, timing.max_repeats - len(samples_s))
+        samples_s += _time_calls(model, batch, count, timing.timer, backend)
+    return _row(batch_size, samples_s, backend.peak_memory_bytes())
+
+
+def _row(batch_size: int, samples_s: list[float], peak_mem_bytes: int | None) -> ProfileRow:
     median_s = statistics.median(samples_s)
     if not (math.isfinite(median_s) and median_s > 0):
         raise RuntimeError(
@@ -256,7 +366,26 @@ def _measure(
         p99_ms=p99_s * 1e3,
         items_per_s=batch_size / median_s,
         peak_mem_bytes=peak_mem_bytes,
+        repeats=len(samples_s),
+        cv=coefficient_of_variation(samples_s),
+        robust_cv=robust_cv(samples_s),
     )
+
+
+def _check_timing(
+    repeats: int,
+    max_repeats: int | None,
+    cv_threshold: float,
+    warmup: int,
+    timer: Callable[[], float],
+) -> _Timing:
+    check_int("repeats", repeats, 1)
+    most = DEFAULT_REPEAT_FACTOR * repeats if max_repeats is None else max_repeats
+    check_int("max_repeats", most, repeats)
+    threshold = check_number("cv_threshold", cv_threshold, 0.0, strict=True)
+    check_int("warmup", warmup, 0)
+    check_callable("timer", timer)
+    return _Timing(repeats, most, threshold, warmup, timer)
 
 
 def profile_model(
@@ -266,18 +395,32 @@ def profile_model(
     batch_sizes: Iterable[int] | None = None,
     max_batch_size: int = 512,
     repeats: int = 20,
+    max_repeats: int | None = None,
+    cv_threshold: float = DEFAULT_CV_THRESHOLD,
     warmup: int = 3,
     device: str = "auto",
+    torch_threads: int | None = None,
     progress: bool = True,
     timer: Callable[[], float] = time.perf_counter,
     model_name: str | None = None,
 ) -> ProfileResult:
-    """Sweep batch sizes: median / p99 batch latency, throughput and peak memory at each.
+    """Sweep batch sizes: median / p99 batch latency, throughput and peak memory at each, with
+    the spread of the timings and a check of the curve for noise.
 
-    The method is the one in shared/profiles/h200/README.md: wall clock around the call (with
-    ``torch.cuda.synchronize()`` before and after it on CUDA), median of ``repeats`` calls after
-    ``warmup`` untimed calls, at every batch size. ``make_batch`` is called once per batch size,
-    outside the timing; the same batch is fed to every call.
+    Method: wall clock around the call (with ``torch.cuda.synchronize()`` before and after it on
+    CUDA), after ``warmup`` untimed calls, at every batch size. The timed calls run in rounds of
+    ``repeats``; after each round the robust coefficient of variation of all the calls so far
+    (``1.4826 x MAD / median``, see :mod:`adaptive_batcher.profile.noise`) is compared with
+    ``cv_threshold``, and the batch size is done once it is at or below it (at least 2 calls) or
+    ``max_repeats`` calls were timed. Median, p99, CV and robust CV are over all those calls.
+    ``make_batch`` is called once per batch size, outside the timing; the same batch is fed to
+    every call.
+
+    Afterwards :func:`~adaptive_batcher.profile.noise.noise_warnings` checks the rows: a batch
+    size that did not settle, or a larger batch measurably faster than a smaller one, sets
+    ``noisy`` and adds a warning (and the structlog event ``profile.noisy``). torch's thread
+    counts (when torch has been imported) and the cores available are recorded; more torch
+    intra-op threads than cores adds a warning (event ``profile.threads_oversubscribed``).
 
     ``device`` selects how timing and memory are measured; it does not move the model or the
     batch, which ``model`` and ``make_batch`` must place themselves. On CUDA the peak memory is
@@ -297,9 +440,15 @@ def profile_model(
             dropped). Default: :func:`default_batch_sizes` of ``max_batch_size``; when given,
             ``max_batch_size`` is ignored.
         max_batch_size: largest power-of-two batch size for the default sweep (>= 1).
-        repeats: timed calls per batch size (>= 1).
+        repeats: timed calls per round (>= 1).
+        max_repeats: the most timed calls per batch size (>= ``repeats``); default
+            ``5 * repeats``. ``max_repeats=repeats`` times exactly one round.
+        cv_threshold: a batch size is settled once the robust CV of its timings is at most this
+            (> 0; default 0.1, i.e. 10 %).
         warmup: untimed calls per batch size before the timed ones (>= 0).
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        torch_threads: ``torch.set_num_threads(torch_threads)`` for the sweep, the previous count
+            restored afterwards (>= 1); None (default) leaves torch as it is.
         progress: show a rich progress bar on stderr.
         timer: clock in seconds (monotonic); injectable so tests run on a fake clock.
         model_name: stored in the result; default: the callable's ``__qualname__``.
@@ -311,8 +460,8 @@ def profile_model(
     Raises:
         TypeError: an argument has the wrong type (``model must be callable, got int``, ...).
         ValueError: an argument is out of range (``repeats must be >= 1, got 0``, ...).
-        RuntimeError: a CUDA device was requested but is not available, or the timer measured a
-            median of zero.
+        RuntimeError: a CUDA device was requested but is not available, ``torch_threads`` was
+            given without torch installed, or the timer measured a median of zero.
     """
     check_callable("model", model)
     check_callable("make_batch", make_batch)
@@ -321,24 +470,39 @@ def profile_model(
     else:
         check_int("max_batch_size", max_batch_size, 1)
         sizes = _check_batch_sizes(batch_sizes)
-    check_int("repeats", repeats, 1)
-    check_int("warmup", warmup, 0)
+    timing = _check_timing(repeats, max_repeats, cv_threshold, warmup, timer)
+    check_optional_int("torch_threads", torch_threads, 1)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-    check_callable("timer", timer)
     if model_name is not None and not isinstance(model_name, str):
         raise TypeError(f"model_name must be a str or None, got {type(model_name).__name__}")
-    resolved = resolve_device(device)
-    backend = make_backend(resolved)
+    backend = make_backend(resolve_device(device))
     name = model_name if model_name is not None else _model_name(model)
+    with use_torch_threads(torch_threads, option="torch_threads"):
+        threads = current_torch_threads()
+        rows, oom_batch_size = _sweep(model, make_batch, sizes, timing, backend, progress, name)
+    return _result(rows, oom_batch_size, backend.description, name, timing, threads)
 
+
+def _sweep(
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    sizes: tuple[int, ...],
+    timing: _Timing,
+    backend: DeviceBackend,
+    progress: bool,
+    name: str,
+) -> tuple[list[ProfileRow], int | None]:
+    """The rows measured, and the batch size that ran out of memory (or None)."""
     _log.info(
         "profile.started",
         model=name,
         device=backend.description,
         batch_sizes=list(sizes),
-        repeats=repeats,
-        warmup=warmup,
+        repeats=timing.repeats,
+        max_repeats=timing.max_repeats,
+        cv_threshold=timing.cv_threshold,
+        warmup=timing.warmup,
     )
     rows: list[ProfileRow] = []
     oom_batch_size: int | None = None
@@ -346,15 +510,7 @@ def profile_model(
         for size in sizes:
             bar.show(size)
             try:
-                row = _measure(
-                    model,
-                    make_batch,
-                    size,
-                    repeats=repeats,
-                    warmup=warmup,
-                    timer=timer,
-                    backend=backend,
-                )
+                row = _measure(model, make_batch, size, timing, backend)
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
@@ -369,6 +525,9 @@ def profile_model(
                 p99_ms=row.p99_ms,
                 items_per_s=row.items_per_s,
                 peak_mem_bytes=row.peak_mem_bytes,
+                repeats=row.repeats,
+                cv=row.cv,
+                robust_cv=row.robust_cv,
             )
             bar.advance()
         bar.done(
@@ -383,10 +542,41 @@ def profile_model(
         batch_sizes_done=len(rows),
         oom_batch_size=oom_batch_size,
     )
+    return rows, oom_batch_size
+
+
+def _result(
+    rows: list[ProfileRow],
+    oom_batch_size: int | None,
+    device: str,
+    name: str,
+    timing: _Timing,
+    threads: TorchThreads | None,
+) -> ProfileResult:
+    """The result, with the noise checks done and logged."""
+    cores = available_cores()
+    noise = noise_warnings(rows, cv_threshold=timing.cv_threshold)
+    setup = setup_warnings(rows, threads, cores)
+    if noise:
+        _log.warning("profile.noisy", model=name, warnings=list(noise))
+    if threads is not None and cores is not None and threads.intra_op > cores:
+        _log.warning(
+            "profile.threads_oversubscribed",
+            model=name,
+            torch_threads=threads.intra_op,
+            available_cores=cores,
+        )
     return ProfileResult(
         rows=tuple(rows),
         oom_batch_size=oom_batch_size,
-        device=backend.description,
+        device=device,
         model_name=name,
-        repeats=repeats,
+        repeats=timing.repeats,
+        max_repeats=timing.max_repeats,
+        cv_threshold=timing.cv_threshold,
+        torch_threads=None if threads is None else threads.intra_op,
+        torch_interop_threads=None if threads is None else threads.inter_op,
+        available_cores=cores,
+        warnings=(*noise, *setup),
+        noisy=bool(noise),
     )

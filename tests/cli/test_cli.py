@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from adaptive_batcher.cli.main import main
 
@@ -27,6 +30,36 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     assert "requests completed" in out
     assert "p99 latency, ms" in out
     assert "decisions" in out  # the controller ran
+    assert re.search(r"torch threads in the model thread\s*│\s*1\s*│", out)  # the default
+
+
+@pytest.fixture
+def three_torch_threads() -> Iterator[None]:
+    """torch at 3 intra-op threads during the test (so 1 and 2 are changes), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("option", "expected"), [("2", "2"), ("0", "3")])
+def test_demo_torch_threads_option_reaches_the_model_thread(
+    option: str, expected: str, capsys: pytest.CaptureFixture[str], three_torch_threads: None
+) -> None:
+    status = main(["demo", "--duration", "1", "--rate", "100", "--torch-threads", option])
+    out = capsys.readouterr().out
+    assert status == 0
+    # the count torch reports inside the batcher's model thread (0: torch's own, here 3)
+    assert re.search(rf"torch threads in the model thread\s*│\s*{expected}\s*│", out)
+    assert torch.get_num_threads() == 3  # restored after the run
+
+
+def test_demo_help_says_why_one_torch_thread(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "--torch-threads" in out
+    assert "the event loop needs a core" in " ".join(out.split())
 
 
 @pytest.mark.parametrize(
@@ -36,6 +69,8 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
         ("--window-ms", "nan", "must be a finite number >= 0, got nan"),
         ("--max-batch-size", "2.5", "must be a whole number, got 2.5"),
         ("--rate", "fast", "not a number: 'fast'"),
+        ("--torch-threads", "-1", "must be a finite number >= 0, got -1"),
+        ("--torch-threads", "1.5", "must be a whole number, got 1.5"),
     ],
 )
 def test_demo_rejects_bad_numbers(

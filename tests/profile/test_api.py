@@ -12,7 +12,10 @@ def test_all_lists_exactly_the_public_names() -> None:
         if not name.startswith("_")
         and getattr(value, "__module__", "").startswith("adaptive_batcher.profile")
     }
-    constants = {"DEFAULT_MARGIN", "FALLBACK_FRACTION", "SCHEMA", "KneeMethod"}
+    constants = {
+        "DEFAULT_CV_THRESHOLD", "DEFAULT_MARGIN", "FALLBACK_FRACTION", "MONOTONE_TOLERANCE",
+        "SCHEMA", "KneeMethod",
+    }  # fmt: skip
     assert set(profile.__all__) == public | constants
     assert sorted(profile.__all__) == sorted(set(profile.__all__))
     for name in profile.__all__:

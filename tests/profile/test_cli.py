@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,9 @@ from adaptive_batcher.cli.main import main
 from adaptive_batcher.profile import load_profile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TABLE_HEADER = "| batch | median ms | p99 ms | items/s | peak mem MiB | note |"
+TABLE_HEADER = (
+    "| batch | median ms | p99 ms | items/s | peak mem MiB | CV % | robust CV % | calls | note |"
+)
 
 
 def run_cli(*argv: str) -> int:
@@ -123,6 +127,17 @@ NOT_CALLABLE = 3
 
 def no_memory(n):
     raise MemoryError
+
+def contended():
+    # batch 2 waits 20 ms on every call, as a batch size slowed by contention would:
+    # larger batches run measurably faster than it
+    import time
+
+    def model(batch):
+        if len(batch) == 2:
+            time.sleep(0.02)
+        return [x * 2 for x in batch]
+    return model
 """
 
 
@@ -188,6 +203,8 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
          "SLO.preprocess_ms (6.0) must be below p99_ms (5.0)"),
         (["--device", "tpu"],
          "--device: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+        (["--repeats", "5", "--max-repeats", "4"],
+         "--max-repeats (4) must be >= --repeats (5)"),
     ],
 )  # fmt: skip
 def test_argument_errors_exit_2_with_a_clear_message(
@@ -242,6 +259,9 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--slo-p99-ms", "nan"], "expected a number > 0, got 'nan'"),
         (["--slo-p99-ms", "-5"], "expected a number > 0, got '-5'"),
         (["--input", "a:b:c"], "expected 'module:function'"),
+        (["--threads", "0"], "expected an integer >= 1, got '0'"),
+        (["--max-repeats", "x"], "expected an integer >= 1, got 'x'"),
+        (["--cv-threshold", "0"], "expected a number > 0, got '0'"),
     ],
 )
 def test_malformed_options_are_rejected_by_argparse_with_exit_2(
@@ -268,6 +288,10 @@ def test_help_explains_model_and_input(capsys: pytest.CaptureFixture[str]) -> No
         "built-in example",
         "callable model(batch)",
         "exit status: 0 done",
+        "--threads N",
+        "--max-repeats N",
+        "--cv-threshold F",
+        "NOT RELIABLE",
     ):
         assert text in out
 
@@ -288,3 +312,119 @@ def test_runs_as_a_command_and_fails_cleanly() -> None:
     assert bad.returncode == 2
     assert "cannot import module 'no_such_mod_q'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# --- noise and threads ---
+
+
+@pytest.fixture
+def three_torch_threads() -> Iterator[None]:
+    """torch at 3 intra-op threads during the test (so 1 and 2 are changes), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_option_sets_torch_threads_for_the_sweep_and_reports_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], three_torch_threads: None
+) -> None:
+    status = run_cli(
+        "--batch-sizes", "1,2", "--repeats", "2", "--device", "cpu", "--no-progress",
+        "--threads", "1", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert status == 0
+    result, _ = load_profile(tmp_path / "profile.json")
+    assert result.torch_threads == 1
+    assert result.torch_interop_threads == torch.get_num_interop_threads()
+    assert f"Threads: torch intra-op 1, inter-op {torch.get_num_interop_threads()}" in (
+        capsys.readouterr().out
+    )
+    assert torch.get_num_threads() == 3  # restored after the sweep
+
+
+def test_without_threads_option_torch_threads_are_left_alone_and_reported(
+    tmp_path: Path, three_torch_threads: None
+) -> None:
+    status = run_cli(
+        "--batch-sizes", "1", "--repeats", "2", "--device", "cpu", "--no-progress",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert status == 0
+    result, _ = load_profile(tmp_path / "profile.json")
+    assert result.torch_threads == 3
+    assert [row.repeats for row in result.rows] != [None]
+    assert result.max_repeats == 10 and result.cv_threshold == 0.1
+
+
+def test_more_threads_than_cores_warns_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    three_torch_threads: None,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    status = run_cli(
+        "--batch-sizes", "1", "--repeats", "2", "--device", "cpu", "--no-progress",
+        "--threads", "2",
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    assert (
+        "warning: torch uses 2 intra-op threads but this process may run on only 1 CPU core(s)"
+        in captured.err
+    )
+    assert "Threads: torch intra-op 2" in captured.out
+    assert "1 CPU cores available to the process" in captured.out
+
+
+def test_a_non_monotone_sweep_warns_and_the_recommendation_is_not_reliable(
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = run_cli(
+        f"{user_module}:contended", "--input", f"{user_module}:make_batch",
+        "--batch-sizes", "1,2,4,8", "--repeats", "3", "--warmup", "0", "--no-progress",
+        "--out", "res",
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    result, rec = load_profile(tmp_path / "res" / "profile.json")
+    assert result.noisy is True
+    assert rec is not None and rec.noisy is True
+    inversions = [w for w in result.warnings if w.startswith("latency not monotone")]
+    assert [w.split(" (")[0] for w in inversions] == [
+        "latency not monotone: batch 4", "latency not monotone: batch 8",
+    ]  # fmt: skip
+    for warning in result.warnings:
+        assert f"warning: {warning}\n" in captured.err
+        assert f"- {warning}\n" in captured.out
+    assert "warning: recommendation NOT RELIABLE: cap " in captured.err
+    assert "**recommendation NOT RELIABLE: cap " in captured.out
+    assert "## Warnings" in (tmp_path / "res" / "profile.md").read_text(encoding="utf-8")
+
+
+def test_threads_option_without_torch_exits_2(
+    user_module: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    status = run_cli(
+        f"{user_module}:build", "--input", f"{user_module}:make_batch", "--threads", "1",
+        "--no-progress",
+    )  # fmt: skip
+    assert status == 2
+    assert capsys.readouterr().err == (
+        "adaptive-batcher profile: error: --threads sets torch's thread count, but torch is "
+        "not installed\n"
+    )
+
+
+def test_a_torch_free_model_runs_without_torch(
+    user_module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    status = run_cli(
+        f"{user_module}:build", "--input", f"{user_module}:make_batch", "--batch-sizes", "1,2",
+        "--repeats", "2", "--device", "cpu", "--no-progress", "--out", "res",
+    )  # fmt: skip
+    assert status == 0
+    result, _ = load_profile(tmp_path / "res" / "profile.json")
+    assert result.torch_threads is None and result.torch_interop_threads is None

@@ -14,10 +14,12 @@ from adaptive_batcher.profile import (
     ProfileFormatError,
     ProfileResult,
     ProfileRow,
+    Recommendation,
     find_knee,
     load_profile,
     markdown_report,
     markdown_table,
+    noise_warnings,
     plot_profile,
     profile_to_dict,
     recommend,
@@ -52,19 +54,29 @@ def test_json_schema_is_exactly_the_documented_one(resnet50: ProfileResult, tmp_
     write_profile(tmp_path / "p.json", resnet50, recommendation=rec)
     doc = json.loads((tmp_path / "p.json").read_text(encoding="utf-8"))
     assert list(doc) == [
-        "schema", "model", "device", "repeats", "rows", "oom_batch_size", "knee", "recommendation",
+        "schema", "model", "device", "repeats", "max_repeats", "cv_threshold", "torch_threads",
+        "torch_interop_threads", "available_cores", "noisy", "warnings", "rows", "oom_batch_size",
+        "knee", "recommendation",
     ]  # fmt: skip
     assert doc["schema"] == SCHEMA == "adaptive_batcher.profile/1"
     assert doc["model"] == "resnet50"
     assert doc["device"] == "cuda:0 (NVIDIA H200)"
     assert doc["repeats"] == 20
     assert doc["oom_batch_size"] is None
+    for key in ("max_repeats", "cv_threshold", "torch_threads", "torch_interop_threads"):
+        assert doc[key] is None  # a hand-made result: not recorded
+    assert doc["available_cores"] is None
+    assert doc["noisy"] is False
+    assert doc["warnings"] == []
     assert doc["rows"][7] == {
         "batch_size": 128,
         "median_ms": 8.778,
         "p99_ms": 8.807,
         "items_per_s": 14581.9,
         "peak_mem_bytes": round(972.4 * 1024 * 1024),
+        "repeats": None,
+        "cv": None,
+        "robust_cv": None,
     }
     assert doc["knee"] == {
         "batch_size": 128,
@@ -79,6 +91,8 @@ def test_json_schema_is_exactly_the_documented_one(resnet50: ProfileResult, tmp_
         "slo_p99_ms": None,
         "meets_slo": True,
         "reasons": list(rec.reasons),
+        "noisy": False,
+        "warnings": [],
     }
     assert profile_to_dict(resnet50, recommendation=rec) == doc
 
@@ -244,18 +258,21 @@ def test_markdown_table(resnet50: ProfileResult) -> None:
     rec = recommend(resnet50, SLO(p99_ms=10.0, preprocess_ms=2.0), knee=knee)
     table = markdown_table(resnet50, knee=knee, recommendation=rec)
     lines = table.splitlines()
-    assert lines[0] == "| batch | median ms | p99 ms | items/s | peak mem MiB | note |"
-    assert lines[1] == "|---:|---:|---:|---:|---:|:---|"
+    assert lines[0] == (
+        "| batch | median ms | p99 ms | items/s | peak mem MiB | CV % | robust CV % | calls "
+        "| note |"
+    )
+    assert lines[1] == "|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
     assert len(lines) == 2 + len(RESNET50_H200)
-    assert lines[2] == "| 1 | 3.676 | 3.818 | 272 | 303.9 |  |"
-    assert lines[8] == "| 64 | 7.219 | 7.452 | 8,866 | 635.5 | recommended cap |"
-    assert lines[9] == "| 128 | 8.778 | 8.807 | 14,582 | 972.4 | knee |"
+    assert lines[2] == "| 1 | 3.676 | 3.818 | 272 | 303.9 | n/a | n/a | n/a |  |"
+    assert lines[8] == "| 64 | 7.219 | 7.452 | 8,866 | 635.5 | n/a | n/a | n/a | recommended cap |"
+    assert lines[9] == "| 128 | 8.778 | 8.807 | 14,582 | 972.4 | n/a | n/a | n/a | knee |"
 
 
 def test_markdown_table_marks_oom_and_missing_memory() -> None:
     result = ProfileResult((ProfileRow(1, 1.0, 2.0, 1000.0, None),), 4, "cpu", "m", 1)
     table = markdown_table(result)
-    assert "| 1 | 1.000 | 2.000 | 1,000 | n/a |  |" in table
+    assert "| 1 | 1.000 | 2.000 | 1,000 | n/a | n/a | n/a | n/a |  |" in table
     assert table.endswith("\n\nBatch 4: out of memory (the sweep stopped there).\n")
 
 
@@ -302,3 +319,144 @@ def test_plot_needs_rows(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^cannot plot a profile with no rows$"):
         plot_profile(ProfileResult((), 1, "cpu", "m", 1), tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
+
+
+# --- the spread, thread and noise fields ---
+
+# A file as the profiler wrote it before the spread, thread and noise fields existed.
+OLD_FORMAT_FILE = {
+    "schema": "adaptive_batcher.profile/1",
+    "model": "adaptive_batcher.examples.mlp:mlp_batch_fn",
+    "device": "cpu",
+    "repeats": 20,
+    "rows": [
+        {"batch_size": 1, "median_ms": 0.16, "p99_ms": 0.4, "items_per_s": 6250.0,
+         "peak_mem_bytes": 0},
+        {"batch_size": 4, "median_ms": 40.0, "p99_ms": 41.0, "items_per_s": 100.0,
+         "peak_mem_bytes": 4096},
+        {"batch_size": 8, "median_ms": 0.52, "p99_ms": 0.6, "items_per_s": 15384.6,
+         "peak_mem_bytes": None},
+    ],
+    "oom_batch_size": None,
+    "knee": {"batch_size": 8, "median_ms": 0.52, "p99_ms": 0.6, "items_per_s": 15384.6,
+             "method": "fraction_of_max"},
+    "recommendation": {"max_batch_size": 8, "window_ms": 0.416, "slo_p99_ms": None,
+                       "meets_slo": True, "reasons": ["cap = the knee: 8"]},
+}  # fmt: skip
+
+
+def test_a_file_in_the_old_format_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(OLD_FORMAT_FILE), encoding="utf-8")
+    result, rec = load_profile(path)
+    assert result.batch_sizes == (1, 4, 8)
+    assert result.rows[1] == ProfileRow(4, 40.0, 41.0, 100.0, 4096)
+    assert [(row.repeats, row.cv, row.robust_cv) for row in result.rows] == [(None,) * 3] * 3
+    assert (result.max_repeats, result.cv_threshold) == (None, None)
+    assert (result.torch_threads, result.torch_interop_threads, result.available_cores) == (
+        None, None, None,
+    )  # fmt: skip
+    assert (result.noisy, result.warnings) == (False, ())  # never checked when it was written
+    assert rec == Recommendation(8, 0.416, None, True, ("cap = the knee: 8",))
+    assert (rec.noisy, rec.warnings) == (False, ())
+    # its rows can still be checked: 8 is faster than 4, with no recorded spread
+    assert [w.split(" (")[0] for w in noise_warnings(result.rows)] == [
+        "latency not monotone: batch 8"
+    ]
+
+
+def _noisy_result() -> ProfileResult:
+    rows = (
+        ProfileRow(1, 0.2, 0.25, 5000.0, 0, 20, 0.05, 0.02),
+        ProfileRow(4, 40.0, 44.0, 100.0, 4096, 100, 0.31, 0.12),
+        ProfileRow(8, 0.52, 0.6, 15384.6, None, 20, 0.04, 0.01),
+    )
+    warnings = noise_warnings(rows)
+    return ProfileResult(
+        rows, None, "cpu", "m", 20, max_repeats=100, cv_threshold=0.1, torch_threads=2,
+        torch_interop_threads=2, available_cores=2, warnings=warnings, noisy=True,
+    )  # fmt: skip
+
+
+def test_json_round_trip_keeps_the_spread_threads_and_warnings(tmp_path: Path) -> None:
+    result = _noisy_result()
+    assert len(result.warnings) == 2  # batch 4 unsettled; 8 faster than 4
+    rec = recommend(result)
+    path = write_profile(tmp_path / "p.json", result, recommendation=rec)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["rows"][1]["repeats"] == 100
+    assert doc["rows"][1]["cv"] == 0.31
+    assert doc["rows"][1]["robust_cv"] == 0.12
+    assert (doc["torch_threads"], doc["torch_interop_threads"], doc["available_cores"]) == (2,) * 3
+    assert (doc["max_repeats"], doc["cv_threshold"]) == (100, 0.1)
+    assert doc["noisy"] is True and doc["warnings"] == list(result.warnings)
+    assert doc["recommendation"]["noisy"] is True
+    assert doc["recommendation"]["warnings"] == list(result.warnings)
+    loaded, loaded_rec = load_profile(path)
+    assert loaded == result
+    assert loaded_rec == rec
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("rows[0].cv", "0.1", "key 'rows[0].cv': must be a number or null, got a string"),
+        ("rows[0].repeats", 0, "key 'rows[0].repeats': must be >= 1, got 0"),
+        ("rows[0].robust_cv", -1, "key 'rows[0]': ProfileRow.robust_cv must be a finite "
+         "number >= 0, got -1.0"),
+        ("noisy", "yes", "key 'noisy': must be true or false, got a string"),
+        ("warnings", "x", "key 'warnings': must be an array, got a string"),
+        ("warnings", [3], "key 'warnings[0]': must be a string, got a number"),
+        ("max_repeats", 5, "key 'max_repeats': must be >= 20, got 5"),
+        ("torch_threads", 0, "key 'torch_threads': must be >= 1, got 0"),
+        ("cv_threshold", 0, "ProfileResult.cv_threshold must be a finite number > 0, got 0.0"),
+        ("recommendation.noisy", 1, "key 'recommendation.noisy': must be true or false, "
+         "got a number"),
+        ("recommendation.warnings[0]", None, "key 'recommendation.warnings[0]': must be a "
+         "string, got null"),
+    ],
+)  # fmt: skip
+def test_loader_errors_on_the_new_keys(tmp_path: Path, key: str, value: Any, problem: str) -> None:
+    result = _noisy_result()
+    doc = profile_to_dict(result, recommendation=recommend(result))
+    _set(doc, key, value)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(ProfileFormatError) as info:
+        load_profile(path)
+    assert str(info.value) == f"{path}: {problem}"
+
+
+def test_markdown_report_of_a_noisy_sweep() -> None:
+    result = _noisy_result()
+    rec = recommend(result)
+    report = markdown_report(result, recommendation=rec)
+    assert (
+        "Device: cpu. Latency of one batch call: median and p99 of the timed calls per batch "
+        "size (column calls), timed in rounds of 20 until the robust CV (1.4826 x MAD / median) "
+        "was at most 10 %, or 100 calls.\n\n"
+        "Threads: torch intra-op 2, inter-op 2; 2 CPU cores available to the process.\n"
+    ) in report
+    assert "| 4 | 40.000 | 44.000 | 100 | 0.0 | 31.0 | 12.0 | 100 |  |" in report
+    warnings = "## Warnings\n\n" + "".join(f"- {w}\n" for w in result.warnings)
+    assert warnings in report
+    assert rec.noise_message is not None
+    assert f"## Recommendation\n\n**{rec.noise_message}**\n\n- batch cap" in report
+    assert report.index("## Warnings") < report.index("## Recommendation")
+
+
+def test_markdown_report_of_a_clean_sweep_has_no_warnings_section() -> None:
+    row = ProfileRow(1, 1.0, 1.1, 1000.0, None, 20, 0.01, 0.01)
+    result = ProfileResult((row,), None, "cpu", "m", 20, max_repeats=100, cv_threshold=0.1,
+                           available_cores=2)  # fmt: skip
+    report = markdown_report(result, recommendation=recommend(result))
+    assert "Threads: torch not in use; 2 CPU cores available to the process." in report
+    assert "## Warnings" not in report
+    assert "NOT RELIABLE" not in report
+
+
+def test_recommendation_field_validation() -> None:
+    with pytest.raises(TypeError, match=r"^Recommendation.noisy must be a bool, got str$"):
+        Recommendation(1, 0.0, None, True, (), "no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^Recommendation.warnings must be a sequence of str"):
+        Recommendation(1, 0.0, None, True, (), False, "one")
