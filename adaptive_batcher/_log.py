@@ -4,6 +4,12 @@ Library code never configures logging; it emits structlog events with stable nam
 application's logging pipeline may still raise (a processor that expects a key, a closed sink).
 A log call on the serving path must not strand a request or stop the controller, so every call
 goes through :class:`SafeLogger`, which drops the event when the pipeline raises.
+
+Until the application configures structlog (``structlog.configure(...)``), the library's debug
+and info events are dropped and only warnings and errors reach structlog's default output
+(stdout): an unconfigured application would otherwise print one ``batch.dispatched`` line per
+batch. Once structlog is configured, every event goes to the application's pipeline, which
+filters as it chooses.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ class SafeLogger:
         self._logger = structlog.get_logger(name)
 
     def debug(self, event: str, **kw: Any) -> None:
-        self._emit("debug", event, kw)
+        if structlog.is_configured():
+            self._emit("debug", event, kw)
 
     def info(self, event: str, **kw: Any) -> None:
-        self._emit("info", event, kw)
+        if structlog.is_configured():
+            self._emit("info", event, kw)
 
     def warning(self, event: str, **kw: Any) -> None:
         self._emit("warning", event, kw)

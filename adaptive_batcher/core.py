@@ -36,7 +36,7 @@ from typing import Generic, TypeVar
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.policy import Policy
-from adaptive_batcher.control.service_model import ServiceTimeModel, load_fitter
+from adaptive_batcher.control.service_model import ServiceTimeModel
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits, Request
 from adaptive_batcher.errors import BatcherError, describe
@@ -246,7 +246,6 @@ class BatcherCore(Generic[H]):
     # -- internals -------------------------------------------------------------------------
 
     def _make_controller(self, policy: Policy) -> Controller:
-        load_fitter()  # now, not in the first tick (on an event loop it would stall requests)
         settings = self.settings
         guards = settings.guards
         if guards is None:

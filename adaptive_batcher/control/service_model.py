@@ -1,8 +1,8 @@
 """A service-time model fitted online: how long the model takes for a batch of n units.
 
-Per-size medians of recent batches (medians: robust to stragglers) are fitted with scikit-learn's
-isotonic regression (service time never falls as the batch grows) for sizes inside the observed
-range; beyond it, the model extends the least-squares slope of the upper half of that fit.
+Per-size medians of recent batches (medians: robust to stragglers) are fitted by isotonic
+regression (the pool-adjacent-violators algorithm: service time never falls as the batch grows)
+for sizes inside the observed range.
 A linear model alone misses the shape measured on GPUs, flat while launch-bound and linear
 after (resnet50 on an H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64 and 16.6 ms at 256;
 ../shared/profiles/h200/batch_profile.csv).
@@ -12,6 +12,14 @@ in UCB). A controller that only ever saw small batches must still try larger one
 grows, and the first large batches correct the model; a pessimistic extrapolation (proportional
 to n, or the steep slope of a launch-bound knee) kept caps small forever in replays. Below the
 smallest observed size it is flat (conservative).
+
+Error bars: every batch's measured time is also compared with the fit's prediction for its
+size; :attr:`ServiceTimeModel.spread` is the ``spread_quantile`` of those ratios over the last
+``spread_window`` batches (at least 1), and :meth:`~ServiceTimeModel.high_ms` is the prediction
+times that spread. Service-time noise, stalls and CPU contention (a fixed batch size drifting up
+between refits) all widen it, so the controller plans windows with the noise it has seen.
+:attr:`~ServiceTimeModel.contention` is the fit's current level over the lowest level it has
+had (1: as fast as ever), a signal for logs and guards.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import numpy as np
 
 from adaptive_batcher.metrics.recorder import BatchSample
 
-__all__ = ["OPTIMISM", "ServiceTimeModel", "load_fitter"]
+__all__ = ["OPTIMISM", "ServiceTimeModel", "isotonic_fit"]
 
 OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
 
@@ -39,6 +47,9 @@ class ServiceTimeModel:
             profile``; used until enough batches have been seen, and blended in afterwards for
             sizes never observed.
         per_size: recent samples kept per batch size.
+        spread_quantile: the quantile of measured / predicted ratios that sets the error bars,
+            in (0.5, 1).
+        spread_window: batches whose ratios are kept for it.
 
     Raises:
         ValueError: ``min_samples`` < 1 or ``refit_every`` < 1.
@@ -50,6 +61,8 @@ class ServiceTimeModel:
         refit_every: int = 64,
         seed: Sequence[tuple[int, float]] = (),
         per_size: int = 32,
+        spread_quantile: float = 0.95,
+        spread_window: int = 256,
     ) -> None:
         if min_samples < 1 or refit_every < 1:
             raise ValueError("min_samples and refit_every must be >= 1")
@@ -64,6 +77,12 @@ class ServiceTimeModel:
         self._sizes = np.empty(0)
         self._medians = np.empty(0)
         self.samples = 0
+        self.spread_quantile = spread_quantile
+        self._ratios: deque[float] = deque(maxlen=spread_window)
+        self._spread = 1.0
+        self._spread_at = 0
+        self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
+        self.contention = 1.0
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -77,12 +96,18 @@ class ServiceTimeModel:
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
+        fitted = self._sizes.size > 0
         for sample in list(batches)[len(batches) - new :] if new > 0 else ():
             if sample.units > 0:
+                measured_ms = sample.service_s * 1e3
                 reservoir = self._reservoir.get(sample.units)
                 if reservoir is None:
                     reservoir = self._reservoir[sample.units] = deque(maxlen=self.per_size)
-                reservoir.append(sample.service_s * 1e3)
+                reservoir.append(measured_ms)
+                if fitted:
+                    predicted = self.predict_ms(sample.units)
+                    if predicted > 0:
+                        self._ratios.append(measured_ms / predicted)
         count = sum(len(r) for r in self._reservoir.values())
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
@@ -100,6 +125,35 @@ class ServiceTimeModel:
         self._fit_points(
             [sizes[i] for i in order], [medians[i] for i in order], [counts[i] for i in order]
         )
+        self._note_level()
+
+    @property
+    def spread(self) -> float:
+        """The error bars: the ``spread_quantile`` of measured / predicted ratios (>= 1; 1
+        before any ratio was seen)."""
+        count = len(self._ratios)
+        if count and count != self._spread_at:
+            ordered = sorted(self._ratios)
+            index = min(count - 1, int(self.spread_quantile * count))
+            self._spread = max(1.0, ordered[index])
+            self._spread_at = count
+        return self._spread
+
+    def high_ms(self, batch_size: int) -> float:
+        """``predict_ms(batch_size)`` times :attr:`spread`, ms (NaN before a fit)."""
+        return self.predict_ms(batch_size) * self.spread
+
+    def _note_level(self) -> None:
+        """Track how the fit compares with the fastest it has been, at the sizes observed."""
+        levels = []
+        for size in self._reservoir:
+            fitted = self.predict_ms(size)
+            floor = self._floor.get(size)
+            if floor is None or fitted < floor:
+                self._floor[size] = floor = fitted
+            if floor > 0:
+                levels.append(fitted / floor)
+        self.contention = _median(levels) if levels else 1.0
 
     def predict_ms(self, batch_size: int) -> float:
         """Predicted service time of a batch of ``batch_size`` units, ms (NaN before a fit)."""
@@ -133,18 +187,31 @@ class ServiceTimeModel:
     ) -> None:
         self._cache = {}
         x = np.asarray(sizes, dtype=float)
-        y = np.asarray(medians, dtype=float)
-        if x.size >= 2:  # x is sorted: the pool-adjacent-violators fit on y alone
-            from sklearn.isotonic import isotonic_regression  # ~1 s to import: only when fitting
-
-            y = isotonic_regression(y, sample_weight=weights, increasing=True)
+        y = np.asarray(isotonic_fit(medians, weights), dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
 
 
-def load_fitter() -> None:
-    """Import the isotonic fit now (scikit-learn, about 1 s) rather than at the first fit, which
-    would run on the event loop during the first controller tick and stall every request."""
-    import sklearn.isotonic  # noqa: F401
+def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares.
+
+    The pool-adjacent-violators algorithm (Ayer et al., 1955; the algorithm behind
+    scikit-learn's ``isotonic_regression``), in pure Python: the controller fits a few dozen
+    points per refit, where a library call's argument checks would cost more than the fit.
+    """
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for value, weight in zip(values, weights or [1.0] * len(values), strict=True):
+        blocks.append([float(value), float(weight), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, total, count = blocks.pop()
+            previous = blocks[-1]
+            combined = previous[1] + total
+            previous[0] = (previous[0] * previous[1] + mean * total) / combined
+            previous[1] = combined
+            previous[2] += count
+    fitted: list[float] = []
+    for mean, _, count in blocks:
+        fitted.extend([mean] * int(count))
+    return fitted
 
 
 def _median(values: Iterable[float]) -> float:

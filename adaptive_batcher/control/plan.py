@@ -1,0 +1,176 @@
+"""What a (window, cap) will do, predicted from the arrival rate and the service-time model.
+
+The controller's job is the seed's trade: a wider window costs latency and saves device time
+(fewer, fuller batches), so the window should spend the SLO's slack, and no more. A
+:class:`Plan` predicts, for a candidate window and cap, the batch that will really form and the
+tail latency it gives, so a policy can open the window as far as the latency budget allows
+instead of reasoning from the largest cap's worst case.
+
+The model (one tick's worth; the controller's feedback corrects what it misses):
+
+* **Realised batch.** With arrivals at ``rate`` units/s and ``slots`` execution slots, a batch
+  is dispatched when its window ends or, if the slots are busy then, when one frees; so one cycle
+  lasts ``T = max(W, s(n) / slots)`` and collects ``n = 1 + rate * T`` units, capped at the cap
+  (solved by fixed-point iteration; the second branch is natural batching).
+* **Tail latency.** The oldest request of a batch waits the whole cycle and then its batch runs:
+  ``L = max(W, s_hi(n) / slots) + s_hi(n_hi)``, where ``n_hi`` adds 2.33 standard deviations of
+  Poisson noise to ``n`` (its 99th percentile) and ``s_hi`` is the service time with the error
+  bars the service model has observed (see :meth:`ServiceTimeModel.high_ms`).
+* **Tail cap.** A burst queues a full batch behind a full batch: ``2 * s(cap)`` must fit the
+  budget (the two-batch bound of Clockwork, Gujarati et al., OSDI 2020). The median fit is used
+  here, not the error bars: under CPU contention service times spread out, and smaller batches
+  would only lower throughput, so contention narrows the window, never the cap.
+* **Stability cap.** The smallest cap whose full batches keep up with the recent peak demand
+  (arrivals plus the backlog drained within one budget) with ``STABILITY_HEADROOM``; if none
+  does with headroom, the smallest that keeps up at all; if none keeps up, the batcher is
+  overloaded.
+
+Rates are in size units per second (requests times their mean size), times in ms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["POISSON_Z", "STABILITY_HEADROOM", "Plan"]
+
+STABILITY_HEADROOM = 1.15
+"""Serve 15 % more than arrives when possible, so queues drain after bursts."""
+
+POISSON_Z = 2.33
+"""Standard deviations of Poisson noise added to a batch for its 99th percentile."""
+
+_FIXED_POINT_STEPS = 6
+_BISECTION_STEPS = 14
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Predictions for one tick.
+
+    Attributes:
+        rate_units_per_s: the planning arrival rate (the recent peak), size units per second.
+        backlog_units: units queued at the tick.
+        caps: the caps allowed (bounds' candidates), increasing.
+        service_ms: median service time of a batch of n units, ms (NaN: no model yet).
+        service_high_ms: service time with the observed error bars, ms.
+        slots: execution slots.
+        min_window_ms, max_window_ms: the window range allowed, ms.
+    """
+
+    rate_units_per_s: float
+    backlog_units: int
+    caps: Sequence[int]
+    service_ms: Callable[[int], float]
+    service_high_ms: Callable[[int], float]
+    slots: int = 1
+    min_window_ms: float = 0.0
+    max_window_ms: float = 100.0
+
+    @property
+    def ready(self) -> bool:
+        """True once the service model predicts (before that, nothing here is known)."""
+        return bool(self.caps) and not math.isnan(self.service_ms(self.caps[0]))
+
+    # -- caps --------------------------------------------------------------------------------
+
+    def throughput_units_per_s(self, cap: int) -> float:
+        """Units per second that full batches of ``cap`` give on all slots."""
+        service = self.service_ms(cap)
+        return math.inf if service <= 0 else self.slots * cap / (service / 1e3)
+
+    def demand_units_per_s(self, budget_ms: float) -> float:
+        """Arrivals plus the backlog drained within one budget, units per second."""
+        budget_s = budget_ms / 1e3
+        drain = self.backlog_units / budget_s if budget_s > 0 else 0.0
+        return self.rate_units_per_s + drain
+
+    def stable_cap(self, budget_ms: float, headroom: float = STABILITY_HEADROOM) -> int | None:
+        """The smallest cap that keeps up with the demand with ``headroom`` (else without it);
+        None when none keeps up (overload) or the model is not ready."""
+        if not self.ready:
+            return None
+        demand = self.demand_units_per_s(budget_ms)
+        for margin in (headroom, 1.0):
+            for cap in self.caps:
+                if self.throughput_units_per_s(cap) >= demand * margin:
+                    return cap
+        return None
+
+    def tail_cap(self, budget_ms: float) -> int | None:
+        """The largest cap whose two-batch latency (median fit) fits ``budget_ms``; None if none
+        fits or the model is not ready."""
+        if not self.ready:
+            return None
+        fitting = [cap for cap in self.caps if 2.0 * self.service_ms(cap) <= budget_ms]
+        return fitting[-1] if fitting else None
+
+    def throughput_cap(self, budget_ms: float = math.inf) -> int | None:
+        """The cap with the highest throughput among those whose two-batch latency fits
+        ``budget_ms`` (among all if none fits); None if the model is not ready."""
+        if not self.ready:
+            return None
+        fitting = [cap for cap in self.caps if 2.0 * self.service_ms(cap) <= budget_ms]
+        return max(fitting or self.caps, key=self.throughput_units_per_s)
+
+    def overloaded(self, budget_ms: float) -> bool:
+        """True when no cap keeps up with the demand (the model being ready)."""
+        return self.ready and self.stable_cap(budget_ms) is None
+
+    def cap(self, budget_ms: float) -> int | None:
+        """The cap to run at: the tail cap (the most headroom for bursts within the budget),
+        never below the stability cap; under overload the highest-throughput cap. None while
+        the model is not ready."""
+        if not self.ready:
+            return None
+        stable = self.stable_cap(budget_ms)
+        if stable is None:
+            return self.throughput_cap()
+        tail = self.tail_cap(budget_ms)
+        return stable if tail is None else max(tail, stable)
+
+    # -- windows -----------------------------------------------------------------------------
+
+    def batch_units(self, window_ms: float, cap: int) -> float:
+        """The batch that forms with this window and cap, units (see the module docstring)."""
+        rate_per_ms = self.rate_units_per_s / 1e3
+        n = min(float(cap), 1.0 + rate_per_ms * window_ms)
+        for _ in range(_FIXED_POINT_STEPS):
+            cycle = max(window_ms, self._service(n) / self.slots)
+            n = min(float(cap), 1.0 + rate_per_ms * cycle)
+        return n
+
+    def latency_ms(self, window_ms: float, cap: int) -> float:
+        """Predicted tail latency (about the 99th percentile) inside the batcher, ms."""
+        n = self.batch_units(window_ms, cap)
+        n_high = min(float(cap), n + POISSON_Z * math.sqrt(n))
+        return max(window_ms, self._service_high(n) / self.slots) + self._service_high(n_high)
+
+    def cost_ms_per_unit(self, window_ms: float, cap: int) -> float:
+        """Predicted device time per unit served, ms."""
+        n = self.batch_units(window_ms, cap)
+        return self._service(n) / n
+
+    def max_window_ms(self, budget_ms: float, cap: int) -> float:
+        """The widest window in range whose predicted tail latency fits ``budget_ms`` (the
+        smallest window of the range if none does), ms."""
+        low, high = self.min_window_ms, self.max_window_ms
+        if not self.ready or self.latency_ms(low, cap) > budget_ms:
+            return low
+        if self.latency_ms(high, cap) <= budget_ms:
+            return high
+        for _ in range(_BISECTION_STEPS):
+            middle = (low + high) / 2.0
+            if self.latency_ms(middle, cap) <= budget_ms:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def _service(self, units: float) -> float:
+        return self.service_ms(max(1, round(units)))
+
+    def _service_high(self, units: float) -> float:
+        return self.service_high_ms(max(1, round(units)))
