@@ -153,7 +153,7 @@ class Plan:
         n = self.batch_units(window_ms, cap)
         return self._service(n) / n
 
-    def max_window_ms(self, budget_ms: float, cap: int) -> float:
+    def widest_window_ms(self, budget_ms: float, cap: int) -> float:
         """The widest window in range whose predicted tail latency fits ``budget_ms`` (the
         smallest window of the range if none does), ms."""
         low, high = self.min_window_ms, self.max_window_ms
