@@ -284,6 +284,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
+        self._closer: asyncio.Future[None] | None = None  # a close awaited by the model (aclose)
         self.warmed_sizes: frozenset[int] = frozenset()
 
     @classmethod
@@ -545,6 +546,12 @@ class AdaptiveBatcher(Generic[X, Y]):
                 request still pending fails with ``BatcherClosedError``. The close then returns
                 after one turn of the loop, without waiting for cancelled batches to wind down.
 
+        Awaited by an ``async def`` model inside one of this batcher's batches, the close cannot
+        wait for that batch (which waits for the close): it stops accepting requests (and fails
+        the queue when ``drain`` is False) and returns at once; the rest, waiting for the other
+        batches and the queue (within ``timeout_s``) and releasing threads, runs in a task of
+        its own and ends after the calling batch has.
+
         Raises:
             ValueError: a negative ``timeout_s``.
         """
@@ -556,6 +563,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._fail_unstarted(rejected)
         if first or rejected:
             _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
+        if self._tasks and asyncio.current_task() in self._tasks:  # awaited by the model
+            self._closer = asyncio.ensure_future(self._finish_close(timeout_s))
+            return
+        await self._finish_close(timeout_s)
+
+    async def _finish_close(self, timeout_s: float | None) -> None:
+        """Dispatch what is left, wait for every request to end (at most ``timeout_s``, then
+        abort), and release the threads and the timer."""
         try:
             if self._loop is not None:
                 self._pump()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from adaptive_batcher import AdaptiveBatcher, BatchFailedError
+from adaptive_batcher import AdaptiveBatcher, BatcherClosedError, BatchFailedError
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.testing import FakeCudaEvent
 
@@ -176,6 +176,54 @@ async def test_stop_iteration_in_one_slot_fails_only_that_caller(kind: str) -> N
     assert results[1].cause.args == ("slot",)
     assert_counts_add_up(batcher)
     assert batcher.stats().counts.failed == 1
+
+
+# -- 3. a model that awaits the batcher's close ----------------------------------------------
+
+
+@pytest.mark.parametrize("drain", [True, False])
+async def test_a_model_awaiting_aclose_does_not_deadlock(drain: bool) -> None:
+    """The close used to wait for the running batch, and the batch for the close."""
+    batcher: AdaptiveBatcher[int, int]
+    closes = 0
+
+    async def model(batch: list[int]) -> list[int]:
+        nonlocal closes
+        if 0 in batch:
+            await batcher.aclose(drain=drain)
+            closes += 1
+        await asyncio.sleep(0.001)
+        return [x * 10 for x in batch]
+
+    batcher = AdaptiveBatcher(model, max_batch_size=2, window_ms=1)
+    results = await outcomes(batcher, list(range(7)))  # a batch of 2 runs, 5 wait behind it
+    assert closes == 1
+    assert results[:2] == [0, 10]  # the calling batch ends normally
+    if drain:
+        assert results[2:] == [20, 30, 40, 50, 60]
+    else:
+        assert all(isinstance(r, BatcherClosedError) for r in results[2:])
+    with pytest.raises(BatcherClosedError):
+        await batcher.submit(9)
+    await close(batcher)  # a second close from outside returns
+    assert batcher.stats().in_flight_batches == 0
+    assert_counts_add_up(batcher)
+
+
+async def test_a_time_limited_close_awaited_by_the_model_still_ends_every_request() -> None:
+    batcher: AdaptiveBatcher[int, int]
+    release = asyncio.Event()
+
+    async def model(batch: list[int]) -> list[int]:
+        if 0 in batch:
+            await batcher.aclose(timeout_s=0.01)
+            await release.wait()  # outlives the close's time limit: it is cancelled
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=2, window_ms=1)
+    results = await outcomes(batcher, list(range(4)))
+    assert all(isinstance(r, BatcherClosedError) for r in results)
+    assert_counts_add_up(batcher)
 
 
 # -- 4. BaseExceptions that are not Exceptions -----------------------------------------------
