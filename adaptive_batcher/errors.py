@@ -11,7 +11,9 @@ Hierarchy::
     └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
 
 A model may also return an exception *instance* in one result slot: only that caller receives it,
-raised as is, and its neighbours get their own results.
+raised as is, and its neighbours get their own results. A slot exception that cannot be raised into
+a future as is (``StopIteration``, which asyncio refuses, or a ``BaseException`` that is not an
+``Exception``) reaches its caller as ``BatchFailedError`` whose ``cause`` it is.
 """
 
 from __future__ import annotations

@@ -78,6 +78,12 @@ def _function_of(method: Callable[..., Any]) -> Any:
     return getattr(method, "__func__", None)
 
 
+def _raise(exc: BaseException) -> None:
+    """A loop callback that raises ``exc``: asyncio lets ``KeyboardInterrupt`` and
+    ``SystemExit`` from a callback leave ``run_forever`` (and so ``asyncio.run``)."""
+    raise exc
+
+
 def default_is_oom(exc: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -155,6 +161,21 @@ class AdaptiveBatcher(Generic[X, Y]):
     Raises:
         TypeError: an argument of the wrong type (message names it).
         ValueError: an argument out of range (message names it and its bound).
+
+    What callers get when the model fails: an exception the model raises fails its batch; each
+    caller gets ``BatchFailedError`` whose ``cause`` is that exception (with ``bisect_on_error``
+    or on OOM, only the callers of the failing items). This holds for any exception,
+    ``Exception`` or not (``StopIteration``, ``GeneratorExit``, a ``BaseException`` of the
+    model's own), with two exceptions. ``KeyboardInterrupt`` and ``SystemExit``: the batch's
+    callers get ``BatchFailedError`` first, then the exception is raised in the event loop (from
+    a loop callback, as asyncio raises its own tasks' exits), so ``asyncio.run`` raises it and
+    the program stops as on Ctrl-C. ``asyncio.CancelledError``: the callers get
+    ``BatchFailedError`` and the batch's task ends cancelled. An ``async def`` model cannot raise
+    ``StopIteration``: Python turns it into ``RuntimeError`` (PEP 479), and that is the cause. A
+    result slot holding an exception fails only its caller, raised as is, unless it cannot be
+    raised into a future as is (``StopIteration``, or a ``BaseException`` that is not an
+    ``Exception``): then the caller gets ``BatchFailedError`` whose cause it is, and nothing is
+    raised in the loop.
 
     No task starts in the constructor; the batcher binds to the running event loop on first use.
     Use ``async with`` or call :meth:`aclose` so no request is left unresolved.
@@ -258,6 +279,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
+        self._closer: asyncio.Future[None] | None = None  # a close awaited by the model (aclose)
         self.warmed_sizes: frozenset[int] = frozenset()
 
     @classmethod
@@ -439,7 +461,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         it ran at is what counts as warmed (a size no item fits is skipped).
 
         Raises:
-            Exception: whatever the model raises (warm-up failures are not hidden).
+            Exception: whatever the model raises (warm-up failures are not hidden); a sync
+                model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
+                as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
         """
         if self._closed:
             raise BatcherClosedError("batcher is closed")
@@ -490,6 +514,12 @@ class AdaptiveBatcher(Generic[X, Y]):
                 request still pending fails with ``BatcherClosedError``. The close then returns
                 after one turn of the loop, without waiting for cancelled batches to wind down.
 
+        Awaited by an ``async def`` model inside one of this batcher's batches, the close cannot
+        wait for that batch (which waits for the close): it stops accepting requests (and fails
+        the queue when ``drain`` is False) and returns at once; the rest, waiting for the other
+        batches and the queue (within ``timeout_s``) and releasing threads, runs in a task of
+        its own and ends after the calling batch has.
+
         Raises:
             ValueError: a negative ``timeout_s``.
         """
@@ -501,6 +531,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._fail_unstarted(rejected)
         if first or rejected:
             _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
+        if self._tasks and asyncio.current_task() in self._tasks:  # awaited by the model
+            self._closer = asyncio.ensure_future(self._finish_close(timeout_s))
+            return
+        await self._finish_close(timeout_s)
+
+    async def _finish_close(self, timeout_s: float | None) -> None:
+        """Dispatch what is left, wait for every request to end (at most ``timeout_s``, then
+        abort), and release the threads and the timer."""
         try:
             if self._loop is not None:
                 self._pump()
@@ -709,7 +747,11 @@ class AdaptiveBatcher(Generic[X, Y]):
                 await self._runner.run(live)
         except BaseException as exc:  # nothing may leave a caller waiting (e.g. a logger raising)
             fail_pending(live, exc, self.recorder)
-            if not isinstance(exc, Exception):
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                # raised in the loop once the callers' tasks have seen their errors, as asyncio
+                # raises its own tasks' (from the task's step it would skip their wake-ups)
+                _running_loop().call_soon(_raise, exc)
+            elif isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
             self._running.remove(live)

@@ -4,10 +4,20 @@
 exception instance the model put in the request's slot, or a typed error. Nothing here can leave
 a caller waiting: even a failing ``is_oom`` hook or a logging processor that raises ends in
 :class:`~adaptive_batcher.errors.BatchFailedError` for the callers still pending.
+
+What the model raises, by type:
+
+- ``asyncio.CancelledError``, ``KeyboardInterrupt``, ``SystemExit`` (:data:`STOPS_THE_TASK`): the
+  pending callers get ``BatchFailedError`` and the exception propagates (the batch task handles it).
+- anything else, ``Exception`` or not (``GeneratorExit``, a ``BaseException`` subclass): a model
+  failure, split on OOM or with ``bisect``. A ``StopIteration`` or ``GeneratorExit`` carried by
+  the executor (:class:`~adaptive_batcher.runtime.executors.CarriedModelError`) is unwrapped: the
+  callers' cause is the model's exception itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence, Set
 from operator import attrgetter
 from typing import Any
@@ -16,9 +26,13 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher.errors import BatcherError, BatchFailedError, ResultCountError, describe
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.buckets import pad_target
-from adaptive_batcher.runtime.executors import BatchExecutor
+from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
-__all__ = ["BatchRunner", "fail_pending"]
+__all__ = ["STOPS_THE_TASK", "BatchRunner", "fail_pending"]
+
+#: Raised by the model, these end the batch task after its callers are failed: a cancellation
+#: (a time-limited close), or a request to stop the program.
+STOPS_THE_TASK = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
 _log = get_logger()
 _item_of = attrgetter("item")
@@ -87,35 +101,42 @@ class BatchRunner:
         """Run ``requests`` through the model and settle each; split on OOM or when bisecting.
 
         Raises:
-            BaseException: only a non-``Exception`` (cancellation, KeyboardInterrupt), after the
-                requests still pending were failed with ``BatchFailedError``.
+            asyncio.CancelledError, KeyboardInterrupt, SystemExit: after the requests still
+                pending were failed with ``BatchFailedError`` (any other exception, ``Exception``
+                or not, is a model failure and is not raised).
         """
         items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
         try:
             results = await self.call_model(items, units)
-        except Exception as exc:
-            if len(requests) > 1 and (self._note_oom(exc) or self.bisect):
-                middle = len(requests) // 2
-                _log.warning(
-                    "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
-                )
-                await self.run([r for r in requests[:middle] if not r.handle.done()])
-                await self.run([r for r in requests[middle:] if not r.handle.done()])
-                return
-            failed = fail_pending(requests, exc, self.recorder)
-            _log.warning(
-                "batch.failed",
-                batcher=self.name,
-                batch_size=len(requests),
-                failed=failed,
-                error=describe(exc),
-            )
-            return
-        except BaseException as exc:
+        except STOPS_THE_TASK as exc:
             fail_pending(requests, exc, self.recorder)
             raise
+        except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
+            await self._model_failed(requests, exc)
+            return
         self.scatter(requests, results)
+
+    async def _model_failed(self, requests: list[Any], exc: BaseException) -> None:
+        """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause."""
+        if type(exc) is CarriedModelError:
+            exc = exc.carried
+        if len(requests) > 1 and (self._note_oom(exc) or self.bisect):
+            middle = len(requests) // 2
+            _log.warning(
+                "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
+            )
+            await self.run([r for r in requests[:middle] if not r.handle.done()])
+            await self.run([r for r in requests[middle:] if not r.handle.done()])
+            return
+        failed = fail_pending(requests, exc, self.recorder)
+        _log.warning(
+            "batch.failed",
+            batcher=self.name,
+            batch_size=len(requests),
+            failed=failed,
+            error=describe(exc),
+        )
 
     async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
         """Pad to a bucket, call the model, check the results; returns one result per item.
@@ -137,9 +158,11 @@ class BatchRunner:
         return results if batch is items else results[: len(items)]
 
     def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
-        """Hand each request its result (an ``Exception`` instance fails only that request; a
-        ``BaseException`` that is not one, such as ``KeyboardInterrupt``, is wrapped in
-        ``BatchFailedError`` rather than raised into the caller's task)."""
+        """Hand each request its result. An exception instance fails only that request: as is,
+        unless it cannot be raised into the caller's future as is: a ``StopIteration`` (asyncio
+        refuses it) or a ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``
+        returned as data must not stop the caller's task) is wrapped in ``BatchFailedError``
+        whose ``cause`` it is."""
         now = self.clock()
         failed = 0
         settled: set[int] = set()  # ids of requests settled meanwhile (their caller gave up)
@@ -148,7 +171,7 @@ class BatchRunner:
             if future.done():
                 settled.add(id(request))
             elif isinstance(result, BaseException):
-                if not isinstance(result, Exception):  # never hand KeyboardInterrupt & co. on
+                if not isinstance(result, Exception) or isinstance(result, StopIteration):
                     result = BatchFailedError(result, len(requests))
                 future.set_exception(result)
                 failed += 1
@@ -157,7 +180,7 @@ class BatchRunner:
         answered = [r for r in requests if id(r) not in settled] if settled else requests
         self.recorder.record_answers(list(map(_arrival_of, answered)), failed, now)
 
-    def _note_oom(self, exc: Exception) -> bool:
+    def _note_oom(self, exc: BaseException) -> bool:
         try:
             oom = bool(self.is_oom(exc))
         except Exception:  # a broken hook must not strand the batch

@@ -5,6 +5,14 @@ Each executor is an object with ``async run(items) -> results``. Measured on an 
 made each resnet50 batch 2-5x slower, while launching kernels on the loop thread and waiting for a
 CUDA event in a worker thread ("split", :class:`CudaExecutor`) gave p50 6-8 ms and p99 11-14 ms at
 2000-12000 req/s. CPU models (torch releases the GIL inside kernels) run well in a thread.
+
+A ``StopIteration`` raised by a sync model (or a CUDA event) leaves every executor as
+:class:`CarriedModelError`, and so does a ``GeneratorExit`` from a worker thread: asyncio refuses to
+set a ``StopIteration`` on a future (a worker thread's result never arrived, and the batch hung),
+Python turns one leaving a coroutine into ``RuntimeError`` (PEP 479), and a ``GeneratorExit``
+thrown into the awaiting coroutine closes it instead of propagating. An ``async def`` model's own
+``StopIteration`` is turned into ``RuntimeError`` by Python inside the model, before any executor
+sees it.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any, Literal, Protocol
 __all__ = [
     "AsyncExecutor",
     "BatchExecutor",
+    "CarriedModelError",
     "CudaExecutor",
     "ExecutorKind",
     "InlineExecutor",
@@ -27,6 +36,32 @@ __all__ = [
 
 ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
 EXECUTOR_KINDS: tuple[str, ...] = ("auto", "async", "inline", "thread", "cuda")
+
+
+class CarriedModelError(RuntimeError):
+    """A ``StopIteration`` or ``GeneratorExit`` raised by a sync model, carried to the batch runner
+    as a ``RuntimeError`` (its ``__cause__`` and ``carried`` attribute) that, unlike them, crosses
+    futures and coroutines as an ordinary exception. The runner hands the carried exception itself
+    to the callers as the cause of their ``BatchFailedError``; ``warmup`` raises this error."""
+
+    def __init__(self, carried: BaseException) -> None:
+        super().__init__(f"the model raised {type(carried).__name__}")
+        self.carried = carried
+        self.__cause__ = carried
+
+
+def call_carrying(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` for a worker thread, with a ``StopIteration`` or ``GeneratorExit`` raised as
+    :class:`CarriedModelError` (see the module docstring for why neither can travel as is).
+
+    Raises:
+        CarriedModelError: ``fn`` raised ``StopIteration`` or ``GeneratorExit``.
+        BaseException: whatever else ``fn`` raised.
+    """
+    try:
+        return fn(*args)
+    except (StopIteration, GeneratorExit) as exc:
+        raise CarriedModelError(exc) from exc
 
 
 class BatchExecutor(Protocol):
@@ -62,7 +97,10 @@ class InlineExecutor:
         self._fn = fn
 
     async def run(self, items: list[Any]) -> Sequence[Any]:
-        return self._fn(items)
+        try:
+            return self._fn(items)
+        except StopIteration as stop:
+            raise CarriedModelError(stop) from stop
 
     def close(self) -> None:
         """Nothing to release."""
@@ -106,7 +144,7 @@ class ThreadExecutor(_PoolOwner):
 
     async def run(self, items: list[Any]) -> Sequence[Any]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._get_pool(), self._fn, items)
+        return await loop.run_in_executor(self._get_pool(), call_carrying, self._fn, items)
 
 
 class CompletionEvent(Protocol):
@@ -166,11 +204,14 @@ class CudaExecutor(_PoolOwner):
         self._event_factory = event_factory or _torch_cuda_event
 
     async def run(self, items: list[Any]) -> Sequence[Any]:
-        results = self._fn(items)
-        event = self._event_factory()
-        event.record()
+        try:
+            results = self._fn(items)
+            event = self._event_factory()
+            event.record()
+        except StopIteration as stop:
+            raise CarriedModelError(stop) from stop
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._get_pool(), event.synchronize)
+        await loop.run_in_executor(self._get_pool(), call_carrying, event.synchronize)
         return results
 
 
