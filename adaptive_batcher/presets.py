@@ -12,7 +12,9 @@ Use one::
 The shipped presets live in the repository's top-level ``policies/`` folder, installed as
 ``adaptive_batcher/_presets``; ``list_presets()`` names them. Any file can be loaded by path.
 
-Schema (every table and key is optional unless marked; units are in the key names)::
+Schema (every table and key is optional unless marked, but a file, and each member of a group,
+must hold at least one of ``[slo]``, ``[policy]``, ``[batcher]``, ``[bounds]``: an empty file is
+refused rather than read as a static batcher without an SLO; units are in the key names)::
 
     [preset]
     name = "realtime_chat"       # default: the file name without ".toml"
@@ -241,6 +243,8 @@ POLICY_KEYS: Mapping[str, Mapping[str, _Check]] = MappingProxyType(
 """The constructor arguments each policy accepts in ``[policy]``, besides ``name``."""
 
 _SECTIONS = ("slo", "policy", "batcher", "bounds")
+_ANY_MEMBER_TABLE = "[slo], [policy], [batcher] or [bounds]"
+_ANY_TABLE = "[slo], [policy], [batcher], [bounds] or [batchers]"
 _MEMBER = re.compile(r"[A-Za-z0-9_-]+")
 _BATCHER_DEFAULTS = {
     name: parameter.default
@@ -367,8 +371,9 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
 
     Raises:
         PresetError: an unknown name (the message lists the available ones), a missing or
-            unreadable file, a file holding several batchers when no member was named, or an
-            invalid file (the message names the file and the key).
+            unreadable file, a directory, a file that is not UTF-8 or holds no settings, a file
+            holding several batchers when no member was named, or an invalid file (the message
+            names the file and the key).
         TypeError: ``name_or_path`` is neither a string nor a path.
     """
     path, member = _locate(name_or_path)
@@ -427,6 +432,8 @@ def _locate(name_or_path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     group, _, member = name_or_path.partition("/")
     path = _preset_files().get(group)
     if path is None:
+        if Path(name_or_path).is_dir():
+            raise _not_a_file(Path(name_or_path))
         raise PresetError(
             f"unknown preset {name_or_path!r}; available: {', '.join(list_presets())}"
         )
@@ -434,9 +441,15 @@ def _locate(name_or_path: str | os.PathLike[str]) -> tuple[Path, str | None]:
 
 
 def _existing(path: Path) -> Path:
+    if path.is_dir():
+        raise _not_a_file(path)
     if not path.is_file():
         raise PresetError(f"{path}: no such preset file", path)
     return path
+
+
+def _not_a_file(folder: Path) -> PresetError:
+    return PresetError(f"{folder}: is a directory, not a preset file", folder)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -447,6 +460,12 @@ def _read(path: Path) -> dict[str, Any]:
         raise PresetError(f"{path}: cannot read: {exc}", path) from exc
     except tomllib.TOMLDecodeError as exc:
         raise PresetError(f"{path}: invalid TOML: {exc}", path) from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file before parsing
+        raise PresetError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); TOML files must be UTF-8",
+            path,
+        ) from exc
 
 
 # -- parsing: one code path for one batcher and for groups --------------------------------------
@@ -460,6 +479,8 @@ def _load_file(path: Path) -> dict[str | None, Preset]:
     name: str = header.get("name", path.stem)
     description: str = header.get("description", "")
     if "batchers" not in doc:
+        if not any(section in doc for section in _SECTIONS):
+            raise PresetError(f"{path}: holds no settings; give at least one of {_ANY_TABLE}", path)
         return {None: _parse_batcher(path, "", doc, name, description)}
     for stray in _SECTIONS:
         if stray in doc:
@@ -474,6 +495,8 @@ def _load_file(path: Path) -> dict[str | None, Preset]:
             raise _error(path, key, "member names use letters, digits, '_' and '-' only")
         table = _table(path, key, table)
         _known(path, key, table, ("description", *_SECTIONS))
+        if not any(section in table for section in _SECTIONS):
+            raise _error(path, key, f"holds no settings; give at least one of {_ANY_MEMBER_TABLE}")
         text = _checked(path, f"{key}.description", _text, table.get("description", description))
         found[member] = _parse_batcher(path, f"{key}.", table, f"{name}/{member}", text)
     return found
