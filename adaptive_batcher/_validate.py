@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "check_callable",
     "check_int",
+    "check_integral",
     "check_number",
     "check_optional_int",
     "check_real",
@@ -26,14 +27,15 @@ __all__ = [
 
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` as an int >= ``minimum``; TypeError if not an int (bools too), else ValueError."""
-    number = value if type(value) is int else _integral(name, value)
+    number = value if type(value) is int else check_integral(name, value)
     if number < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return number
 
 
-def _integral(name: str, value: object) -> int:
-    """``operator.index(value)``: a plain int from any integral but a bool, else TypeError."""
+def check_integral(name: str, value: object) -> int:
+    """``value`` as a plain int if it is an integral but a bool (``operator.index``), else
+    TypeError; no range check."""
     if not isinstance(value, bool):
         try:
             return operator.index(value)  # type: ignore[arg-type]

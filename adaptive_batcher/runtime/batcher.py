@@ -20,6 +20,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
     check_callable,
     check_int,
+    check_integral,
     check_number,
     check_optional_int,
 )
@@ -123,8 +124,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         max_concurrent_batches: batches that may run at once (execution slots). Default 1.
         max_queue_size: most queued requests; a further ``submit`` raises ``QueueFullError`` at
             once. None (default): unbounded.
-        size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens). Default:
-            1 per item. A request larger than ``max_batch_size`` raises ``ItemTooLargeError``.
+        size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens); any
+            integral (numpy integers too) >= 1, else ``submit`` raises TypeError or ValueError.
+            Default: 1 per item. A request larger than ``max_batch_size`` raises
+            ``ItemTooLargeError``.
         batch_sizes: allowed batch sizes ("buckets"), increasing, in units. A batch is padded up to
             the next bucket by ``pad_fn`` and the padding's results are dropped. The cap may not
             exceed the largest bucket.
@@ -373,10 +376,12 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             The first error any item raised (see :meth:`submit`), unless ``return_exceptions``.
+            Whatever iterating ``items`` raises, before any item is submitted.
         """
+        items = list(items)  # first: a failing iterable must not strand half-made submissions
         return list(
             await asyncio.gather(
-                *(self.submit(i, deadline_ms=deadline_ms) for i in items),
+                *[self.submit(i, deadline_ms=deadline_ms) for i in items],
                 return_exceptions=return_exceptions,
             )
         )
@@ -655,7 +660,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
         size = self._size_fn(item)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if type(size) is not int:  # numpy integers too (operator.index); plain ints stay cheap
+            size = check_integral("size_fn(item)", size)
+        if size < 1:
             raise ValueError(f"size_fn must return an int >= 1, got {size!r}")
         return size
 
