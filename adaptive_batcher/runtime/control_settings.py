@@ -6,7 +6,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptive_batcher._validate import check_callable, check_number, check_optional_int
+from adaptive_batcher._validate import (
+    check_callable,
+    check_number,
+    check_optional_int,
+    check_sequence,
+)
 from adaptive_batcher.control.controller import GuardFactory
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies.base import Policy
@@ -49,8 +54,10 @@ class ControlSettings:
             policy = PID()
         if bounds is not None and not isinstance(bounds, Bounds):
             raise TypeError(f"bounds must be a Bounds, got {type(bounds).__name__}")
-        for guard in guards or ():
-            check_callable("each guard", guard)
+        if guards is not None:  # a tuple: a generator checked here would reach the controller empty
+            guards = check_sequence("guards", guards, "guard factories")
+            for guard in guards:
+                check_callable("each guard", guard)
         if not isinstance(shed_late, bool):
             raise TypeError(f"shed_late must be a bool, got {type(shed_late).__name__}")
         if shed_late and slo is None:

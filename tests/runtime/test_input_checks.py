@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from adaptive_batcher import AdaptiveBatcher
+from adaptive_batcher import SLO, AdaptiveBatcher
 from adaptive_batcher.testing import EchoModel
 
 
@@ -74,3 +74,19 @@ async def test_a_numpy_bool_size_is_refused() -> None:
     async with AdaptiveBatcher(EchoModel(), size_fn=lambda _: np.True_) as batcher:
         with pytest.raises(TypeError, match=exactly("size_fn(item) must be an int, got bool")):
             await batcher.submit("x")
+
+
+@pytest.mark.parametrize(("guards", "kind"), [(5, "int"), (True, "bool"), ("guard", "str")])
+def test_guards_must_be_a_sequence(guards: object, kind: str) -> None:
+    message = f"guards must be a sequence of guard factories, got {kind}"
+    with pytest.raises(TypeError, match=exactly(message)):
+        AdaptiveBatcher(EchoModel(), guards=guards)  # type: ignore[arg-type]
+
+
+def test_guards_from_a_generator_are_kept() -> None:
+    from adaptive_batcher.control.guards import BudgetGuard
+
+    batcher = AdaptiveBatcher(EchoModel(), slo=SLO(p99_ms=50), guards=(g for g in [BudgetGuard]))
+    controller = batcher._controller
+    assert controller is not None
+    assert controller.chain.name == "BudgetGuard(pid)"  # the generator was not used up by the check
