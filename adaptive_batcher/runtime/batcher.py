@@ -204,6 +204,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         if pad_fn is not None:
             check_callable("pad_fn", pad_fn)
         check_callable("is_oom", is_oom)
+        if cuda_event_factory is not None:
+            check_callable("cuda_event_factory", cuda_event_factory)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         if not isinstance(bisect_on_error, bool):

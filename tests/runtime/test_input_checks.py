@@ -90,3 +90,45 @@ def test_guards_from_a_generator_are_kept() -> None:
     controller = batcher._controller
     assert controller is not None
     assert controller.chain.name == "BudgetGuard(pid)"  # the generator was not used up by the check
+
+
+@pytest.mark.parametrize(
+    ("batch_sizes", "message"),
+    [
+        (8, "batch_sizes must be a sequence of ints, got int"),
+        (True, "batch_sizes must be a sequence of ints, got bool"),
+        ("1248", "batch_sizes must be a sequence of ints, got str"),
+        ([1, 2.0], "batch_sizes item must be an int, got float"),
+    ],
+)
+def test_batch_sizes_of_the_wrong_type_are_named(batch_sizes: object, message: str) -> None:
+    with pytest.raises(TypeError, match=exactly(message)):
+        AdaptiveBatcher(EchoModel(), max_batch_size=1, batch_sizes=batch_sizes)  # type: ignore[arg-type]
+
+
+def test_cuda_event_factory_must_be_callable() -> None:
+    with pytest.raises(TypeError, match=exactly("cuda_event_factory must be callable, got str")):
+        AdaptiveBatcher(EchoModel(), cuda_event_factory="event")  # type: ignore[arg-type]
+
+
+async def test_numpy_scalars_are_ints_and_numbers_for_the_constructor_and_set_limits() -> None:
+    model = EchoModel()
+    batcher = AdaptiveBatcher(
+        model,
+        max_batch_size=np.int64(8),  # type: ignore[arg-type]
+        window_ms=np.float32(1.0),  # type: ignore[arg-type]
+        max_concurrent_batches=np.int32(2),  # type: ignore[arg-type]
+        max_queue_size=np.int64(100),  # type: ignore[arg-type]
+        batch_sizes=np.array([2, 4, 8]),
+        control_interval_ms=np.int64(50),  # type: ignore[arg-type]
+        control_interval_batches=np.uint8(4),  # type: ignore[arg-type]
+        telemetry_hz=np.float64(10.0),
+    )
+    async with batcher:
+        stats = batcher.stats()
+        assert (stats.max_batch_size, stats.window_ms, stats.max_concurrent_batches) == (8, 1.0, 2)
+        assert type(stats.max_batch_size) is int
+        batcher.set_limits(window_ms=np.float64(0.0), max_batch_size=np.int16(4))  # type: ignore[arg-type]
+        assert (batcher.stats().max_batch_size, batcher.stats().window_ms) == (4, 0.0)
+        assert await batcher.submit_many(range(3), deadline_ms=np.int64(1000)) == [0, 1, 2]
+    assert batcher._buckets == (2, 4, 8) and all(type(b) is int for b in batcher._buckets)
