@@ -326,20 +326,33 @@ class Preset:
 
 
 def _follow(bounds: Bounds, overrides: Mapping[str, Any]) -> Bounds:
-    """``bounds`` moved to admit the overridden cap, window and buckets (invalid ones ignored)."""
+    """``bounds`` moved to admit the overridden cap, window and buckets (numpy scalars too).
+    Invalid overrides are ignored here: the batcher's constructor reports them."""
     changes: dict[str, Any] = {}
-    cap = overrides.get("max_batch_size")
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+    cap = _valid_override(overrides, "max_batch_size", _int(1))
+    if cap is not None:
         changes.update(max_batch_size=cap, min_batch_size=min(bounds.min_batch_size, cap))
-    window = overrides.get("window_ms")
-    if isinstance(window, int | float) and not isinstance(window, bool) and window >= 0:
+    window = _valid_override(overrides, "window_ms", _number(0))
+    if window is not None:
         changes.update(
             min_window_ms=min(bounds.min_window_ms, window),
             max_window_ms=max(bounds.max_window_ms, window),
         )
     if "batch_sizes" in overrides:
-        changes["batch_sizes"] = tuple(overrides["batch_sizes"] or ())
-    return replace(bounds, **changes)
+        buckets = overrides["batch_sizes"]
+        changes["batch_sizes"] = () if buckets is None else buckets
+    try:
+        return replace(bounds, **changes)
+    except (TypeError, ValueError):  # invalid buckets: the constructor says so
+        return replace(bounds, **{k: v for k, v in changes.items() if k != "batch_sizes"})
+
+
+def _valid_override(overrides: Mapping[str, Any], name: str, check: _Check) -> Any:
+    """The override ``name`` as ``check`` returns it; None if it is absent or invalid."""
+    try:
+        return check(name, overrides[name]) if name in overrides else None
+    except (TypeError, ValueError):
+        return None
 
 
 # -- public functions ---------------------------------------------------------------------------

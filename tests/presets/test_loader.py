@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import adaptive_batcher.presets as presets
@@ -151,6 +152,36 @@ async def test_overrides_win_and_the_bounds_follow_them() -> None:
     assert (bounds.min_window_ms, bounds.min_batch_size) == (0.0, 1)
     assert stats.slo == load_preset("realtime_chat").slo
     await batcher.aclose()
+
+
+async def test_the_bounds_follow_numpy_overrides_too() -> None:
+    batcher = AdaptiveBatcher.from_preset(
+        "search", EchoModel(), window_ms=np.float32(50.0), max_batch_size=np.int64(8)
+    )
+    bounds = controller_of(batcher).bounds
+    assert (bounds.max_window_ms, bounds.max_batch_size) == (50.0, 8)
+    assert bounds.batch_sizes == (1, 8, 32, 64, 128)
+    kwargs = load_preset("search").batcher_kwargs(batch_sizes=np.array([1, 4, 16, 128]))
+    assert kwargs["bounds"].batch_sizes == (1, 4, 16, 128)
+    await batcher.aclose()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batch_sizes": [4, 2]}, "batch_sizes must be non-empty and strictly increasing"),
+        ({"batch_sizes": 8}, "batch_sizes must be a sequence of ints, got int"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an int, got float"),
+        ({"window_ms": "5"}, "window_ms must be a number, got str"),
+    ],
+)
+def test_invalid_overrides_are_reported_by_the_constructor(
+    overrides: dict[str, Any], message: str
+) -> None:
+    kwargs = load_preset("search").batcher_kwargs(**overrides)  # never raises itself
+    assert kwargs["bounds"] is not None
+    with pytest.raises((TypeError, ValueError), match=f"^{message}"):
+        AdaptiveBatcher(EchoModel(), **kwargs)
 
 
 def test_overridden_policy_slo_and_bounds_are_used_as_given() -> None:
