@@ -2,7 +2,8 @@
 
 An "int" is any integral: ``int`` or anything ``operator.index`` accepts (numpy integer scalars),
 returned as a plain ``int``. A "number" is any real number (``numbers.Real``: ints, floats, numpy
-integer and float scalars), returned as a ``float``. Bools (Python's and numpy's) are neither.
+integer and float scalars), returned as a ``float``. Bools (Python's and numpy's) are neither;
+a "bool" is either of them, returned as a plain ``bool``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 __all__ = [
+    "check_bool",
     "check_callable",
     "check_int",
     "check_integral",
@@ -66,6 +70,13 @@ def check_number(name: str, value: object, minimum: float, *, strict: bool = Fal
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
     return number
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a plain bool if it is a bool (numpy's too), else TypeError (ints too)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def check_str(name: str, value: object) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from adaptive_batcher._validate import (
+    check_bool,
     check_int,
     check_number,
     check_real,
@@ -93,3 +94,12 @@ def test_check_sequence_takes_any_iterable_but_a_string() -> None:
         with pytest.raises(TypeError) as caught:
             check_sequence("xs", value, "ints")
         assert str(caught.value) == f"xs must be a sequence of ints, got {kind}"
+
+
+def test_check_bool_takes_numpy_bools_as_plain_bools() -> None:
+    for value, expected in ((True, True), (np.True_, True), (np.False_, False)):
+        result = check_bool("flag", value)
+        assert result is expected
+    for value, kind in ((1, "int"), (np.int8(1), "int8"), ("yes", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"^flag must be a bool, got {kind}$"):
+            check_bool("flag", value)

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
+    check_bool,
     check_callable,
     check_int,
     check_integral,
@@ -208,8 +209,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             check_callable("cuda_event_factory", cuda_event_factory)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        if not isinstance(bisect_on_error, bool):
-            raise TypeError(f"bisect_on_error must be a bool, got {type(bisect_on_error).__name__}")
+        bisect_on_error = check_bool("bisect_on_error", bisect_on_error)
         if telemetry is not None and not callable(getattr(telemetry, "sample", None)):
             raise TypeError(
                 f"telemetry must have a sample() method, got {type(telemetry).__name__}"

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adaptive_batcher._validate import (
+    check_bool,
     check_callable,
     check_number,
     check_optional_int,
@@ -58,8 +59,7 @@ class ControlSettings:
             guards = check_sequence("guards", guards, "guard factories")
             for guard in guards:
                 check_callable("each guard", guard)
-        if not isinstance(shed_late, bool):
-            raise TypeError(f"shed_late must be a bool, got {type(shed_late).__name__}")
+        shed_late = check_bool("shed_late", shed_late)
         if shed_late and slo is None:
             raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
         return cls(

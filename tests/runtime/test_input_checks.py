@@ -132,3 +132,27 @@ async def test_numpy_scalars_are_ints_and_numbers_for_the_constructor_and_set_li
         assert (batcher.stats().max_batch_size, batcher.stats().window_ms) == (4, 0.0)
         assert await batcher.submit_many(range(3), deadline_ms=np.int64(1000)) == [0, 1, 2]
     assert batcher._buckets == (2, 4, 8) and all(type(b) is int for b in batcher._buckets)
+
+
+def test_numpy_bools_are_bools() -> None:
+    batcher = AdaptiveBatcher(
+        EchoModel(),
+        slo=SLO(p99_ms=50),
+        shed_late=np.True_,  # type: ignore[arg-type]
+        bisect_on_error=np.False_,  # type: ignore[arg-type]
+    )
+    assert batcher._control.shed_late is True
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shed_late": 1}, "shed_late must be a bool, got int"),
+        ({"shed_late": np.int64(1)}, "shed_late must be a bool, got int64"),
+        ({"bisect_on_error": "yes"}, "bisect_on_error must be a bool, got str"),
+        ({"bisect_on_error": None}, "bisect_on_error must be a bool, got NoneType"),
+    ],
+)
+def test_flags_must_be_bools(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(TypeError, match=exactly(message)):
+        AdaptiveBatcher(EchoModel(), slo=SLO(p99_ms=50), **kwargs)  # type: ignore[arg-type]
