@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
+from adaptive_batcher._validate import check_integral, check_real
 from adaptive_batcher.errors import BatcherClosedError, ItemTooLargeError, QueueFullError
 
 __all__ = [
@@ -154,9 +155,13 @@ class EngineLimits:
     """The knobs the controller turns.
 
     Attributes:
-        window_s: longest time the oldest queued request waits for company, seconds (>= 0).
-        max_batch_size: batch cap in size units (>= 1).
-        max_concurrent_batches: execution slots (>= 1).
+        window_s: longest time the oldest queued request waits for company, seconds (>= 0);
+            any real number, stored as a float.
+        max_batch_size: batch cap in size units (>= 1); any integral, stored as an int.
+        max_concurrent_batches: execution slots (>= 1); any integral, stored as an int.
+
+    Raises:
+        TypeError: a field of the wrong type; ValueError: one out of range (both name it).
     """
 
     window_s: float
@@ -164,6 +169,9 @@ class EngineLimits:
     max_concurrent_batches: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "window_s", check_real("window_s", self.window_s))
+        for name in ("max_batch_size", "max_concurrent_batches"):
+            object.__setattr__(self, name, check_integral(name, getattr(self, name)))
         if not self.window_s >= 0.0:
             raise ValueError(f"window_s must be >= 0, got {self.window_s!r}")
         if self.max_batch_size < 1:

@@ -12,7 +12,9 @@ Use one::
 The shipped presets live in the repository's top-level ``policies/`` folder, installed as
 ``adaptive_batcher/_presets``; ``list_presets()`` names them. Any file can be loaded by path.
 
-Schema (every table and key is optional unless marked; units are in the key names)::
+Schema (every table and key is optional unless marked, but a file, and each member of a group,
+must hold at least one of ``[slo]``, ``[policy]``, ``[batcher]``, ``[bounds]``: an empty file is
+refused rather than read as a static batcher without an SLO; units are in the key names)::
 
     [preset]
     name = "realtime_chat"       # default: the file name without ".toml"
@@ -201,6 +203,8 @@ keys each one accepts besides ``name`` are its constructor arguments, listed in 
 ``parameters``."""
 
 _SECTIONS = ("slo", "policy", "batcher", "bounds")
+_ANY_MEMBER_TABLE = "[slo], [policy], [batcher] or [bounds]"
+_ANY_TABLE = "[slo], [policy], [batcher], [bounds] or [batchers]"
 _MEMBER = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -278,20 +282,33 @@ class Preset:
 
 
 def _follow(bounds: Bounds, overrides: Mapping[str, Any]) -> Bounds:
-    """``bounds`` moved to admit the overridden cap, window and buckets (invalid ones ignored)."""
+    """``bounds`` moved to admit the overridden cap, window and buckets (numpy scalars too).
+    Invalid overrides are ignored here: the batcher's constructor reports them."""
     changes: dict[str, Any] = {}
-    cap = overrides.get("max_batch_size")
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+    cap = _valid_override(overrides, "max_batch_size", _int(1))
+    if cap is not None:
         changes.update(max_batch_size=cap, min_batch_size=min(bounds.min_batch_size, cap))
-    window = overrides.get("window_ms")
-    if isinstance(window, int | float) and not isinstance(window, bool) and window >= 0:
+    window = _valid_override(overrides, "window_ms", _number(0))
+    if window is not None:
         changes.update(
             min_window_ms=min(bounds.min_window_ms, window),
             max_window_ms=max(bounds.max_window_ms, window),
         )
     if "batch_sizes" in overrides:
-        changes["batch_sizes"] = tuple(overrides["batch_sizes"] or ())
-    return replace(bounds, **changes)
+        buckets = overrides["batch_sizes"]
+        changes["batch_sizes"] = () if buckets is None else buckets
+    try:
+        return replace(bounds, **changes)
+    except (TypeError, ValueError):  # invalid buckets: the constructor says so
+        return replace(bounds, **{k: v for k, v in changes.items() if k != "batch_sizes"})
+
+
+def _valid_override(overrides: Mapping[str, Any], name: str, check: _Check) -> Any:
+    """The override ``name`` as ``check`` returns it; None if it is absent or invalid."""
+    try:
+        return check(name, overrides[name]) if name in overrides else None
+    except (TypeError, ValueError):
+        return None
 
 
 # -- public functions ---------------------------------------------------------------------------
@@ -323,8 +340,9 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
 
     Raises:
         PresetError: an unknown name (the message lists the available ones), a missing or
-            unreadable file, a file holding several batchers when no member was named, or an
-            invalid file (the message names the file and the key).
+            unreadable file, a directory, a file that is not UTF-8 or holds no settings, a file
+            holding several batchers when no member was named, or an invalid file (the message
+            names the file and the key).
         TypeError: ``name_or_path`` is neither a string nor a path.
     """
     path, member = _locate(name_or_path)
@@ -383,6 +401,8 @@ def _locate(name_or_path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     group, _, member = name_or_path.partition("/")
     path = _preset_files().get(group)
     if path is None:
+        if Path(name_or_path).is_dir():
+            raise _not_a_file(Path(name_or_path))
         raise PresetError(
             f"unknown preset {name_or_path!r}; available: {', '.join(list_presets())}"
         )
@@ -390,9 +410,15 @@ def _locate(name_or_path: str | os.PathLike[str]) -> tuple[Path, str | None]:
 
 
 def _existing(path: Path) -> Path:
+    if path.is_dir():
+        raise _not_a_file(path)
     if not path.is_file():
         raise PresetError(f"{path}: no such preset file", path)
     return path
+
+
+def _not_a_file(folder: Path) -> PresetError:
+    return PresetError(f"{folder}: is a directory, not a preset file", folder)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -403,6 +429,12 @@ def _read(path: Path) -> dict[str, Any]:
         raise PresetError(f"{path}: cannot read: {exc}", path) from exc
     except tomllib.TOMLDecodeError as exc:
         raise PresetError(f"{path}: invalid TOML: {exc}", path) from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file before parsing
+        raise PresetError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); TOML files must be UTF-8",
+            path,
+        ) from exc
 
 
 # -- parsing: one code path for one batcher and for groups --------------------------------------
@@ -416,6 +448,8 @@ def _load_file(path: Path) -> dict[str | None, Preset]:
     name: str = header.get("name", path.stem)
     description: str = header.get("description", "")
     if "batchers" not in doc:
+        if not any(section in doc for section in _SECTIONS):
+            raise PresetError(f"{path}: holds no settings; give at least one of {_ANY_TABLE}", path)
         return {None: _parse_batcher(path, "", doc, name, description)}
     for stray in _SECTIONS:
         if stray in doc:
@@ -430,6 +464,8 @@ def _load_file(path: Path) -> dict[str | None, Preset]:
             raise _error(path, key, "member names use letters, digits, '_' and '-' only")
         table = _table(path, key, table)
         _known(path, key, table, ("description", *_SECTIONS))
+        if not any(section in table for section in _SECTIONS):
+            raise _error(path, key, f"holds no settings; give at least one of {_ANY_MEMBER_TABLE}")
         text = _checked(path, f"{key}.description", _text, table.get("description", description))
         found[member] = _parse_batcher(path, f"{key}.", table, f"{name}/{member}", text)
     return found

@@ -34,6 +34,7 @@ from adaptive_batcher._validate import (
     check_int,
     check_number,
     check_optional_int,
+    check_sequence,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.types import Bounds
@@ -131,7 +132,7 @@ class BatcherSettings:
         self._set("guards", _check_guards(self.guards))
         check_number("control_interval_ms", self.control_interval_ms, 0.0, strict=True)
         check_optional_int("control_interval_batches", self.control_interval_batches, 1)
-        check_bool("shed_late", self.shed_late)
+        self._set("shed_late", check_bool("shed_late", self.shed_late))
         if self.shed_late and self.slo is None:
             raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
         check_choice("window_origin", self.window_origin, WINDOW_ORIGINS)
@@ -201,11 +202,8 @@ def check_policy(policy: object) -> Policy:
 def _check_guards(guards: object) -> tuple[GuardFactory, ...] | None:
     if guards is None:
         return None
-    if isinstance(guards, str | bytes) or not isinstance(guards, Sequence):
-        raise TypeError(
-            f"guards must be a sequence of guard factories, got {type(guards).__name__}"
-        )
-    return tuple(check_callable("each guard", guard) for guard in guards)
+    factories = check_sequence("guards", guards, "guard factories")  # a generator: kept whole
+    return tuple(check_callable("each guard", guard) for guard in factories)
 
 
 def read_service_profile(profile: ServiceProfile | None) -> tuple[tuple[int, float], ...]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from adaptive_batcher._validate import check_real
+
 __all__ = ["SLO"]
 
 
@@ -24,7 +26,11 @@ class SLO:
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0).
         margin: fraction of the target the controller aims at, in (0, 1].
 
+    Every field takes any real number (ints, floats, numpy scalars; not bools) and is stored as
+    a ``float``.
+
     Raises:
+        TypeError: a field that is not a real number (message names the field).
         ValueError: on a value out of range (message names the field).
     """
 
@@ -34,6 +40,8 @@ class SLO:
     margin: float = 0.8
 
     def __post_init__(self) -> None:
+        for name in ("p99_ms", "percentile", "preprocess_ms", "margin"):
+            object.__setattr__(self, name, check_real(f"SLO.{name}", getattr(self, name)))
         if not (math.isfinite(self.p99_ms) and self.p99_ms > 0):
             raise ValueError(f"SLO.p99_ms must be a finite number > 0, got {self.p99_ms!r}")
         if not 0.0 < self.percentile < 100.0:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from adaptive_batcher._validate import (
+    check_int,
+    check_integral,
+    check_number,
+    check_real,
+    check_sequence,
+    check_str,
+)
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
 
@@ -17,13 +26,16 @@ class Decision:
     """The knobs a policy sets, and why.
 
     Attributes:
-        window_ms: batching window, ms (>= 0).
-        max_batch_size: batch cap in size units (>= 1).
+        window_ms: batching window, ms (finite, >= 0); any real number, stored as a float.
+        max_batch_size: batch cap in size units (>= 1); any integral, stored as an int.
         reason: a short machine-readable tag for the log (``pid``, ``memory_pressure``, ...).
         shed_after_ms: SLO-aware shedding: a request still queued this long after arrival fails
             at once with ``DeadlineExceededError`` instead of being served late (applies to
-            requests that arrive after the decision; None: no shedding).
+            requests that arrive after the decision; None: no shedding); ms (>= 0).
         slo_unreachable: a guard found the SLO out of reach even at the smallest batch.
+
+    Raises:
+        TypeError: a field of the wrong type; ValueError: one out of range (both name it).
     """
 
     window_ms: float
@@ -33,14 +45,14 @@ class Decision:
     slo_unreachable: bool = False
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.window_ms) and self.window_ms >= 0):
-            raise ValueError(
-                f"Decision.window_ms must be a finite number >= 0, got {self.window_ms!r}"
-            )
-        if self.max_batch_size < 1:
-            raise ValueError(f"Decision.max_batch_size must be >= 1, got {self.max_batch_size!r}")
-        if self.shed_after_ms is not None and not self.shed_after_ms >= 0:
-            raise ValueError(f"Decision.shed_after_ms must be >= 0, got {self.shed_after_ms!r}")
+        _set(self, "window_ms", check_number("Decision.window_ms", self.window_ms, 0.0))
+        _set(self, "max_batch_size", check_int("Decision.max_batch_size", self.max_batch_size, 1))
+        check_str("Decision.reason", self.reason)
+        if self.shed_after_ms is not None:
+            shed_after_ms = check_real("Decision.shed_after_ms", self.shed_after_ms)
+            if not shed_after_ms >= 0:
+                raise ValueError(f"Decision.shed_after_ms must be >= 0, got {shed_after_ms!r}")
+            _set(self, "shed_after_ms", shed_after_ms)
 
     def with_(self, **changes: object) -> Decision:
         """A copy with some fields changed (``reason`` usually among them)."""
@@ -52,12 +64,15 @@ class Bounds:
     """Where any decision must stay; the controller clamps every decision into them.
 
     Attributes:
-        min_window_ms, max_window_ms: window range, ms.
+        min_window_ms, max_window_ms: window range, ms; real numbers, stored as floats.
         min_batch_size, max_batch_size: cap range, size units; ``max_batch_size`` is the hard cap.
-        batch_sizes: allowed caps ("buckets"), increasing; empty means any size in range.
+            Integrals, stored as ints.
+        batch_sizes: allowed caps ("buckets"), ints >= 1, strictly increasing; any iterable of
+            them, stored as a tuple. Empty means any size in range.
 
     Raises:
-        ValueError: an empty or inverted range.
+        TypeError: a field of the wrong type (message names it).
+        ValueError: an empty or inverted range, or buckets below 1 or not increasing.
     """
 
     min_window_ms: float = 0.0
@@ -67,6 +82,11 @@ class Bounds:
     batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("min_window_ms", "max_window_ms"):
+            _set(self, name, check_real(f"Bounds.{name}", getattr(self, name)))
+        for name in ("min_batch_size", "max_batch_size"):
+            _set(self, name, check_integral(f"Bounds.{name}", getattr(self, name)))
+        _set(self, "batch_sizes", _buckets(self.batch_sizes))
         if not 0.0 <= self.min_window_ms <= self.max_window_ms:
             raise ValueError(
                 f"Bounds need 0 <= min_window_ms <= max_window_ms, got "
@@ -106,6 +126,19 @@ class Bounds:
                 sizes.add(size)
             size *= 2
         return sorted(sizes)
+
+
+def _set(instance: object, name: str, value: object) -> None:
+    """Store a checked field of a frozen dataclass (in ``__post_init__``)."""
+    object.__setattr__(instance, name, value)
+
+
+def _buckets(value: object) -> tuple[int, ...]:
+    sizes = check_sequence("Bounds.batch_sizes", value, "ints")
+    buckets = tuple(check_int("Bounds.batch_sizes item", size, 1) for size in sizes)
+    if any(b <= a for a, b in itertools.pairwise(buckets)):
+        raise ValueError(f"Bounds.batch_sizes must be strictly increasing, got {buckets}")
+    return buckets
 
 
 def _no_model(batch_size: int) -> float:

@@ -16,7 +16,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher._validate import check_callable, check_int, check_number
+from adaptive_batcher._validate import (
+    check_bool,
+    check_callable,
+    check_int,
+    check_integral,
+    check_number,
+)
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.core import BatcherCore
@@ -125,8 +131,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         max_concurrent_batches: batches that may run at once (execution slots). Default 1.
         max_queue_size: most queued requests; a further ``submit`` raises ``QueueFullError`` at
             once. None (default): unbounded.
-        size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens). Default:
-            1 per item. A request larger than ``max_batch_size`` raises ``ItemTooLargeError``.
+        size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens); any
+            integral (numpy integers too) >= 1, else ``submit`` raises TypeError or ValueError.
+            Default: 1 per item. A request larger than ``max_batch_size`` raises
+            ``ItemTooLargeError``.
         batch_sizes: allowed batch sizes ("buckets"), increasing, in units. A batch is padded up to
             the next bucket by ``pad_fn`` and the padding's results are dropped. The cap may not
             exceed the largest bucket.
@@ -229,10 +237,11 @@ class AdaptiveBatcher(Generic[X, Y]):
         if pad_fn is not None:
             check_callable("pad_fn", pad_fn)
         check_callable("is_oom", is_oom)
+        if cuda_event_factory is not None:
+            check_callable("cuda_event_factory", cuda_event_factory)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        if not isinstance(bisect_on_error, bool):
-            raise TypeError(f"bisect_on_error must be a bool, got {type(bisect_on_error).__name__}")
+        bisect_on_error = check_bool("bisect_on_error", bisect_on_error)
         if telemetry is not None and not callable(getattr(telemetry, "sample", None)):
             raise TypeError(
                 f"telemetry must have a sample() method, got {type(telemetry).__name__}"
@@ -366,11 +375,13 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             Exception: the first error any item raised (the errors of :meth:`submit`), unless
-                ``return_exceptions``.
+                ``return_exceptions``; whatever iterating ``items`` raises, before any item is
+                submitted.
         """
+        items = list(items)  # first: a failing iterable must not strand half-made submissions
         return list(
             await asyncio.gather(
-                *(self.submit(i, deadline_ms=deadline_ms) for i in items),
+                *[self.submit(i, deadline_ms=deadline_ms) for i in items],
                 return_exceptions=return_exceptions,
             )
         )
@@ -642,7 +653,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _item_size(self, item: X) -> int:
         assert self._size_fn is not None
         size = self._size_fn(item)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if type(size) is not int:  # numpy integers too (operator.index); plain ints stay cheap
+            size = check_integral("size_fn(item)", size)
+        if size < 1:
             raise ValueError(f"size_fn must return an int >= 1, got {size!r}")
         return size
 

@@ -6,7 +6,7 @@ import bisect
 import math
 from collections.abc import Iterable
 
-from adaptive_batcher._validate import check_int
+from adaptive_batcher._validate import check_int, check_sequence
 
 __all__ = ["check_buckets", "pad_target", "warmup_sizes"]
 
@@ -28,9 +28,8 @@ def warmup_sizes(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:
 def check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
     if batch_sizes is None:
         return ()
-    buckets = tuple(batch_sizes)
-    for size in buckets:
-        check_int("batch_sizes item", size, 1)
+    sizes = check_sequence("batch_sizes", batch_sizes, "ints")
+    buckets = tuple(check_int("batch_sizes item", size, 1) for size in sizes)
     if not buckets or any(b >= a for a, b in zip(buckets[1:], buckets, strict=False)):
         raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {buckets}")
     if cap > buckets[-1]:

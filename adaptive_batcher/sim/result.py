@@ -50,7 +50,11 @@ class SimResult:
         requests, completed, expired, rejected, failed: counts (completed = answered with a
             result).
         oom_errors: model calls that ran out of memory (each was split and re-run).
-        duration_s: span from the first to the last arrival, s (rates divide by it).
+        duration_s: the time the rates divide by, s: the span from the first to the last
+            arrival; when that span is 0 (a single request, or all arriving at one instant),
+            the span from the first arrival to the last request's end (answer or error)
+            instead, the time it took to serve them. NaN when that is 0 too, or without
+            requests.
         p50_ms, p95_ms, p99_ms, mean_ms: latency of completed requests (exact, not sketched).
         slo_attainment: fraction of *all* requests answered within the SLO (rejected, expired
             and failed requests count as misses); NaN without an SLO.
@@ -135,8 +139,7 @@ class SimResult:
         ok = outcome == Outcome.OK
         latency_ms = (done_s[ok] - arrival_s[ok]) * 1e3
         requests = int(outcome.size)
-        duration = float(arrival_s.max() - arrival_s.min()) if requests > 1 else math.nan
-        duration = duration if duration > 0 else math.nan
+        duration = _rate_span_s(arrival_s, done_s)
         limit_ms = slo.p99_ms if slo is not None else math.inf
         good = int(np.count_nonzero(latency_ms <= limit_ms))
         completed = int(np.count_nonzero(ok))
@@ -182,6 +185,14 @@ class SimResult:
             if np.all(np.isnan(window) | (window <= limit_ms)):
                 return max(0.0, float(series.start_s[index]) - after_s)
         return math.nan
+
+
+def _rate_span_s(arrival_s: FloatArray, done_s: FloatArray) -> float:
+    """The arrival span, s, or when it is 0 (one instant) the span to the last answer."""
+    if arrival_s.size == 0:
+        return math.nan
+    arrival_span = float(arrival_s.max() - arrival_s.min())
+    return arrival_span if arrival_span > 0 else _span_s(arrival_s, done_s)
 
 
 def _span_s(arrival_s: FloatArray, done_s: FloatArray) -> float:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from adaptive_batcher.engine import (
@@ -228,6 +231,32 @@ def test_set_limits_applies_at_next_poll_and_checks_hard_cap() -> None:
 def test_limits_validation_messages(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineLimits(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window_s": "0.01"}, "window_s must be a number, got str"),
+        ({"window_s": None}, "window_s must be a number, got NoneType"),
+        ({"window_s": True}, "window_s must be a number, got bool"),
+        ({"max_batch_size": "4"}, "max_batch_size must be an int, got str"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an int, got float"),
+        ({"max_batch_size": float("nan")}, "max_batch_size must be an int, got float"),
+        ({"max_batch_size": True}, "max_batch_size must be an int, got bool"),
+        ({"max_concurrent_batches": None}, "max_concurrent_batches must be an int, got NoneType"),
+        ({"max_concurrent_batches": 1.0}, "max_concurrent_batches must be an int, got float"),
+    ],
+)
+def test_limits_of_the_wrong_type_are_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        EngineLimits(**{"window_s": 0.0, "max_batch_size": 4, **kwargs})  # type: ignore[arg-type]
+
+
+def test_limits_take_numpy_scalars_as_plain_numbers() -> None:
+    limits = EngineLimits(np.float32(0.5), np.int64(8), np.int32(2))  # type: ignore[arg-type]
+    assert limits == EngineLimits(0.5, 8, 2)
+    assert type(limits.window_s) is float and type(limits.max_batch_size) is int
+    assert type(limits.max_concurrent_batches) is int
 
 
 def test_complete_without_batch_in_flight_is_an_error() -> None:

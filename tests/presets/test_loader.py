@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import adaptive_batcher.presets as presets
@@ -86,12 +87,12 @@ def test_a_string_with_a_slash_naming_a_file_loads_it(tmp_path: Path) -> None:
     assert load_preset(str(path)).name == "mine"
 
 
-def test_minimal_file_leaves_everything_to_the_batcher(tmp_path: Path) -> None:
-    preset = load_preset(write(tmp_path, "", "empty.toml"))
-    assert preset.name == "empty" and preset.description == ""
+def test_minimal_file_leaves_everything_else_to_the_batcher(tmp_path: Path) -> None:
+    preset = load_preset(write(tmp_path, "[batcher]\n", "minimal.toml"))
+    assert preset.name == "minimal" and preset.description == ""
     assert (preset.slo, preset.policy, preset.bounds) == (None, None, None)
     assert dict(preset.batcher) == {}
-    assert preset.batcher_kwargs() == {"name": "empty", "slo": None, "policy": None}
+    assert preset.batcher_kwargs() == {"name": "minimal", "slo": None, "policy": None}
 
 
 def test_a_single_batcher_file_is_a_group_of_one(tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_names_are_looked_up_in_the_installed_folder_first(
 ) -> None:
     installed = tmp_path / "_presets"
     installed.mkdir()
-    write(installed, '[preset]\ndescription = "installed copy"\n', "search.toml")
+    write(installed, '[preset]\ndescription = "installed copy"\n[batcher]\n', "search.toml")
     monkeypatch.setattr(presets, "PRESET_DIRS", (installed, *presets.PRESET_DIRS[1:]))
     assert load_preset("search").description == "installed copy"
     assert list_presets() == AVAILABLE.split(", ")
@@ -153,6 +154,36 @@ async def test_overrides_win_and_the_bounds_follow_them() -> None:
     assert (bounds.min_window_ms, bounds.min_batch_size) == (0.0, 1)
     assert stats.slo == load_preset("realtime_chat").slo
     await batcher.aclose()
+
+
+async def test_the_bounds_follow_numpy_overrides_too() -> None:
+    batcher = AdaptiveBatcher.from_preset(
+        "search", EchoModel(), window_ms=np.float32(50.0), max_batch_size=np.int64(8)
+    )
+    bounds = controller_of(batcher).bounds
+    assert (bounds.max_window_ms, bounds.max_batch_size) == (50.0, 8)
+    assert bounds.batch_sizes == (1, 8, 32, 64, 128)
+    kwargs = load_preset("search").batcher_kwargs(batch_sizes=np.array([1, 4, 16, 128]))
+    assert kwargs["bounds"].batch_sizes == (1, 4, 16, 128)
+    await batcher.aclose()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batch_sizes": [4, 2]}, "batch_sizes must be non-empty and strictly increasing"),
+        ({"batch_sizes": 8}, "batch_sizes must be a sequence of ints, got int"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an int, got float"),
+        ({"window_ms": "5"}, "window_ms must be a number, got str"),
+    ],
+)
+def test_invalid_overrides_are_reported_by_the_constructor(
+    overrides: dict[str, Any], message: str
+) -> None:
+    kwargs = load_preset("search").batcher_kwargs(**overrides)  # never raises itself
+    assert kwargs["bounds"] is not None
+    with pytest.raises((TypeError, ValueError), match=f"^{message}"):
+        AdaptiveBatcher(EchoModel(), **kwargs)
 
 
 def test_overridden_policy_slo_and_bounds_are_used_as_given() -> None:
@@ -453,7 +484,54 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_not_a_preset_file(tmp_path: Path) -> None:
-    folder = tmp_path / "dir.toml"
-    folder.mkdir()
-    with pytest.raises(PresetError, match="no such preset file"):
-        load_preset(os.fspath(folder))
+    for folder in (tmp_path / "dir.toml", tmp_path / "presets"):
+        folder.mkdir()
+        for given in (folder, os.fspath(folder)):
+            with pytest.raises(PresetError) as caught:
+                load_preset(given)
+            assert str(caught.value) == f"{folder}: is a directory, not a preset file"
+            assert caught.value.path == folder
+    with pytest.raises(PresetError) as caught:
+        load_preset_group(os.fspath(tmp_path / "presets"))
+    assert str(caught.value) == f"{tmp_path / 'presets'}: is a directory, not a preset file"
+
+
+def test_an_empty_file_is_refused(tmp_path: Path) -> None:
+    for text in ("", "# nothing yet\n\n"):
+        path = write(tmp_path, text, "empty.toml")
+        with pytest.raises(PresetError) as caught:
+            load_preset(path)
+        assert str(caught.value) == (
+            f"{path}: holds no settings; give at least one of "
+            "[slo], [policy], [batcher], [bounds] or [batchers]"
+        )
+        assert (caught.value.path, caught.value.key) == (path, None)
+
+
+def test_a_file_with_only_its_name_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, '[preset]\nname = "bare"\ndescription = "nothing else"\n')
+    with pytest.raises(PresetError, match=r": holds no settings; give at least one of \[slo\]"):
+        load_preset(path)
+
+
+def test_a_group_member_without_settings_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, '[batchers.a.slo]\np99_ms = 50.0\n[batchers.b]\ndescription = "x"\n')
+    with pytest.raises(PresetError) as caught:
+        load_preset_group(path)
+    assert str(caught.value) == (
+        f"{path}: key 'batchers.b': holds no settings; give at least one of "
+        "[slo], [policy], [batcher] or [bounds]"
+    )
+    assert (caught.value.path, caught.value.key) == (path, "batchers.b")
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[preset]\ndescription = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(PresetError) as caught:
+        load_preset(path)
+    assert str(caught.value) == (
+        f"{path}: not UTF-8 text (byte 0xe9 at offset 27); TOML files must be UTF-8"
+    )
+    assert caught.value.path == path
+    assert isinstance(caught.value.__cause__, UnicodeDecodeError)

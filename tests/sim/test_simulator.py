@@ -46,6 +46,43 @@ def test_hand_worked_schedule_with_a_window_and_a_cap() -> None:
     np.testing.assert_allclose(result.latency_ms, [5, 4, 7, 6, 8], atol=1e-9)
 
 
+def test_rates_of_same_instant_arrivals_divide_by_the_time_to_the_last_answer() -> None:
+    """1000 requests all at t = 0, cap 8, one slot, 8 ms per batch whatever its size.
+
+    125 batches run back to back; batch k (1-based) ends at 8k ms, so its 8 requests take 8k ms.
+    Within the 515 ms SLO: batches 1..64 (8 * 64 = 512 ms), i.e. 512 requests. The arrival
+    span is 0, so the duration is first arrival to last answer: 125 * 8 ms = 1 s. Goodput is
+    512 / 1 s = 512 req/s and throughput 1000 / 1 s = 1000 req/s.
+    """
+    burst = Arrivals(np.zeros(1000), np.ones(1000, dtype=np.int64), name="burst")
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=515.0))
+    result = Simulator(LinearService(fixed_s=0.008, per_unit_s=0.0), config).run(burst)
+    assert result.completed == 1000 and result.mean_batch_size == 8.0
+    assert result.slo_attainment == 512 / 1000
+    assert result.duration_s == pytest.approx(125 * 0.008)
+    assert result.goodput_rps == pytest.approx(512 / 1.0)
+    assert result.throughput_rps == pytest.approx(1000 / 1.0)
+
+
+def test_a_single_request_has_rates_over_its_own_latency() -> None:
+    """One request at 0 ms, served in 2 ms + 1 ms: duration 3 ms, so 1 / 0.003 req/s."""
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=10.0))
+    result = Simulator(LinearService(fixed_s=0.002, per_unit_s=0.001), config).run(arrivals_at(0))
+    assert result.duration_s == pytest.approx(0.003)
+    assert result.goodput_rps == pytest.approx(1 / 0.003)
+
+
+def test_rates_of_spread_arrivals_still_divide_by_the_arrival_span() -> None:
+    """Arrivals at 0..4 ms (the hand-worked schedule above: last answer at 11 ms): 5 requests
+    over the 4 ms arrival span, not the 11 ms to the last answer."""
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=6.0))
+    service = LinearService(fixed_s=0.002, per_unit_s=0.001)
+    result = Simulator(service, config).run(arrivals_at(0, 1, 2, 3, 4))
+    assert result.duration_s == pytest.approx(0.004)
+    assert result.throughput_rps == pytest.approx(5 / 0.004)
+    assert result.goodput_rps == pytest.approx(3 / 0.004)  # latencies 3, 6, 5 ms of 3..8 ms
+
+
 def test_md1_mean_latency_matches_pollaczek_khinchine() -> None:
     """No batching (cap 1), Poisson arrivals, deterministic service D: M/D/1.
 

@@ -1,0 +1,125 @@
+"""Decision and Bounds: fields of the wrong type are refused with a message naming them; numpy
+scalars are numbers and ints, stored as plain floats and ints."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adaptive_batcher.control.types import Bounds, Decision
+
+
+def exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"window_ms": "5"}, TypeError, "Decision.window_ms must be a number, got str"),
+        ({"window_ms": None}, TypeError, "Decision.window_ms must be a number, got NoneType"),
+        ({"window_ms": True}, TypeError, "Decision.window_ms must be a number, got bool"),
+        (
+            {"window_ms": math.nan},
+            ValueError,
+            "Decision.window_ms must be a finite number >= 0, got nan",
+        ),
+        ({"max_batch_size": "8"}, TypeError, "Decision.max_batch_size must be an int, got str"),
+        ({"max_batch_size": 2.5}, TypeError, "Decision.max_batch_size must be an int, got float"),
+        (
+            {"max_batch_size": math.nan},
+            TypeError,
+            "Decision.max_batch_size must be an int, got float",
+        ),
+        ({"max_batch_size": True}, TypeError, "Decision.max_batch_size must be an int, got bool"),
+        ({"max_batch_size": 0}, ValueError, "Decision.max_batch_size must be >= 1, got 0"),
+        ({"reason": None}, TypeError, "Decision.reason must be a str, got NoneType"),
+        ({"reason": 3}, TypeError, "Decision.reason must be a str, got int"),
+        ({"shed_after_ms": "5"}, TypeError, "Decision.shed_after_ms must be a number, got str"),
+        ({"shed_after_ms": False}, TypeError, "Decision.shed_after_ms must be a number, got bool"),
+        ({"shed_after_ms": math.nan}, ValueError, "Decision.shed_after_ms must be >= 0, got nan"),
+    ],
+)
+def test_decision_fields_are_checked_by_name(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=exactly(message)):
+        Decision(**{"window_ms": 1.0, "max_batch_size": 4, **kwargs})
+
+
+def test_decision_takes_numpy_scalars_as_plain_numbers() -> None:
+    decision = Decision(np.float32(2.5), np.int64(8), "x", np.int32(40))  # type: ignore[arg-type]
+    assert decision == Decision(2.5, 8, "x", 40.0)
+    assert type(decision.window_ms) is float and type(decision.max_batch_size) is int
+    assert type(decision.shed_after_ms) is float
+    assert decision.with_(max_batch_size=np.int16(4)).max_batch_size == 4
+    assert Decision(1.0, 4, shed_after_ms=math.inf).shed_after_ms == math.inf  # never shed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"min_window_ms": "5"}, TypeError, "Bounds.min_window_ms must be a number, got str"),
+        ({"max_window_ms": None}, TypeError, "Bounds.max_window_ms must be a number, got NoneType"),
+        ({"max_window_ms": True}, TypeError, "Bounds.max_window_ms must be a number, got bool"),
+        ({"min_batch_size": 1.0}, TypeError, "Bounds.min_batch_size must be an int, got float"),
+        (
+            {"max_batch_size": math.inf},
+            TypeError,
+            "Bounds.max_batch_size must be an int, got float",
+        ),
+        ({"max_batch_size": "64"}, TypeError, "Bounds.max_batch_size must be an int, got str"),
+        (
+            {"batch_sizes": "124"},
+            TypeError,
+            "Bounds.batch_sizes must be a sequence of ints, got str",
+        ),
+        ({"batch_sizes": 8}, TypeError, "Bounds.batch_sizes must be a sequence of ints, got int"),
+        (
+            {"batch_sizes": None},
+            TypeError,
+            "Bounds.batch_sizes must be a sequence of ints, got NoneType",
+        ),
+        ({"batch_sizes": (1, 2.5)}, TypeError, "Bounds.batch_sizes item must be an int, got float"),
+        ({"batch_sizes": (0, 4)}, ValueError, "Bounds.batch_sizes item must be >= 1, got 0"),
+        (
+            {"batch_sizes": (4, 2)},
+            ValueError,
+            "Bounds.batch_sizes must be strictly increasing, got (4, 2)",
+        ),
+        (
+            {"min_window_ms": math.nan},
+            ValueError,
+            "Bounds need 0 <= min_window_ms <= max_window_ms, got nan..100.0",
+        ),
+        (
+            {"min_batch_size": 0},
+            ValueError,
+            "Bounds need 1 <= min_batch_size <= max_batch_size, got 0..256",
+        ),
+    ],
+)
+def test_bounds_fields_are_checked_by_name(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=exactly(message)):
+        Bounds(**kwargs)
+
+
+def test_bounds_take_numpy_scalars_and_any_sequence_of_sizes() -> None:
+    bounds = Bounds(
+        np.int64(0),  # type: ignore[arg-type]
+        np.float32(50.0),  # type: ignore[arg-type]
+        np.int32(2),  # type: ignore[arg-type]
+        np.int64(64),  # type: ignore[arg-type]
+        [np.int64(2), 16, 64],  # type: ignore[arg-type]
+    )
+    assert bounds == Bounds(0.0, 50.0, 2, 64, (2, 16, 64))
+    assert type(bounds.min_window_ms) is float and type(bounds.max_batch_size) is int
+    assert bounds.batch_sizes == (2, 16, 64) and all(type(b) is int for b in bounds.batch_sizes)
+    assert hash(bounds) == hash(Bounds(0.0, 50.0, 2, 64, (2, 16, 64)))  # a tuple, not the list
+    assert Bounds(batch_sizes=range(1, 4)).batch_sizes == (1, 2, 3)
