@@ -102,6 +102,7 @@ class BatcherCore(Generic[H]):
         self.controller: Controller | None = None
         self.slo: SLO | None = None
         self.shed_after_s: float | None = None
+        self.shed_after_short_s: float | None = None
         self._service_seed = settings.service_seed()
         self._read_telemetry = read_telemetry or _no_telemetry
         self._warmed = warmed
@@ -127,7 +128,9 @@ class BatcherCore(Generic[H]):
         """Queue ``request`` (arrived at ``now``); True if :meth:`poll` must run next.
 
         With SLO-aware shedding in force, the request's deadline becomes the earlier of its own
-        and ``now + shed_after``: it fails at that moment if it has not started.
+        and ``now + shed_after``: it fails at that moment if it has not started. ``shed_after``
+        is the controller's for a request that joins a queue already holding a full batch (its
+        batch will be full), else its (later) one for a shorter queue.
 
         Raises:
             QueueFullError, ItemTooLargeError, BatcherClosedError: the request is refused
@@ -135,6 +138,9 @@ class BatcherCore(Generic[H]):
         """
         shed_after = self.shed_after_s
         if shed_after is not None:
+            engine = self.engine
+            if engine.queued_units < engine.limits.max_batch_size:
+                shed_after = self.shed_after_short_s or shed_after
             shed_at = now + shed_after
             if request.deadline_s is None or shed_at < request.deadline_s:
                 request.deadline_s = shed_at
@@ -223,7 +229,7 @@ class BatcherCore(Generic[H]):
         """
         if policy is None:
             self.controller = None
-            self.shed_after_s = None
+            self.shed_after_s = self.shed_after_short_s = None
             return
         check_policy(policy)
         if self.controller is not None:
@@ -269,8 +275,14 @@ class BatcherCore(Generic[H]):
         engine = self.engine
         try:
             telemetry = self._read_telemetry(now)
+            limits = engine.limits
             decision = controller.tick(
-                now, self.recorder, engine.queue_depth, engine.queued_units, telemetry
+                now,
+                self.recorder,
+                engine.queue_depth,
+                engine.queued_units,
+                telemetry,
+                limits.max_concurrent_batches,
             )
         except Exception as exc:  # the controller must never stop serving
             _log.error("controller.failed", batcher=self.name, error=describe(exc))
@@ -281,5 +293,6 @@ class BatcherCore(Generic[H]):
                 EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
             )
         self.shed_after_s = controller.shed_after_s
+        self.shed_after_short_s = controller.shed_after_short_s
         if self._on_decision is not None and controller.decision is not None:
             self._on_decision(now, controller.decision)

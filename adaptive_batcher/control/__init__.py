@@ -8,6 +8,7 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StepGuard,
     UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
@@ -28,6 +29,7 @@ __all__ = [
     "PowerGuard",
     "ServiceTimeModel",
     "ShedGuard",
+    "StepGuard",
     "UnusedWindowGuard",
     "default_guards",
 ]

@@ -10,6 +10,7 @@ decision stands: serving never stops for the controller.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StepGuard,
     UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
@@ -37,9 +39,16 @@ _log = get_logger()
 def default_guards(
     warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
 ) -> list[GuardFactory]:
-    """The standard guard chain, innermost first: unused window, budget, power back-off, memory,
-    SLO-aware shedding when ``shed_late`` is True, and buckets when ``warmed`` is given."""
-    guards: list[GuardFactory] = [UnusedWindowGuard, BudgetGuard, PowerGuard, MemoryGuard]
+    """The standard guard chain, innermost first: unused window, budget, power back-off, step
+    limit, memory, SLO-aware shedding when ``shed_late`` is True, and buckets when ``warmed`` is
+    given."""
+    guards: list[GuardFactory] = [
+        UnusedWindowGuard,
+        BudgetGuard,
+        PowerGuard,
+        StepGuard,
+        MemoryGuard,
+    ]
     if shed_late:
         guards.append(ShedGuard)
     if warmed is not None:
@@ -102,6 +111,7 @@ class Controller:
         self.decisions = 0
         self.failures = 0
         self._last: _Snapshot | None = None
+        self._rates: deque[tuple[float, float]] = deque()  # (time, per-tick arrival rate)
 
     @property
     def slo_unreachable(self) -> bool:
@@ -147,13 +157,19 @@ class Controller:
         queue_depth: int,
         queued_units: int,
         telemetry: TelemetrySample,
+        slots: int = 1,
     ) -> Decision | None:
-        """Observe, decide, and return the new decision if it differs from the one in force."""
+        """Observe, decide, and return the new decision if it differs from the one in force.
+
+        ``slots``: the execution slots in force (the plans count on them).
+        """
         counts = recorder.counts()
         if self.decision is None or self._last is None:
             raise RuntimeError("Controller.start() must be called before tick()")
         self.service_model.update(recorder.batches, counts.batches)
-        observation = self._observe(now, recorder, counts, queue_depth, queued_units, telemetry)
+        observation = self._observe(
+            now, recorder, counts, (queue_depth, queued_units, slots), telemetry
+        )
         self._last = _Snapshot(now, counts)
         try:
             proposed = self.chain.decide(observation)
@@ -176,9 +192,19 @@ class Controller:
 
     @property
     def shed_after_s(self) -> float | None:
-        """Seconds after arrival at which a still-queued request is shed (None: no shedding)."""
+        """Seconds after arrival at which a still-queued request that joined a queue holding a
+        full batch is shed (None: no shedding)."""
         shed = self.decision.shed_after_ms if self.decision is not None else None
         return None if shed is None else shed / 1e3
+
+    @property
+    def shed_after_short_s(self) -> float | None:
+        """The same for a request that joined a shorter queue (None: no shedding)."""
+        decision = self.decision
+        if decision is None or decision.shed_after_ms is None:
+            return None
+        shed = decision.shed_after_short_ms
+        return (decision.shed_after_ms if shed is None else shed) / 1e3
 
     def _wrap(self, policy: Policy) -> Policy:
         chain = policy
@@ -191,17 +217,20 @@ class Controller:
         now: float,
         recorder: Recorder,
         counts: Counts,
-        queue_depth: int,
-        queued_units: int,
+        queue: tuple[int, int, int],
         telemetry: TelemetrySample,
     ) -> Observation:
         assert self._last is not None and self.decision is not None
+        queue_depth, queued_units, slots = queue
         before = self._last.counts
         interval = max(now - self._last.now_s, 1e-9)
         batches = counts.batches - before.batches
         items = counts.batch_items - before.batch_items
         units = counts.batch_units - before.batch_units
         answered = (counts.completed - before.completed) + (counts.failed - before.failed)
+        arrival_rate = (counts.submitted - before.submitted) / interval
+        busy_s = counts.device_busy_s - before.device_busy_s
+        model = self.service_model
         quantile = self.slo.quantile if self.slo is not None else 0.99
         recent = recorder.latency.quantiles(now, span_s=self.latency_span_s)
         latency = recorder.latency.quantile_ms(quantile, now, span_s=self.latency_span_s)
@@ -217,7 +246,8 @@ class Controller:
             latency_samples=recent.count,
             queue_depth=queue_depth,
             queued_units=queued_units,
-            arrival_rate_rps=(counts.submitted - before.submitted) / interval,
+            arrival_rate_rps=arrival_rate,
+            arrival_rate_peak_rps=self._peak_rate(now, arrival_rate),
             throughput_rps=answered / interval,
             goodput_rps=(counts.within_slo - before.within_slo) / interval,
             rejected=counts.rejected - before.rejected,
@@ -229,10 +259,22 @@ class Controller:
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,
             mean_request_units=units / items if items else 1.0,
             window_idle_fraction=_idle_fraction(before, counts, self.decision.window_ms),
-            service_ms=self.service_model.predict_ms,
-            service_samples=self.service_model.samples,
+            service_ms=model.predict_ms,
+            service_samples=model.samples,
+            service_high_ms=model.high_ms,
+            contention=model.contention,
+            slots=slots,
+            device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,
             telemetry=telemetry,
         )
+
+    def _peak_rate(self, now: float, rate: float) -> float:
+        """The highest per-tick arrival rate within the last ``latency_span_s`` (this one too)."""
+        rates = self._rates
+        rates.append((now, rate))
+        while rates and rates[0][0] < now - self.latency_span_s:
+            rates.popleft()
+        return max(r for _, r in rates)
 
 
 def _log_decision(observation: Observation, decision: Decision, policy: str) -> None:

@@ -3,17 +3,17 @@
 Each guard is itself a :class:`~adaptive_batcher.policies.Policy`: it asks the policy it wraps,
 then corrects the answer (smoothing and safety as decorators around the algorithm, as in Netflix
 concurrency-limits). The default chain (:func:`~adaptive_batcher.control.default_guards`),
-innermost first: unused window, budget, power back-off, memory, then SLO-aware shedding when
-asked for, then buckets; the controller clamps the result to the bounds.
+innermost first: unused window, budget, power back-off, step limit, memory, then SLO-aware
+shedding when asked for, then buckets; the controller clamps the result to the bounds.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.capacity import choose_cap, stability_cap, throughput_cap
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
@@ -24,12 +24,11 @@ __all__ = [
     "MemoryGuard",
     "PowerGuard",
     "ShedGuard",
+    "StepGuard",
     "UnusedWindowGuard",
 ]
 
 _log = get_logger()
-
-SHED_SERVICE_SAFETY = 1.1  # the batch a late request joins may run ~10 % longer than the median
 
 
 class Guard:
@@ -112,14 +111,21 @@ class UnusedWindowGuard(Guard):
 
 
 class BudgetGuard(Guard):
-    """Keep queueing + compute inside the SLO's latency budget.
+    """Keep any policy's (window, cap) inside what the latency budget allows, as planned.
 
-    The window is cut to ``budget - 2 * service(cap)`` and the cap to
-    :func:`~adaptive_batcher.control.capacity.choose_cap` for the budget: the largest whose
-    predicted latency fits, but never one that falls behind the arrivals and backlog. When the
-    SLO cannot be met even by a batch of one (``2 * service(smallest cap) > budget``), the guard
-    says so once (``controller.slo_unreachable`` warning, ``slo_unreachable`` flag) and degrades
-    to the lowest-latency setting: window 0, the cap left to the policy and the other guards.
+    From the tick's :class:`~adaptive_batcher.control.plan.Plan`:
+
+    * the cap is kept between the stability cap (the smallest that keeps up with the recent
+      peak demand: never fewer answers than arrive) and the plan's cap (the largest whose
+      two-batch latency fits the budget, or the stability cap if larger); under overload (no
+      cap keeps up) it is the highest-throughput cap, whatever the policy said;
+    * the window is cut to the widest whose predicted tail latency, for the batch that will
+      really form at that cap, fits the budget; under overload it is 0.
+
+    When the SLO cannot be met even by a batch of one (``2 * service(smallest cap) > budget``),
+    the guard says so once (``controller.slo_unreachable`` warning), flags the decision
+    (``slo_unreachable``) and degrades to the lowest-latency setting: window 0, with the cap
+    still kept where it keeps up.
     """
 
     def __init__(self, inner: Policy) -> None:
@@ -128,10 +134,30 @@ class BudgetGuard(Guard):
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         budget = observation.budget_ms
-        smallest = observation.bounds.cap_candidates()[0]
-        floor_service = observation.service_ms(smallest)
-        if math.isnan(budget) or math.isnan(floor_service):
+        plan = observation.plan()
+        if math.isnan(budget) or not plan.ready:
             return decision
+        unreachable = self._note_reachability(observation, plan.caps[0], budget)
+        stable = plan.stable_cap(budget)
+        if stable is None:  # overload: only throughput matters now
+            cap = plan.throughput_cap() or decision.max_batch_size
+            window = 0.0
+        else:
+            ceiling = plan.cap(budget) or decision.max_batch_size
+            cap = min(max(decision.max_batch_size, stable), ceiling)
+            window = 0.0 if unreachable else plan.widest_window_ms(budget, cap)
+        if cap == decision.max_batch_size and decision.window_ms <= window and not unreachable:
+            return decision
+        reason = "slo_unreachable" if unreachable else "budget"
+        return decision.with_(
+            window_ms=min(decision.window_ms, window),
+            max_batch_size=cap,
+            reason=reason,
+            slo_unreachable=unreachable,
+        )
+
+    def _note_reachability(self, observation: Observation, smallest: int, budget: float) -> bool:
+        floor_service = observation.service_ms(smallest)
         unreachable = 2.0 * floor_service > budget
         if unreachable and not self.slo_unreachable:
             _log.warning(
@@ -141,89 +167,181 @@ class BudgetGuard(Guard):
                 smallest_batch_size=smallest,
             )
         self.slo_unreachable = unreachable
-        if unreachable:
-            return decision.with_(window_ms=0.0, reason="slo_unreachable", slo_unreachable=True)
-        cap = decision.max_batch_size
-        ceiling = choose_cap(observation, budget, 0.0)
-        if ceiling is not None and cap > ceiling:
-            cap = ceiling
-        room = max(0.0, budget - 2.0 * observation.service_ms(cap))
-        if cap == decision.max_batch_size and decision.window_ms <= room:
-            return decision
-        return decision.with_(
-            window_ms=min(decision.window_ms, room), max_batch_size=cap, reason="budget"
-        )
+        return unreachable
 
 
 class PowerGuard(Guard):
-    """Step back when raising window or cap made throughput / latency fall (Kleinrock's power).
+    """Step back when raising the cap made Kleinrock's power fall, beyond its noise.
 
-    After a tick in which the window or the cap went up, the guard compares power before and
-    after; if it fell by more than ``tolerance``, it returns to the settings before the increase
-    and refuses increases for ``hold_ticks`` ticks.
+    Power is throughput over mean latency (Kleinrock 1979); here it is normalised by the arrival
+    rate (``throughput / arrivals / mean latency``), so the tick-to-tick swing of arrival counts
+    (about 14 % per 250 ms tick at 200 req/s) does not read as a change. Only cap raises made
+    while batches fill (``fill_ratio >= 0.9``: the cap binds, so raising it should raise
+    throughput) are judged; window changes are the cost lever and are judged by the latency
+    feedback, not here. A raise is judged on ``settle_ticks`` ticks after it, against the mean
+    and spread of the log-power over up to ``history`` ticks before it at unchanged settings:
+    the guard returns to the settings before the raise, and refuses raises for ``hold_ticks``
+    ticks, only if the mean fell by more than ``tolerance`` and by more than ``z`` standard
+    errors (a two-sample test with the spread seen before the raise).
+
+    Args:
+        tolerance: smallest relative fall acted on, in (0, 1).
+        z: standard errors the fall must exceed.
+        settle_ticks: ticks measured after a raise.
+        history: ticks kept to estimate the mean and spread before a raise.
+        hold_ticks: ticks without raises after a back-off.
     """
 
-    def __init__(self, inner: Policy, tolerance: float = 0.1, hold_ticks: int = 8) -> None:
+    def __init__(
+        self,
+        inner: Policy,
+        tolerance: float = 0.1,
+        z: float = 3.0,
+        settle_ticks: int = 2,
+        history: int = 16,
+        hold_ticks: int = 8,
+    ) -> None:
         super().__init__(inner)
         self.tolerance = tolerance
+        self.z = z
+        self.settle_ticks = settle_ticks
         self.hold_ticks = hold_ticks
-        self._before: tuple[Decision, float] | None = None
+        self._history: deque[float] = deque(maxlen=history)
+        self._trial: tuple[Decision, float, float, int] | None = None  # before, mean, var, n
+        self._after: list[float] = []
         self._hold = 0
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        current, power = observation.current, observation.power
-        if self._before is not None and not math.isnan(power):
-            previous, previous_power = self._before
-            self._before = None
-            if power < (1.0 - self.tolerance) * previous_power:
-                self._hold = self.hold_ticks
-                return previous.with_(reason="power_backoff")
+        current = observation.current
+        sample = _log_power(observation)
+        if self._trial is not None:
+            verdict = self._judge(sample)
+            if verdict is not None:
+                return verdict.with_(reason="power_backoff")
+            return decision if self._trial is None else _no_raise(decision, current, "power_trial")
+        if sample is not None:
+            self._history.append(sample)
         if self._hold > 0:
             self._hold -= 1
-            if _raises(decision, current):
-                return decision.with_(
-                    window_ms=min(decision.window_ms, current.window_ms),
-                    max_batch_size=min(decision.max_batch_size, current.max_batch_size),
-                    reason="power_hold",
-                )
-            return decision
-        if _raises(decision, current) and not math.isnan(power):
-            self._before = (current, power)
+            return _no_raise(decision, current, "power_hold")
+        binding = observation.fill_ratio >= 0.9  # False for NaN
+        if decision.max_batch_size > current.max_batch_size and binding:
+            self._start_trial(current)
         return decision
+
+    def _start_trial(self, before: Decision) -> None:
+        values = list(self._history)
+        if len(values) < 3:
+            return
+        mean = sum(values) / len(values)
+        variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+        self._trial = (before, mean, variance, len(values))
+        self._after = []
+
+    def _judge(self, sample: float | None) -> Decision | None:
+        """Collect a sample after the raise; the settings to return to, if the raise hurt."""
+        assert self._trial is not None
+        if sample is not None:
+            self._after.append(sample)
+        if len(self._after) < self.settle_ticks:
+            return None
+        before, mean, variance, count = self._trial
+        after = sum(self._after) / len(self._after)
+        self._trial = None
+        self._history.clear()  # the settings changed: a new baseline
+        standard_error = math.sqrt(variance / count + variance / len(self._after))
+        fell = mean - after
+        if fell > -math.log(1.0 - self.tolerance) and fell > self.z * standard_error:
+            self._hold = self.hold_ticks
+            return before
+        return None
+
+
+def _log_power(observation: Observation) -> float | None:
+    """log(throughput / arrivals / mean latency), or None when a figure is missing."""
+    arrivals, power = observation.arrival_rate_rps, observation.power
+    if not (arrivals > 0 and power > 0):
+        return None
+    return math.log(power / arrivals)
+
+
+def _no_raise(decision: Decision, current: Decision, reason: str) -> Decision:
+    """``decision`` with no knob above its value in ``current``."""
+    if not _raises(decision, current):
+        return decision
+    return decision.with_(
+        window_ms=min(decision.window_ms, current.window_ms),
+        max_batch_size=min(decision.max_batch_size, current.max_batch_size),
+        reason=reason,
+    )
+
+
+class StepGuard(Guard):
+    """Rate-limit cap cuts: a cap falls to no less than ``max_cut`` of itself per tick.
+
+    One noisy tick must not take the cap from 32 to 2; a cap that really must fall gets there
+    in a few ticks (halving each time). Memory pressure and out-of-memory errors act outside
+    this guard (:class:`MemoryGuard` wraps it) and cut at once.
+
+    Args:
+        max_cut: the least fraction of the cap in force a tick may leave, in (0, 1].
+    """
+
+    def __init__(self, inner: Policy, max_cut: float = 0.5) -> None:
+        super().__init__(inner)
+        self.max_cut = max_cut
+
+    def correct(self, observation: Observation, decision: Decision) -> Decision:
+        floor = math.ceil(observation.current.max_batch_size * self.max_cut)
+        if decision.max_batch_size >= floor:
+            return decision
+        cap = observation.bounds.clamp(decision.with_(max_batch_size=floor)).max_batch_size
+        return decision.with_(max_batch_size=max(cap, decision.max_batch_size), reason="step")
 
 
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    With shedding on, batches too slow to meet the SLO are pointless, so the cap is held at or
-    below ``best``, the highest-throughput cap whose two-batch latency fits the budget (under
-    overload it is set to it: the most requests served within the SLO). A request that has not
-    started ``p99_ms - preprocess_ms - 1.1 * service(best)`` after its arrival cannot finish
-    within the SLO (10 % for batches slower than the median; ``best``, as a burst may follow its
-    arrival); serving it late only delays the requests behind it (under overload every request
-    would miss). The guard sets ``shed_after_ms`` to that time, so such a request fails with
-    ``DeadlineExceededError`` at that moment (the same idea as BentoML's cork dispatcher, which
-    cancels requests whose predicted latency exceeds its max latency, and Clockwork's admission
-    control). When even that leaves no time (the SLO is out of reach), nothing is shed: late
-    answers beat none.
+    A request that has not started by ``p99_ms - preprocess_ms - service_high(n)`` after its
+    arrival, where ``n`` is the batch it will run in, cannot finish within the SLO: serving it
+    late only delays the requests behind it (under overload every request would miss). The
+    guard sets two such deadlines (the core gives each arrival one, by the queue it joins):
+
+    * ``shed_after_ms``, for a request that arrives into a queue already holding a full batch:
+      its batch will be full, ``n = cap``;
+    * ``shed_after_short_ms``, for one that arrives into a shorter queue: ``n`` is the batch the
+      plan predicts at this window (a light load's small batch starts later and still makes
+      it, so shedding never costs an answer at light load).
+
+    ``service_high`` carries the error bars the service model has observed. With shedding,
+    batches too slow to meet the SLO are pointless, so the cap is held at or below the
+    highest-throughput cap whose two-batch latency fits the budget, and set to it under
+    overload (or when keeping up would need a larger one): the most requests served within
+    the SLO. (The same
+    idea as BentoML's cork dispatcher, which cancels requests whose predicted latency exceeds
+    its max latency, and Clockwork's admission control.) When even a full batch's deadline
+    leaves no time (the SLO is out of reach), nothing is shed: late answers beat none.
     """
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        slo = observation.slo
-        if slo is None or math.isnan(observation.service_ms(decision.max_batch_size)):
+        slo, plan = observation.slo, observation.plan()
+        if slo is None or not plan.ready:
             return decision
-        cap = decision.max_batch_size
-        best = throughput_cap(observation, observation.budget_ms) or cap
-        # never a batch too slow to meet the SLO; under overload, the most served within it
-        cap = best if stability_cap(observation) is None else min(cap, best)
-        # a request admitted now may run in the largest such batch when a burst follows
-        slowest = SHED_SERVICE_SAFETY * max(
-            observation.service_ms(cap), observation.service_ms(best)
-        )
-        shed_after = slo.p99_ms - slo.preprocess_ms - slowest
-        if shed_after <= 0:  # the SLO is out of reach: answer late rather than not at all
-            return decision.with_(max_batch_size=cap, shed_after_ms=None)
-        return decision.with_(max_batch_size=cap, shed_after_ms=shed_after)
+        budget = observation.budget_ms
+        best = plan.throughput_cap(budget) or decision.max_batch_size
+        stable = plan.stable_cap(budget)
+        # overload, or keeping up needs batches too slow for the SLO: the most answers within
+        # it; otherwise never a batch too slow for it
+        overloaded = stable is None or stable > best
+        cap = best if overloaded else min(decision.max_batch_size, best)
+        room = slo.p99_ms - slo.preprocess_ms
+        high = observation.service_high_ms or observation.service_ms
+        full = room - high(cap)
+        if full <= 0:  # the SLO is out of reach: answer late rather than not at all
+            return decision.with_(max_batch_size=cap, shed_after_ms=None, shed_after_short_ms=None)
+        realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
+        short = max(full, room - high(realised))
+        return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
 
 
 class MemoryGuard(Guard):

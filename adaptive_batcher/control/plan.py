@@ -21,7 +21,8 @@ The model (one tick's worth; the controller's feedback corrects what it misses):
   here, not the error bars: under CPU contention service times spread out, and smaller batches
   would only lower throughput, so contention narrows the window, never the cap.
 * **Stability cap.** The smallest cap whose full batches keep up with the recent peak demand
-  (arrivals plus the backlog drained within one budget) with ``STABILITY_HEADROOM``; if none
+  (arrivals plus the backlog beyond one full batch, drained within one budget) with
+  ``STABILITY_HEADROOM``; if none
   does with headroom, the smallest that keeps up at all; if none keeps up, the batcher is
   overloaded.
 
@@ -82,9 +83,12 @@ class Plan:
         return math.inf if service <= 0 else self.slots * cap / (service / 1e3)
 
     def demand_units_per_s(self, budget_ms: float) -> float:
-        """Arrivals plus the backlog drained within one budget, units per second."""
+        """Arrivals plus the backlog drained within one budget, units per second. The backlog
+        is what is queued beyond one batch at the largest cap (a window's batch in the making
+        is not a backlog)."""
         budget_s = budget_ms / 1e3
-        drain = self.backlog_units / budget_s if budget_s > 0 else 0.0
+        backlog = max(0, self.backlog_units - self.caps[-1]) if self.caps else 0
+        drain = backlog / budget_s if budget_s > 0 else 0.0
         return self.rate_units_per_s + drain
 
     def stable_cap(self, budget_ms: float, headroom: float = STABILITY_HEADROOM) -> int | None:

@@ -15,6 +15,7 @@ from adaptive_batcher._validate import (
     check_sequence,
     check_str,
 )
+from adaptive_batcher.control.plan import Plan
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
 
@@ -31,7 +32,11 @@ class Decision:
         reason: a short machine-readable tag for the log (``pid``, ``memory_pressure``, ...).
         shed_after_ms: SLO-aware shedding: a request still queued this long after arrival fails
             at once with ``DeadlineExceededError`` instead of being served late (applies to
-            requests that arrive after the decision; None: no shedding); ms (>= 0).
+            requests that arrive after the decision; None: no shedding); ms (>= 0). It applies to
+            requests that arrive into a queue already holding a full batch (their batch will be
+            full).
+        shed_after_short_ms: the same for requests that arrive into a shorter queue (their
+            batch will be smaller, so it may start later); None: ``shed_after_ms``.
         slo_unreachable: a guard found the SLO out of reach even at the smallest batch.
 
     Raises:
@@ -42,17 +47,20 @@ class Decision:
     max_batch_size: int
     reason: str = ""
     shed_after_ms: float | None = None
+    shed_after_short_ms: float | None = None
     slo_unreachable: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "window_ms", check_number("Decision.window_ms", self.window_ms, 0.0))
         _set(self, "max_batch_size", check_int("Decision.max_batch_size", self.max_batch_size, 1))
         check_str("Decision.reason", self.reason)
-        if self.shed_after_ms is not None:
-            shed_after_ms = check_real("Decision.shed_after_ms", self.shed_after_ms)
-            if not shed_after_ms >= 0:
-                raise ValueError(f"Decision.shed_after_ms must be >= 0, got {shed_after_ms!r}")
-            _set(self, "shed_after_ms", shed_after_ms)
+        for name in ("shed_after_ms", "shed_after_short_ms"):
+            value = getattr(self, name)
+            if value is not None:
+                checked = check_real(f"Decision.{name}", value)
+                if not checked >= 0:
+                    raise ValueError(f"Decision.{name} must be >= 0, got {checked!r}")
+                _set(self, name, checked)
 
     def with_(self, **changes: object) -> Decision:
         """A copy with some fields changed (``reason`` usually among them)."""
@@ -173,6 +181,15 @@ class Observation:
         service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
             enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeModel`.
         service_samples: batches behind the fit.
+        service_high_ms: the fitted service time with the error bars observed (noise, stalls,
+            contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeModel.high_ms`.
+        contention: the service-time fit's level over the fastest it has been (1: as fast as
+            ever; 1.5: batches take 50 % longer than they did).
+        arrival_rate_peak_rps: the highest per-tick arrival rate of the recent past (~2 s),
+            req/s: what plans are made for (NaN: unknown; the tick's own rate is used).
+        slots: execution slots in force.
+        device_ms_per_request: device time per answered request over the tick, ms (NaN without
+            answers): the tick's device cost.
         telemetry: the latest GPU reading (all unknown without a GPU).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
@@ -202,7 +219,32 @@ class Observation:
     window_idle_fraction: float = math.nan
     service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
+    service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    contention: float = 1.0
+    arrival_rate_peak_rps: float = math.nan
+    slots: int = 1
+    device_ms_per_request: float = math.nan
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
+
+    @property
+    def planning_rate_rps(self) -> float:
+        """The arrival rate plans are made for: the recent peak, at least the tick's rate."""
+        peak = self.arrival_rate_peak_rps
+        return self.arrival_rate_rps if math.isnan(peak) else max(peak, self.arrival_rate_rps)
+
+    def plan(self) -> Plan:
+        """Predictions for this tick (see :class:`~adaptive_batcher.control.plan.Plan`)."""
+        bounds = self.bounds
+        return Plan(
+            rate_units_per_s=self.planning_rate_rps * self.mean_request_units,
+            backlog_units=self.queued_units,
+            caps=tuple(bounds.cap_candidates()),
+            service_ms=self.service_ms,
+            service_high_ms=self.service_high_ms or self.service_ms,
+            slots=self.slots,
+            min_window_ms=bounds.min_window_ms,
+            max_window_ms=bounds.max_window_ms,
+        )
 
     @property
     def power(self) -> float:

@@ -62,6 +62,11 @@ class SimResult:
         throughput_rps: completed requests per second.
         power: throughput / mean latency (Kleinrock), req/s per s.
         mean_batch_size: items per model call.
+        device_busy_s: device cost: the summed time of every model call (split and failed
+            out-of-memory attempts included), seconds.
+        device_ms_per_request: ``device_busy_s`` per completed request, ms.
+        device_ms_per_good: ``device_busy_s`` per answer within the SLO, ms (the cost of what
+            counts; inf when nothing was answered within the SLO).
         busy_fraction: share of slot time spent computing (including failed OOM attempts), from
             the first arrival to the last answer.
         series: per-second time series and controller decisions.
@@ -87,6 +92,9 @@ class SimResult:
     throughput_rps: float
     power: float
     mean_batch_size: float
+    device_busy_s: float
+    device_ms_per_request: float
+    device_ms_per_good: float
     busy_fraction: float
     series: TimeSeries = field(repr=False)
     latency_ms: FloatArray = field(repr=False)
@@ -114,6 +122,9 @@ class SimResult:
             "goodput_rps": round(self.goodput_rps, 2),
             "throughput_rps": round(self.throughput_rps, 2),
             "mean_batch_size": round(self.mean_batch_size, 2),
+            "device_busy_s": round(self.device_busy_s, 6),
+            "device_ms_per_request": round(self.device_ms_per_request, 6),
+            "device_ms_per_good": round(self.device_ms_per_good, 6),
             "busy_fraction": round(self.busy_fraction, 4),
         }
 
@@ -165,6 +176,9 @@ class SimResult:
             throughput_rps=throughput,
             power=throughput / (mean_ms / 1e3) if mean_ms > 0 else math.nan,
             mean_batch_size=counts.mean_batch_size,
+            device_busy_s=busy_s,
+            device_ms_per_request=busy_s * 1e3 / completed if completed else math.nan,
+            device_ms_per_good=busy_s * 1e3 / good if good else math.inf,
             busy_fraction=busy_s / (_span_s(arrival_s, done_s) * slots),
             series=_series(arrival_s, done_s, ok, limit_ms, decisions, bin_s),
             latency_ms=latency_ms,

@@ -13,9 +13,10 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StepGuard,
     UnusedWindowGuard,
 )
-from adaptive_batcher.control.types import Decision, Observation
+from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.telemetry.base import TelemetrySample
 from tests.control.factories import linear_ms, observe
 
@@ -64,21 +65,24 @@ def test_unused_window_table(mean_batch: float, batches: int, window_after: floa
 
 
 # -- budget ------------------------------------------------------------------------------
+# The factory: 1000 req/s, service 4 + 0.05 n ms, budget 40 ms. Stability cap 8 (8 / 4.4 ms =
+# 1818/s >= 1.15 * 1000/s), plan cap 256 (2 * 16.8 <= 40), widest window at that cap ~33.6 ms
+# (W + s(1 + W + 2.33 sqrt(1 + W)) <= 40; see test_pid.py).
 
 
 @pytest.mark.parametrize(
-    ("proposed", "expected"),
+    ("proposed", "window", "cap", "reason"),
     [
-        (Decision(2.0, 64, "p"), Decision(2.0, 64, "p")),  # fits: untouched
-        (Decision(30.0, 64, "p"), Decision(40.0 - 2 * 7.2, 64, "budget")),  # window cut
-        (Decision(0.0, 256, "p"), Decision(0.0, 256, "p")),  # 2 * 16.8 = 33.6 <= 40
+        (Decision(2.0, 64, "p"), 2.0, 64, "p"),  # fits: untouched
+        (Decision(45.0, 64, "p"), 33.6, 64, "budget"),  # window cut to what the budget allows
+        (Decision(0.0, 256, "p"), 0.0, 256, "p"),  # 2 * 16.8 = 33.6 <= 40
+        (Decision(0.0, 2, "p"), 0.0, 8, "budget"),  # raised to the stability cap
     ],
 )
-def test_budget_guard_table(proposed: Decision, expected: Decision) -> None:
+def test_budget_guard_table(proposed: Decision, window: float, cap: int, reason: str) -> None:
     decision = guarded(BudgetGuard, proposed).decide(observe())
-    assert decision.window_ms == pytest.approx(expected.window_ms)
-    assert decision.max_batch_size == expected.max_batch_size
-    assert decision.reason == expected.reason
+    assert decision.window_ms == pytest.approx(window, abs=0.2)
+    assert (decision.max_batch_size, decision.reason) == (cap, reason)
 
 
 def test_budget_guard_cuts_a_cap_that_cannot_fit() -> None:
@@ -86,6 +90,12 @@ def test_budget_guard_cuts_a_cap_that_cannot_fit() -> None:
     decision = guarded(BudgetGuard, Decision(0.0, 256, "p")).decide(observe(service_ms=slow))
     assert decision.max_batch_size == 64
     assert decision.reason == "budget"
+
+
+def test_budget_guard_under_overload_takes_the_highest_throughput_cap() -> None:
+    overload = observe(arrival_rate_rps=100000.0)  # 256 / 16.8 ms = 15k/s at most
+    decision = guarded(BudgetGuard, Decision(20.0, 16, "p")).decide(overload)
+    assert (decision.window_ms, decision.max_batch_size) == (0.0, 256)
 
 
 def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
@@ -96,30 +106,87 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
         guard.decide(too_slow)
     assert first.window_ms == 0.0
     assert first.reason == "slo_unreachable"
+    assert first.slo_unreachable is True
     assert guard.slo_unreachable is True
     assert [e["event"] for e in logs] == ["controller.slo_unreachable"]
-    guard.decide(observe())
+    assert guard.decide(observe()).slo_unreachable is False
     assert guard.slo_unreachable is False
 
 
 # -- power -------------------------------------------------------------------------------
 
 
-def test_power_guard_steps_back_when_an_increase_lowers_power() -> None:
-    guard = guarded(PowerGuard, Decision(8.0, 64, "policy"), hold_ticks=2)
-    before = observe(current=Decision(4.0, 64), throughput_rps=1000.0, mean_ms=10.0)
-    assert guard.decide(before).window_ms == 8.0  # the increase goes through, power noted
-    worse = observe(current=Decision(8.0, 64), throughput_rps=1000.0, mean_ms=14.0)
-    assert guard.decide(worse) == Decision(4.0, 64, "power_backoff")
-    held = guard.decide(observe(current=Decision(4.0, 64), mean_ms=10.0))
-    assert held == Decision(4.0, 64, "power_hold")
+def ticks(guard: Any, cap: int, means_ms: list[float], **kwargs: Any) -> list[Decision]:
+    """Feed ticks at cap ``cap`` with full batches and these mean latencies."""
+    return [
+        guard.decide(observe(current=Decision(0.0, cap), fill_ratio=1.0, mean_ms=m, **kwargs))
+        for m in means_ms
+    ]
 
 
-def test_power_guard_keeps_an_increase_that_pays() -> None:
-    guard = guarded(PowerGuard, Decision(8.0, 128, "policy"))
-    guard.decide(observe(current=Decision(4.0, 64), throughput_rps=1000.0, mean_ms=10.0))
-    better = observe(current=Decision(8.0, 128), throughput_rps=1500.0, mean_ms=11.0)
-    assert guard.decide(better).reason == "policy"
+def test_power_guard_steps_back_when_a_cap_raise_lowers_power() -> None:
+    guard = guarded(PowerGuard, Decision(0.0, 64, "policy"), hold_ticks=2)
+    ticks(guard, 64, [10.0, 10.2, 9.9, 10.1, 10.0, 9.8])  # about 1 % noise at cap 64
+    guard.inner.decision = Decision(0.0, 128, "policy")
+    raised = ticks(guard, 64, [10.0])[0]
+    assert raised.max_batch_size == 128  # the raise goes through, on trial
+    during = ticks(guard, 128, [14.0])[0]
+    assert during.max_batch_size == 128  # the trial needs two ticks at the raised cap
+    verdict = ticks(guard, 128, [14.2])[0]  # power fell ~30 %, far beyond 3 standard errors
+    assert verdict == Decision(0.0, 64, "power_backoff")
+    held = ticks(guard, 64, [10.0])[0]
+    assert held == Decision(0.0, 64, "power_hold")
+
+
+def test_power_guard_keeps_a_raise_whose_change_is_within_noise() -> None:
+    guard = guarded(PowerGuard, Decision(0.0, 64, "policy"))
+    ticks(guard, 64, [10.0, 13.0, 8.5, 11.5, 9.0, 12.0])  # +-20 % tick to tick
+    guard.inner.decision = Decision(0.0, 128, "policy")
+    ticks(guard, 64, [10.0])
+    after = ticks(guard, 128, [12.5, 12.0])  # 14 % worse than the mean: within the noise
+    assert after[-1].max_batch_size == 128
+    assert after[-1].reason == "policy"
+
+
+def test_power_guard_is_deaf_to_arrival_count_swings() -> None:
+    """Throughput follows arrivals (+-14 % per tick at 200 req/s); normalised by the arrival
+    rate, power does not move: a raise is kept (the collapse seen in the demo)."""
+    guard = guarded(PowerGuard, Decision(0.0, 64, "policy"))
+    for rate in (200.0, 230.0, 175.0, 210.0, 190.0, 225.0):
+        ticks(guard, 64, [10.0], arrival_rate_rps=rate, throughput_rps=rate)
+    guard.inner.decision = Decision(0.0, 128, "policy")
+    ticks(guard, 64, [10.0], arrival_rate_rps=200.0, throughput_rps=200.0)
+    for rate in (172.0, 171.0):  # fewer arrivals right after the raise
+        last = ticks(guard, 128, [10.0], arrival_rate_rps=rate, throughput_rps=rate)[0]
+    assert last.max_batch_size == 128
+
+
+def test_power_guard_does_not_judge_window_raises_or_unfilled_batches() -> None:
+    guard = guarded(PowerGuard, Decision(20.0, 128, "policy"))
+    for _ in range(6):
+        guard.decide(observe(current=Decision(0.0, 64), fill_ratio=0.3, mean_ms=10.0))
+    worse = guard.decide(observe(current=Decision(20.0, 128), fill_ratio=0.3, mean_ms=30.0))
+    assert worse.reason == "policy"
+
+
+# -- step limit --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("proposed", "cap", "reason"),
+    [(2, 32, "step"), (40, 40, "p"), (128, 128, "p"), (31, 32, "step")],
+)
+def test_step_guard_halves_at_most_per_tick(proposed: int, cap: int, reason: str) -> None:
+    guard = guarded(StepGuard, Decision(0.0, proposed, "p"))
+    decision = guard.decide(observe(current=Decision(0.0, 64)))
+    assert (decision.max_batch_size, decision.reason) == (cap, reason)
+
+
+def test_step_guard_stays_on_buckets() -> None:
+    guard = guarded(StepGuard, Decision(0.0, 8, "p"))
+    bounds = Bounds(0.0, 50.0, 1, 64, (8, 16, 64))
+    decision = guard.decide(observe(current=Decision(0.0, 64), bounds=bounds))
+    assert decision.max_batch_size == 16  # half of 64 is not a bucket: the bucket below it
 
 
 # -- memory ------------------------------------------------------------------------------
@@ -160,12 +227,21 @@ def test_bucket_guard_table(warmed: set[int], proposed_cap: int, cap: int) -> No
     assert guard.decide(observe()).max_batch_size == cap
 
 
-def test_shed_guard_sets_the_latest_useful_start() -> None:
-    """Cap 64 stays; a burst may put the request in a batch of 256 (the best within budget:
-    2 * 16.8 <= 40 ms), so it must start within 50 - 1.1 * 16.8 ms."""
+def test_shed_guard_sets_the_latest_useful_starts() -> None:
+    """Cap 64 stays (below 256, the best within the budget). A request joining a queue that
+    holds a full batch runs in a batch of 64 (7.2 ms): it must start within 50 - 7.2 ms. One
+    joining a shorter queue runs in the batch that forms at window 0, about 5 units (the
+    fixed point n = 1 + s(n) at 1 req/ms; 4.25 ms): 50 - 4.25 ms."""
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(observe())
     assert decision.max_batch_size == 64
-    assert decision.shed_after_ms == pytest.approx(50.0 - 1.1 * 16.8)
+    assert decision.shed_after_ms == pytest.approx(50.0 - 7.2)
+    assert decision.shed_after_short_ms == pytest.approx(50.0 - 4.25)
+
+
+def test_shed_guard_uses_the_error_bars() -> None:
+    noisy = observe(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(noisy)
+    assert decision.shed_after_ms == pytest.approx(50.0 - 1.5 * 7.2)
 
 
 def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
@@ -177,6 +253,12 @@ def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)
     overload = observe(service_ms=slow, arrival_rate_rps=100000.0)
-    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(overload)
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
     assert decision.max_batch_size == 64  # 2 * 16.8 <= 40, the best throughput that fits
-    assert decision.shed_after_ms == pytest.approx(50.0 - 1.1 * 16.8)
+    assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
+
+
+def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
+    hopeless = observe(service_ms=linear_ms(60.0, 0.0))
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
+    assert decision.shed_after_ms is None and decision.shed_after_short_ms is None

@@ -1,4 +1,10 @@
-"""PID policy: one observation in, one decision out; then short sequences for its PID practice."""
+"""PID policy: one observation in, one decision out; then short sequences for its PID practice.
+
+The factory's batcher: SLO 50 ms (target and budget 40 ms), service 4 + 0.05 n ms, 1000 req/s,
+bounds window 0-50 ms and cap 1-256. So the tail cap is 256 (2 * 16.8 ms <= 40), and at 1 req
+per ms a window of W ms collects a batch of about 1 + W: the widest window whose predicted tail
+latency W + s(n + 2.33 sqrt(n)) fits 40 ms is about 33.6 ms (worked in test_first_decision).
+"""
 
 from __future__ import annotations
 
@@ -11,88 +17,120 @@ from adaptive_batcher.policies import PID
 from adaptive_batcher.slo import SLO
 from tests.control.factories import observe
 
-# SLO 50 ms -> target 40 ms, budget 40 ms; service 4 + 0.05 n ms; window span min(50, 40) = 40 ms
+
+def service_ms(n: float) -> float:
+    return 4.0 + 0.05 * round(n)
 
 
-def test_holds_without_slo_or_samples() -> None:
+def test_holds_without_slo_or_service_model() -> None:
     assert PID().decide(observe(slo=None)).reason == "pid.hold"
-    assert PID().decide(observe(latency_samples=3)).reason == "pid.hold"
-    assert PID().decide(observe(latency_ms=math.nan)).reason == "pid.hold"
+    no_model = observe(service_ms=lambda n: math.nan)
+    assert PID().decide(no_model) == no_model.current.with_(reason="pid.hold")
 
 
-@pytest.mark.parametrize(
-    ("latency_ms", "window_ms", "max_batch_size", "reason"),
-    [
-        # slack: the cap first: the largest with 2 s(n) <= 40 is 256 (16.8 ms), leaving a
-        # window range of 40 - 33.6 = 6.4 ms; e = 0.5, u = 2/6.4 + 0.15 * 0.5 = 0.3875
-        (20.0, 0.3875 * 6.4, 256, "pid.slack"),
-        # over target: e = -0.5, u = 0.3125 - 0.075 > 0: still slack, a smaller window
-        (60.0, 0.2375 * 6.4, 256, "pid.slack"),
-        # far over: e clipped at -2, u = 0.3125 - 0.3 = 0.0125: the window nearly closes
-        (200.0, 0.0125 * 6.4, 256, "pid.slack"),
-    ],
-)
-def test_first_decision(
-    latency_ms: float, window_ms: float, max_batch_size: int, reason: str
-) -> None:
-    decision = PID().decide(observe(latency_ms=latency_ms))
-    assert decision.window_ms == pytest.approx(window_ms)
-    assert decision.max_batch_size == max_batch_size
-    assert decision.reason == reason
+def test_first_decision_opens_the_window_as_far_as_the_budget_allows() -> None:
+    decision = PID().decide(observe(latency_ms=20.0))
+    assert decision.reason == "pid.plan"
+    assert decision.max_batch_size == 256  # the largest cap whose two batches fit 40 ms
+    window = decision.window_ms
+    # by hand: at W = 33.5 the batch is 34.5, its 99th percentile 48.2 -> 48 units, 6.4 ms:
+    # 33.5 + 6.4 = 39.9 <= 40; at W = 34 the tail batch rounds to 49 units: 34 + 6.45 > 40
+    assert 33.5 <= window < 34.0
+    tail = 1 + window + 2.33 * math.sqrt(1 + window)
+    assert window + service_ms(tail) <= 40.0
 
 
-def test_bumpless_start_from_window_in_force() -> None:
+def test_a_higher_arrival_rate_narrows_the_window_not_the_cap() -> None:
+    light = PID().decide(observe(arrival_rate_rps=1000.0))
+    busy = PID().decide(observe(arrival_rate_rps=4000.0))
+    assert busy.window_ms < light.window_ms
+    assert busy.max_batch_size == light.max_batch_size == 256
+
+
+def test_plans_for_the_recent_peak_rate() -> None:
+    steady = PID().decide(observe(arrival_rate_rps=1000.0))
+    after_a_peak = PID().decide(observe(arrival_rate_rps=1000.0, arrival_rate_peak_rps=4000.0))
+    assert after_a_peak.window_ms < steady.window_ms
+
+
+def test_latency_over_target_trims_the_planned_window() -> None:
     pid = PID()
-    pid.reset(Decision(5.0, 64))
-    decision = pid.decide(observe(current=Decision(5.0, 64), latency_ms=40.0))  # zero error
-    assert decision.window_ms == pytest.approx(5.0)
-
-
-def test_tightening_shrinks_the_cap_once_the_window_is_closed() -> None:
-    pid = PID()
-    for _ in range(4):  # far over target: u goes negative, the cap budget shrinks
-        decision = pid.decide(observe(current=Decision(0.0, 256), latency_ms=200.0))
+    planned = pid.decide(observe(latency_ms=30.0)).window_ms
+    trimmed = pid.decide(observe(latency_ms=60.0))
     assert pid.output < 0
-    assert decision.window_ms == 0.0
-    assert decision.max_batch_size < 256
-    assert decision.reason == "pid.tighten"
+    assert trimmed.reason == "pid.trim"
+    assert trimmed.window_ms < planned
+    assert trimmed.max_batch_size == 256  # the cap is never the actuator
 
 
-def test_anti_windup_output_is_clamped_and_recovers_at_once() -> None:
+def test_output_stays_in_its_range_and_recovers_at_once() -> None:
     pid = PID()
-    for _ in range(50):  # long, large slack: the output saturates at 1, no hidden windup
-        pid.decide(observe(latency_ms=1.0))
-    assert pid.output == 1.0
-    decision = pid.decide(observe(latency_ms=80.0))
-    assert pid.output < 1.0  # one bad tick moves it off the clamp immediately
-    assert decision.window_ms < 40.0
-
-
-def test_overload_takes_the_highest_throughput_cap() -> None:
-    pid = PID()
-    for _ in range(3):
-        decision = pid.decide(observe(latency_ms=500.0, arrival_rate_rps=40000.0))
-    assert decision.max_batch_size == 256
+    for _ in range(50):  # far over target for long: the output saturates at -1, no windup
+        decision = pid.decide(observe(latency_ms=400.0))
+    assert pid.output == -1.0
     assert decision.window_ms == 0.0
+    assert decision.max_batch_size == 256  # a latency problem never collapses the cap
+    pid.decide(observe(latency_ms=10.0))
+    assert pid.output > -1.0  # one good tick moves it off the clamp
+    for _ in range(50):  # long slack: the plan is trusted again, never beyond it
+        decision = pid.decide(observe(latency_ms=10.0))
+    assert pid.output == 0.0
+    assert decision.window_ms == PID().decide(observe(latency_ms=10.0)).window_ms
+
+
+def test_few_samples_do_not_move_the_output() -> None:
+    pid = PID(min_samples=20)
+    pid.decide(observe(latency_ms=400.0, latency_samples=5))
+    assert pid.output == 0.0
+
+
+def test_overload_takes_the_highest_throughput_cap_and_no_window() -> None:
+    pid = PID()
+    decision = pid.decide(observe(latency_ms=500.0, arrival_rate_rps=40000.0))
+    assert (decision.window_ms, decision.max_batch_size, decision.reason) == (
+        0.0,
+        256,
+        "pid.overload",
+    )
+    assert pid.output == 0.0  # no integration while the window is not what sets the latency
+
+
+def test_after_an_overload_the_window_reopens_without_waiting_for_the_measure() -> None:
+    pid = PID(settle_s=2.0)
+    pid.decide(observe(now_s=10.0, latency_ms=500.0, arrival_rate_rps=40000.0))
+    # the load is back to normal, but the latency span still holds the overload's samples
+    back = pid.decide(observe(now_s=10.5, latency_ms=300.0))
+    assert pid.output == 0.0
+    assert back.window_ms == PID().decide(observe(latency_ms=20.0)).window_ms
+    pid.decide(observe(now_s=12.5, latency_ms=300.0))  # settled: the feedback acts again
+    assert pid.output < 0.0
 
 
 def test_no_derivative_kick_when_the_slo_changes() -> None:
     with_d, without_d = PID(kd=0.5), PID(kd=0.0)
     for pid in (with_d, without_d):
         for _ in range(3):
-            pid.decide(observe(latency_ms=30.0))
+            pid.decide(observe(latency_ms=45.0))
     before = (with_d.output, without_d.output)
     for pid in (with_d, without_d):  # same latency, new target: only P and I may move
-        pid.decide(observe(latency_ms=30.0, slo=SLO(p99_ms=100.0)))
+        pid.decide(observe(latency_ms=45.0, slo=SLO(p99_ms=60.0)))
     assert with_d.output - before[0] == pytest.approx(without_d.output - before[1])
 
 
 def test_derivative_damps_a_latency_ramp() -> None:
     damped, plain = PID(kd=0.5), PID(kd=0.0)
-    for latency in (20.0, 25.0, 35.0):  # accelerating rise: second difference > 0
+    for latency in (45.0, 50.0, 60.0):  # accelerating rise: second difference > 0
         damped.decide(observe(latency_ms=latency))
         plain.decide(observe(latency_ms=latency))
     assert damped.output < plain.output
+
+
+def test_reset_trusts_the_plan_again() -> None:
+    pid = PID()
+    for _ in range(5):
+        pid.decide(observe(latency_ms=400.0))
+    pid.reset(Decision(0.0, 64))
+    assert pid.output == 0.0
 
 
 @pytest.mark.parametrize(
@@ -101,6 +139,7 @@ def test_derivative_damps_a_latency_ramp() -> None:
         ({"kp": -1.0}, "PID.kp must be a finite number >= 0, got -1.0"),
         ({"kd": "0.1"}, "PID.kd must be a number, got str"),
         ({"min_samples": 0}, "PID.min_samples must be >= 1, got 0"),
+        ({"settle_s": -1}, "PID.settle_s must be a finite number >= 0, got -1"),
     ],
 )
 def test_validation(kwargs: dict[str, float], message: str) -> None:
