@@ -243,3 +243,20 @@ def test_scrapes_from_another_thread_while_serving_see_consistent_counts() -> No
     assert value(final, "adaptive_batcher_requests_submitted_total", batcher="t") == 1000
     assert value(final, "adaptive_batcher_request_latency_seconds_count", batcher="t") == 1000
     assert stats.counts.completed == 1000
+
+
+def test_the_openmetrics_exposition_carries_the_units() -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    register_prometheus(AdaptiveBatcher(model, slo=SLO(p99_ms=10.0), name="om"), registry)
+    families = {
+        family.name: family.unit
+        for family in text_string_to_metric_families(openmetrics_latest(registry).decode())
+    }
+    assert len(families) == len(METRICS)
+    assert families["adaptive_batcher_request_latency_seconds"] == "seconds"
+    assert families["adaptive_batcher_device_busy_seconds"] == "seconds"
+    assert families["adaptive_batcher_slo_attainment_ratio"] == "ratio"
+    assert families["adaptive_batcher_queue_depth"] == ""
