@@ -10,7 +10,7 @@ decision stands: serving never stops for the controller.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -78,6 +78,8 @@ class Controller:
         service_model: the service-time model to feed (default: a new one).
         latency_span_s: the span of recent latencies the observation reports.
 
+    ``decisions`` counts the decisions taken, ``reasons`` the same by their ``reason`` tag.
+
     Raises:
         ValueError: a non-positive ``interval_s`` or ``latency_span_s``.
     """
@@ -109,6 +111,7 @@ class Controller:
         self.chain: Policy = self._wrap(policy)
         self.decision: Decision | None = None
         self.decisions = 0
+        self.reasons: Counter[str] = Counter()
         self.failures = 0
         self._last: _Snapshot | None = None
         self._rates: deque[tuple[float, float]] = deque()  # (time, per-tick arrival rate)
@@ -185,6 +188,7 @@ class Controller:
             return None
         decision = self.bounds.clamp(proposed)
         self.decisions += 1
+        self.reasons[decision.reason] += 1
         _log_decision(observation, decision, self.chain.name)
         changed = decision != self.decision.with_(reason=decision.reason)
         self.decision = decision

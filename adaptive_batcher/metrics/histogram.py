@@ -4,19 +4,33 @@ A value ``x`` (seconds) lands in bucket ``floor(log(x / MIN_S) / log(GAMMA))``; 
 by the value ``2 * lower * GAMMA / (1 + GAMMA)``, whose relative error is at most
 ``(GAMMA - 1) / (GAMMA + 1)``, 0.99 % for ``GAMMA = 1.02`` (the bucket scheme of DDSketch,
 Masson et al., VLDB 2019). Recording is O(1): one log, one list increment. Old samples leave the
-window a whole slice at a time (``window_s / slices`` granularity).
+window a whole slice at a time (``window_s / slices`` granularity). Reading (quantiles, counts)
+never changes the ring, so another thread (a metrics scrape) may read while the event loop records.
+
+:class:`CumulativeHistogram` is the other kind: counts since creation at fixed bounds, exact, the
+shape of a Prometheus or OpenTelemetry explicit-bucket histogram.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
-__all__ = ["GAMMA", "MAX_S", "MIN_S", "Quantiles", "SlidingHistogram"]
+__all__ = [
+    "GAMMA",
+    "LATENCY_BOUNDS_S",
+    "MAX_S",
+    "MIN_S",
+    "CumulativeHistogram",
+    "HistogramSnapshot",
+    "Quantiles",
+    "SlidingHistogram",
+]
 
 GAMMA = 1.02
 MIN_S = 1e-6
@@ -27,6 +41,13 @@ _INV_MIN_S = 1.0 / MIN_S
 _N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
 _UPPER_S = [MIN_S * GAMMA ** (i + 1) for i in range(_N_BUCKETS)]  # bucket i is below _UPPER_S[i]
 _REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
+
+LATENCY_BOUNDS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the cumulative latency and batch-time histograms: 0.1 ms to 60 s,
+dense around the 5-300 ms of online-serving SLOs (a 1-2-3-5 series there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +172,22 @@ class SlidingHistogram:
 
     def count(self, now: float) -> int:
         """Samples in the window ending at ``now``."""
-        self._advance(now)
-        return sum(sum(c) for c in self._counts)
+        counts, _ = self._window_counts(now, None)
+        return int(counts.sum())
+
+    def fraction_at_most(self, limit_s: float, now: float, span_s: float | None = None) -> float:
+        """Share of the window's samples (or its last ``span_s``) at or below ``limit_s``
+        seconds; NaN if the window is empty.
+
+        A sample counts as at most the limit when its bucket's reported value is: the answer
+        is exact for samples more than 1 % (the bucket width, see the module) from the limit.
+        """
+        counts, _ = self._window_counts(now, span_s)
+        total = int(counts.sum())
+        if total == 0:
+            return math.nan
+        within = int(np.searchsorted(_REPRESENTATIVE, limit_s, side="right"))
+        return float(counts[:within].sum()) / total
 
     def clear(self) -> None:
         """Drop every sample."""
@@ -161,17 +196,34 @@ class SlidingHistogram:
         self._sums = [0.0] * self.slices
         self._slice_end = None
 
-    def _recent_slices(self, span_s: float | None) -> list[int]:
-        if span_s is None:
-            return list(range(self.slices))
-        wanted = min(self.slices, max(1, math.ceil(span_s / self._slice_s)))
-        return [(self._current - k) % self.slices for k in range(wanted)]
+    def _live_slices(self, now: float, span_s: float | None) -> list[int]:
+        """The slices that hold the samples of the window (or its last ``span_s``) ending at
+        ``now``, most recent first, found without moving the ring: those ``_advance(now)``
+        would clear are left out."""
+        wanted = self.slices
+        if span_s is not None:
+            wanted = min(self.slices, max(1, math.ceil(span_s / self._slice_s)))
+        stale = self._steps_to(now)  # the newest `stale` slices of the window are still empty
+        return [(self._current - k) % self.slices for k in range(wanted - stale)]
+
+    def _steps_to(self, now: float) -> int:
+        """How many slices ``_advance(now)`` would move the ring on (``slices``: all of it),
+        by the same float arithmetic."""
+        end = self._slice_end
+        steps = 0
+        if end is None:
+            return steps
+        while now >= end and steps < self.slices:
+            end += self._slice_s
+            steps += 1
+        return steps
 
     def _window_counts(
         self, now: float, span_s: float | None
     ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], list[int]]:
-        self._advance(now)
-        slices = self._recent_slices(span_s)
+        slices = self._live_slices(now, span_s)
+        if not slices:
+            return np.zeros(_N_BUCKETS, dtype=np.int64), slices
         rows = [self._counts[i] for i in slices]
         counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(rows, dtype=np.int64)
         total: np.ndarray[Any, np.dtype[np.int64]] = counts.sum(axis=0)
@@ -192,3 +244,108 @@ class SlidingHistogram:
             # idle for longer than the whole window: every slice is already empty
             skipped = math.floor((now - self._slice_end) / self._slice_s) + 1
             self._slice_end += skipped * self._slice_s
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """A cumulative histogram read at one moment, in the layout of a Prometheus histogram.
+
+    Attributes:
+        bounds: the finite upper bounds (``le``), increasing, in the histogram's unit.
+        cumulative: ``cumulative[i]`` samples at or below ``bounds[i]``; one entry more than
+            ``bounds``, the last (``+Inf``) being the number of samples.
+        sum: the sum of the samples, in the histogram's unit.
+    """
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        """The number of samples (the ``+Inf`` bucket)."""
+        return self.cumulative[-1]
+
+    @property
+    def per_bucket(self) -> tuple[int, ...]:
+        """Samples in each bucket alone: ``(bounds[i-1], bounds[i]]``, then above the last
+        bound (OpenTelemetry's ``bucket_counts``)."""
+        previous = (0, *self.cumulative[:-1])
+        return tuple(c - p for c, p in zip(self.cumulative, previous, strict=True))
+
+
+def check_bounds(name: str, bounds: tuple[float, ...]) -> tuple[float, ...]:
+    """``bounds`` as floats if they are finite and strictly increasing.
+
+    Raises:
+        ValueError: an empty, unsorted or non-finite sequence (the message names ``name``).
+    """
+    values = tuple(float(b) for b in bounds)
+    if not values or not all(math.isfinite(b) for b in values):
+        raise ValueError(f"{name} must be a non-empty sequence of finite numbers, got {bounds!r}")
+    if any(b >= c for b, c in pairwise(values)):
+        raise ValueError(f"{name} must be strictly increasing, got {bounds!r}")
+    return values
+
+
+class CumulativeHistogram:
+    """Samples since creation, counted at fixed upper bounds: exact, never expiring.
+
+    A sample ``x`` falls in the first bucket whose bound is ``>= x`` (Prometheus's ``le``), or
+    in the overflow bucket above the last bound. The counts only grow, as a Prometheus
+    histogram's must (rates are taken by the monitoring system).
+
+    Args:
+        bounds: the upper bounds, finite and strictly increasing (seconds for latencies).
+
+    Raises:
+        ValueError: empty, unsorted or non-finite ``bounds``.
+    """
+
+    __slots__ = ("_counts", "bounds", "sum")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BOUNDS_S) -> None:
+        self.bounds = check_bounds("bounds", bounds)
+        self._counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def record(self, value: float) -> None:
+        """Add one sample."""
+        self._counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def record_many(self, values: list[float]) -> None:
+        """Add several samples (one bisection each)."""
+        counts, bounds = self._counts, self.bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self.sum += sum(values)
+
+    def record_since(self, arrivals_s: list[float], now: float) -> None:
+        """Add the latencies ``now - a`` for the arrival times ``arrivals_s`` (seconds),
+        non-decreasing (a FIFO batch). A latency is at most bound ``b`` exactly when its arrival
+        is at or after ``now - b``, so each bucket's share is one bisection of the arrivals: the
+        cost grows with the buckets the batch spans, not with its size."""
+        total = len(arrivals_s)
+        if not total:
+            return
+        bounds, counts = self.bounds, self._counts
+        index = bisect_left(bounds, now - arrivals_s[-1])  # the bucket of the shortest latency
+        counted = 0
+        while counted < total and index < len(bounds):
+            at_most = total - bisect_left(arrivals_s, now - bounds[index])
+            counts[index] += at_most - counted
+            counted = at_most
+            index += 1
+        counts[-1] += total - counted
+        self.sum += total * now - sum(arrivals_s)
+
+    def snapshot(self) -> HistogramSnapshot:
+        """The counts so far, cumulative (``le``) as Prometheus exposes them."""
+        counts = list(self._counts)  # one copy: consistent even if another thread records
+        running = 0
+        cumulative: list[int] = []
+        for count in counts:
+            running += count
+            cumulative.append(running)
+        return HistogramSnapshot(self.bounds, tuple(cumulative), self.sum)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from adaptive_batcher._log import get_logger
@@ -39,12 +41,13 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
+    describe,
 )
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
-from adaptive_batcher.runtime.stats import BatcherStats
+from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -56,10 +59,13 @@ from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 from adaptive_batcher.telemetry.sampler import TelemetrySampler
 
-__all__ = ["AdaptiveBatcher", "BatcherStats", "default_is_oom"]
+__all__ = ["AdaptiveBatcher", "BatchListener", "BatchRecord", "BatcherStats", "default_is_oom"]
 
 X = TypeVar("X")
 Y = TypeVar("Y")
+
+BatchListener = Callable[[BatchRecord], None]
+"""``listener(record)``: told of each batch that ran, on the event loop, once it has ended."""
 
 _log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")
@@ -289,6 +295,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._running: list[list[Any]] = []
         self._closed = False
         self._closer: asyncio.Future[None] | None = None  # a close awaited by the model (aclose)
+        self._batch_listeners: list[BatchListener] = []
         self.warmed_sizes: frozenset[int] = frozenset()
 
     @classmethod
@@ -392,6 +399,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         controller = self._core.controller
         limits = engine.limits
         now = self._now() if self._loop is not None else 0.0
+        slo_s = self.recorder.slo_latency_s
         return BatcherStats(
             name=self.name,
             queue_depth=engine.queue_depth,
@@ -407,7 +415,36 @@ class AdaptiveBatcher(Generic[X, Y]):
             policy=controller.chain.name if controller else None,
             slo_unreachable=controller.slo_unreachable if controller else False,
             decisions=controller.decisions if controller else 0,
+            slo_attainment=self.recorder.latency.fraction_at_most(slo_s, now)
+            if slo_s != math.inf
+            else math.nan,
+            decision_reasons=MappingProxyType(dict(controller.reasons) if controller else {}),
         )
+
+    def add_batch_listener(self, listener: BatchListener) -> None:
+        """Call ``listener(record)`` with a :class:`BatchRecord` once for each batch that ran,
+        when it has ended (after its callers have their results). Exporters feed their
+        per-batch histograms from it (see :mod:`adaptive_batcher.export`).
+
+        The listener runs on the event loop, so it must be quick and must not block; an
+        exception it raises is logged (``batch_listener.failed``) and otherwise ignored.
+
+        Raises:
+            TypeError: ``listener`` is not callable.
+        """
+        check_callable("listener", listener)
+        self._batch_listeners.append(listener)
+
+    def remove_batch_listener(self, listener: BatchListener) -> None:
+        """Stop calling a listener added by :meth:`add_batch_listener`.
+
+        Raises:
+            ValueError: ``listener`` was not added.
+        """
+        try:
+            self._batch_listeners.remove(listener)
+        except ValueError:
+            raise ValueError("listener was not added to this batcher") from None
 
     def set_limits(
         self,
@@ -715,6 +752,18 @@ class AdaptiveBatcher(Generic[X, Y]):
             batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
         )
 
+    def _tell_listeners(self, record: BatchRecord) -> None:
+        for listener in tuple(self._batch_listeners):
+            try:
+                listener(record)
+            except Exception as exc:  # a listener must never stop serving
+                _log.error(
+                    "batch_listener.failed",
+                    batcher=self.name,
+                    batch_id=record.batch_id,
+                    error=describe(exc),
+                )
+
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:
             return
@@ -781,6 +830,11 @@ class AdaptiveBatcher(Generic[X, Y]):
             if self._buckets:
                 units = pad_target(self._buckets, units)  # what the model actually ran
             self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+            if self._batch_listeners:
+                record = BatchRecord(
+                    batch.batch_id, live[0].arrival_s, started, ended, len(live), units
+                )
+                self._tell_listeners(record)
         if self._pumping:  # ended inside create_task (eager task factories, Python 3.12+):
             self._schedule_pump()  # pumping from here would nest one pump per batch
         else:

@@ -1,15 +1,18 @@
-"""The frozen snapshot ``AdaptiveBatcher.stats()`` returns."""
+"""The frozen snapshot ``AdaptiveBatcher.stats()`` returns, and the record of one batch that
+batch listeners receive."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from adaptive_batcher.metrics.histogram import Quantiles
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.slo import SLO
 
-__all__ = ["BatcherStats"]
+__all__ = ["BatchRecord", "BatcherStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,10 @@ class BatcherStats:
         policy: the controller's policy chain (None: static settings, no controller).
         slo_unreachable: True while the SLO cannot be met even by a batch of one.
         decisions: controller decisions taken so far.
+        slo_attainment: of the answers in the latency window, the share whose latency met the
+            SLO (within the window's 1 % resolution); NaN without an SLO or without answers.
+        decision_reasons: {reason tag: decisions} of the controller in force (``pid.slack``,
+            ``budget``, ...); they add up to ``decisions``.
     """
 
     name: str
@@ -44,3 +51,38 @@ class BatcherStats:
     policy: str | None
     slo_unreachable: bool
     decisions: int
+    slo_attainment: float = math.nan
+    decision_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One batch the runtime ran, as batch listeners receive it (see
+    ``AdaptiveBatcher.add_batch_listener``). Times are seconds on the event loop's clock.
+
+    Attributes:
+        batch_id: the engine's number for the batch.
+        first_arrival_s: arrival of the oldest request of the batch that ran.
+        start_s: when the batch started (its task began running it).
+        end_s: when the model was done with it (splits after an error and padding included).
+        items: requests that ran in it.
+        units: size units the model ran, padding included.
+    """
+
+    batch_id: int
+    first_arrival_s: float
+    start_s: float
+    end_s: float
+    items: int
+    units: int
+
+    @property
+    def queue_wait_s(self) -> float:
+        """How long the oldest request waited for the batch to start, seconds: the window,
+        plus any wait for a free execution slot."""
+        return self.start_s - self.first_arrival_s
+
+    @property
+    def execution_s(self) -> float:
+        """How long the model took over the batch, seconds (the recorder's service time)."""
+        return self.end_s - self.start_s

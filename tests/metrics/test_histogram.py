@@ -123,3 +123,56 @@ def test_recording_sorted_arrivals_puts_each_sample_in_its_bucket() -> None:
     assert summary.max_ms == pytest.approx(5000, rel=0.01)
     assert summary.p50_ms == pytest.approx(5, rel=0.01)
     assert summary.mean_ms == pytest.approx(sum(waits_s) / len(waits_s) * 1e3, rel=1e-6)
+
+
+def test_reading_does_not_move_the_window() -> None:
+    """A read at a later time (a metrics scrape on another thread, its clock ahead of the loop's)
+    leaves the samples of an earlier window in place for the next reader."""
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    histogram.record(0.004, now=0.0)
+    assert histogram.count(now=10.5) == 0
+    assert histogram.quantiles(now=10.5).count == 0
+    assert histogram.count(now=9.5) == 1
+    assert histogram.quantile_ms(1.0, now=9.5) == pytest.approx(4, rel=0.01)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.floats(0.0, 3.0), st.floats(1e-4, 2.0), st.booleans()),
+        min_size=1,
+        max_size=60,
+    ),
+    probe=st.floats(0.0, 30.0),
+)
+def test_reads_between_records_change_nothing(
+    steps: list[tuple[float, float, bool]], probe: float
+) -> None:
+    """Records at increasing times, with or without reads (at any time) in between, give the
+    same quantiles at the end."""
+    read_too, records_only = SlidingHistogram(window_s=4.0, slices=8), SlidingHistogram(4.0, 8)
+    now = 0.0
+    for gap, value, read in steps:
+        now += gap
+        if read:
+            read_too.quantiles(now + probe)
+            read_too.fraction_at_most(0.5, now + probe / 2)
+        read_too.record(value, now)
+        records_only.record(value, now)
+    for at in (now, now + 1.0, now + 3.9, now + probe):
+        assert read_too.quantiles(at) == records_only.quantiles(at) or (
+            read_too.quantiles(at).count == 0 and records_only.quantiles(at).count == 0
+        )
+
+
+def test_fraction_at_most_counts_the_window_against_a_limit() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    assert math.isnan(histogram.fraction_at_most(0.1, now=0.0))
+    histogram.record_many([0.01, 0.02, 0.05, 0.2], now=0.0)
+    assert histogram.fraction_at_most(0.1, now=1.0) == 0.75
+    assert histogram.fraction_at_most(0.015, now=1.0) == 0.25
+    assert histogram.fraction_at_most(1.0, now=1.0) == 1.0
+    assert histogram.fraction_at_most(0.001, now=1.0) == 0.0
+    histogram.record(1.0, now=5.0)
+    assert histogram.fraction_at_most(0.1, now=5.0, span_s=1.0) == 0.0
+    assert histogram.fraction_at_most(0.1, now=10.5) == 0.0  # the first four have left

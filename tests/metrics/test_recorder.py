@@ -42,3 +42,16 @@ def test_record_answers_counts_goodput_against_the_slo() -> None:
     assert (recorder.completed, recorder.failed) == (3, 1)
     assert recorder.within_slo == 1  # two answers within 100 ms, one of the four failed
     assert recorder.quantiles(now).max_ms == pytest.approx(300, rel=0.01)
+
+
+def test_the_cumulative_latency_histogram_counts_every_answer_since_the_start() -> None:
+    """Unlike the sliding window, ``latency_cumulative`` keeps answers that left the window."""
+    recorder = Recorder(latency_window_s=1.0)
+    recorder.record_answers([0.0, 0.0993], 0, now=0.1)
+    recorder.record_latencies([0.002, 0.4], 1, now=5.0)
+    snapshot = recorder.latency_cumulative.snapshot()
+    assert snapshot.count == 4 == recorder.completed + recorder.failed
+    assert recorder.quantiles(5.0).count == 2  # the first two have left the 1 s window
+    by_bound = dict(zip(snapshot.bounds, snapshot.cumulative, strict=False))
+    assert by_bound[0.001] == 1 and by_bound[0.002] == 2 and by_bound[0.1] == 3
+    assert by_bound[0.5] == 4

@@ -1,0 +1,59 @@
+"""Shared by the exporter tests: a deterministic workload that ends requests in every way."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from adaptive_batcher import AdaptiveBatcher, DeadlineExceededError, QueueFullError
+
+SERVICE_S = 0.004
+
+
+async def model(batch: list[float]) -> list[Any]:
+    """Doubles each item after ``SERVICE_S`` seconds; a negative item gets its own error."""
+    await asyncio.sleep(SERVICE_S)
+    return [ValueError("negative") if x < 0 else 2 * x for x in batch]
+
+
+async def mixed_traffic(batcher: AdaptiveBatcher[float, Any]) -> None:
+    """Completed, failed (a per-item error), expired (deadline), cancelled and rejected (queue
+    full) requests, in batches of several sizes, for a batcher with a 2 ms window, a cap of 4
+    and a queue of 4. Run on a virtual clock."""
+    for size in (1, 3, 4):
+        assert await batcher.submit_many([1.0] * size) == [2.0] * size
+        await asyncio.sleep(0.05)
+    results = await batcher.submit_many([1.0, -1.0, 2.0], return_exceptions=True)
+    assert isinstance(results[1], ValueError)
+    await asyncio.sleep(0.05)
+    # with a 2 ms window, a 1 ms deadline passes before the batch starts
+    late = await asyncio.gather(batcher.submit(1.0, deadline_ms=1.0), return_exceptions=True)
+    assert isinstance(late[0], DeadlineExceededError)
+    waiting = asyncio.ensure_future(batcher.submit(5.0))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    burst = [asyncio.ensure_future(batcher.submit(1.0)) for _ in range(6)]  # queue holds 4
+    outcomes = await asyncio.gather(*burst, return_exceptions=True)
+    assert sum(isinstance(o, QueueFullError) for o in outcomes) == 2
+    await asyncio.sleep(0.05)
+
+
+def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Prometheus exposition text -> {sample name: {sorted labels: value}}."""
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[labels] = sample.value
+    return samples
+
+
+def value(
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, **labels: str
+) -> float:
+    """The value of one sample, by name and its labels (all of them)."""
+    return samples[name][tuple(sorted(labels.items()))]
