@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if source is None:
         print(
             f"Ray's {RELATIVE} was not found: the ray wheels on PyPI do not ship their tests. "
-            "Pass --source with the file or a Ray source checkout (github.com/ray-project/ray, "
-            "the tag of the installed version).",
+            "Pass --source with the file or a Ray source checkout (at the tag of the installed "
+            "version).",
             file=sys.stderr,
         )
         return 2

@@ -340,3 +340,17 @@ async def test_batched_stream_on_a_method_keeps_one_batcher_per_instance() -> No
     assert (one.batches, two.batches) == ([["a"]], [["b"]])
     await one.generate.aclose()
     await two.generate.aclose()
+
+
+async def test_warmup_runs_a_streaming_model_to_the_end_at_each_size() -> None:
+    steps: list[int] = []
+
+    async def model(batch: list[int]) -> AsyncIterator[list[int]]:
+        for _ in range(2):
+            steps.append(len(batch))
+            yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=4, batch_sizes=[2, 4]) as batcher:
+        timings = await batcher.warmup(lambda: 1)
+        assert sorted(timings) == [2, 4]
+    assert steps == [2, 2, 4, 4]
