@@ -303,11 +303,11 @@ async def test_streaming_options_that_cannot_apply_are_refused() -> None:
 
 
 async def test_an_object_whose_call_is_an_async_generator_streams() -> None:
-    class FakeStream:
+    class StreamingCallable:
         async def __call__(self, batch: list[str]) -> AsyncIterator[list[str]]:
             yield list(batch)
 
-    async with AdaptiveBatcher(FakeStream(), max_batch_size=2, window_ms=10) as batcher:
+    async with AdaptiveBatcher(StreamingCallable(), max_batch_size=2, window_ms=10) as batcher:
         assert await read(batcher.submit_stream("a")) == ["a"]
 
 
