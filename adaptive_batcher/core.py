@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from adaptive_batcher._log import get_logger
@@ -248,6 +249,32 @@ class BatcherCore(Generic[H]):
         self.engine.set_limits(limits)
         if self.controller is not None and self.controller.decision is not None:
             self.controller.adopt(self._decision_in_force())
+
+    def set_hard_cap(self, cap: int) -> None:
+        """Set the hard cap to ``cap`` units (see ``AdaptiveBatcher.set_hard_cap``): the cap
+        in force is lowered to it if above; the controller's cap bound follows it when it was
+        the hard cap, and is lowered to it if above.
+
+        Raises:
+            ValueError: the settings have ``batch_sizes`` (the largest bucket is the hard cap).
+        """
+        if self.settings.buckets:
+            raise ValueError(
+                "max_batch_size: the hard cap of a batcher with batch_sizes is its largest bucket"
+            )
+        engine = self.engine
+        old = engine.hard_max_batch_size
+        engine.hard_max_batch_size = cap
+        if engine.limits.max_batch_size > cap:
+            engine.set_limits(replace(engine.limits, max_batch_size=cap))
+        bounds = self.bounds
+        if bounds.max_batch_size == old or bounds.max_batch_size > cap:
+            low = min(bounds.min_batch_size, cap)
+            self.bounds = replace(bounds, min_batch_size=low, max_batch_size=cap)
+        if self.controller is not None:
+            self.controller.bounds = self.bounds
+            if self.controller.decision is not None:
+                self.controller.adopt(self._decision_in_force())
 
     # -- internals -------------------------------------------------------------------------
 

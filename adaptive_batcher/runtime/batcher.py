@@ -13,7 +13,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -46,8 +46,9 @@ from adaptive_batcher.errors import (
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
-from adaptive_batcher.runtime.executors import CompletionEvent, make_executor
+from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
+from adaptive_batcher.runtime.streaming import StreamRequest, StreamRunner, consume
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -131,6 +132,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     Args:
         model: ``model(batch: list[X]) -> Sequence[Y]`` with one result per item, in order; sync or
             ``async def``. A result slot may hold an exception instance: only that caller gets it.
+            An async generator function is a streaming model: each ``yield`` holds one element
+            per item, and callers read their elements with :meth:`submit_stream` (see
+            :mod:`adaptive_batcher.runtime.streaming`).
         max_batch_size: batch cap, in size units (items, or what ``size_fn`` counts). Default 32.
         window_ms: longest wait of the oldest queued request for company, ms. 0 sends what is
             queued as soon as a slot is free ("natural batching"). Default 5.0.
@@ -150,8 +154,10 @@ class AdaptiveBatcher(Generic[X, Y]):
             ``"inline"`` (sync model on the loop thread), ``"thread"``, or ``"cuda"`` (launch on
             the loop thread, wait for a CUDA event in a thread; see ``CudaExecutor``).
         bisect_on_error: when the model raises for a whole batch, re-run it split in halves until
-            the failing item is isolated; only that caller gets the error.
-        is_oom: tells out-of-memory errors apart; an OOM batch is always re-run split in halves.
+            the failing item is isolated; only that caller gets the error. Not for a streaming
+            model.
+        is_oom: tells out-of-memory errors apart; an OOM batch is always re-run split in halves
+            (a streaming batch is not: its callers fail with ``BatchFailedError``).
         slo: the latency objective. With an SLO and no ``policy``, the batcher tunes itself with
             :class:`~adaptive_batcher.policies.PID`.
         policy: the control law that tunes window and cap online (see
@@ -270,8 +276,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self.name = name
         self.recorder = self._core.recorder
         self._executor = make_executor(model, executor, max_concurrent_batches, cuda_event_factory)
-        self._runner = BatchRunner(
-            self._executor,
+        runner_args = (
             self._buckets,
             pad_fn or repeat_last,
             size_fn is not None,
@@ -280,8 +285,13 @@ class AdaptiveBatcher(Generic[X, Y]):
             self.recorder,
             self._clock,
             name,
-            on_oom=self._core.note_oom,
         )
+        self._runner: BatchRunner
+        if isinstance(self._executor, StreamExecutor):  # an async generator model
+            self._runner = StreamRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
+        else:
+            self._runner = BatchRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
+        self._streams = isinstance(self._runner, StreamRunner)
         self._loop: asyncio.AbstractEventLoop | None = None
         # the loop's clock and future factory, set on binding (see loop_shortcuts)
         self._now: Callable[[], float] = time.monotonic
@@ -365,6 +375,50 @@ class AdaptiveBatcher(Generic[X, Y]):
             if future.cancelled():  # not counted elsewhere: no result or error was set
                 self.recorder.cancelled += 1
             raise
+
+    def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> AsyncIterator[Y]:
+        """Queue ``item`` for a streaming model now and return its stream of elements.
+
+        The request is queued by this call, not by the first read. Iterate the result with
+        ``async for``; stopping early (``break``, closing it, or cancelling the task that reads
+        it) withdraws the request, and the batch goes on for the others.
+
+        Args:
+            item: one input; its size is ``size_fn(item)`` units (1 by default).
+            deadline_ms: as for :meth:`submit`: the stream fails with ``DeadlineExceededError``
+                if its batch has not started within this many ms of now.
+
+        Raises:
+            TypeError: the model is not a streaming model (use :meth:`submit`).
+            QueueFullError, ItemTooLargeError, BatcherClosedError: raised by this call, at once.
+
+        The stream raises, after the elements it delivered: ``DeadlineExceededError``,
+        ``BatcherClosedError`` (closed without draining, or a close that timed out),
+        ``BatchFailedError`` (the model raised; cause attached), ``ResultCountError`` (a step
+        of the wrong length), or the exception instance the model put in this caller's slot.
+        """
+        if not self._streams:
+            raise TypeError(
+                "submit_stream needs a streaming model (an async generator function); "
+                "this batcher's model returns its results at once: use submit"
+            )
+        if _running_loop() is not self._loop:
+            self._bind()
+        now = self._now()
+        deadline_s = None
+        if deadline_ms is not None:
+            deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
+        size = 1 if self._size_fn is None else self._item_size(item)
+        request = StreamRequest(item, self._new_future(), now, size, deadline_s)
+        if self._core.arrive(request, now):
+            self._schedule_pump()
+        return consume(request, self._leave_stream)
+
+    def _leave_stream(self, request: StreamRequest) -> None:
+        """The caller stopped reading before its stream ended: withdraw it."""
+        self._engine.cancel(request)
+        request.handle.cancel()
+        self.recorder.cancelled += 1
 
     async def submit_many(
         self,
@@ -472,6 +526,23 @@ class AdaptiveBatcher(Generic[X, Y]):
         )
         self._core.set_limits(limits)
         self._executor.resize(limits.max_concurrent_batches)  # one thread per slot
+        if self._loop is not None:
+            self._schedule_pump()
+
+    def set_hard_cap(self, max_batch_size: int) -> None:
+        """Move the hard cap: the largest request accepted and the ceiling of the batch cap.
+
+        Raising it lets :meth:`set_limits` (and the controller) go above the ``max_batch_size``
+        the batcher was made with; lowering it lowers the cap in force to it if above. The
+        controller's cap bound follows: it moves with the hard cap when it was the hard cap
+        (the default bounds), and is lowered to it if above. Requests queued already keep
+        their place; one larger than the cap in force runs alone.
+
+        Raises:
+            TypeError, ValueError: ``max_batch_size`` is not an int >= 1.
+            ValueError: the batcher has ``batch_sizes`` (the largest bucket is the hard cap).
+        """
+        self._core.set_hard_cap(check_int("max_batch_size", max_batch_size, 1))
         if self._loop is not None:
             self._schedule_pump()
 

@@ -6,12 +6,13 @@ import asyncio
 import copy
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher
+from adaptive_batcher.runtime.executors import is_stream_callable
 
-__all__ = ["BatchedFunction", "batched"]
+__all__ = ["BatchedFunction", "BatchedStream", "batched"]
 
 X = TypeVar("X")
 Y = TypeVar("Y")
@@ -52,6 +53,47 @@ class BatchedFunction(Generic[X, Y]):
     async def __call__(self, item: X, *, deadline_ms: float | None = None) -> Y:
         return await self.batcher.submit(item, deadline_ms=deadline_ms)
 
+    def set_limits(
+        self,
+        *,
+        window_ms: float | None = None,
+        max_batch_size: int | None = None,
+        max_concurrent_batches: int | None = None,
+    ) -> None:
+        """Change window, cap or slots of this function's batchers, now and for those it makes
+        later (one per event loop; on a method, this instance's only).
+
+        ``max_batch_size`` becomes the hard cap as well (see
+        :meth:`AdaptiveBatcher.set_hard_cap`), so it may go above the one decorated. Call it
+        from the thread of the batchers' event loop.
+
+        Raises:
+            TypeError, ValueError: as the constructor of :class:`AdaptiveBatcher` (the message
+                names the setting); nothing is changed then.
+        """
+        changes = {
+            name: value
+            for name, value in (
+                ("window_ms", window_ms),
+                ("max_batch_size", max_batch_size),
+                ("max_concurrent_batches", max_concurrent_batches),
+            )
+            if value is not None
+        }
+        options = {**self._options, **changes}
+        AdaptiveBatcher(self._fn, **options)  # validate before changing anything
+        self._options = options
+        for batcher in list(self._batchers.values()):
+            if batcher.closed:
+                continue
+            if max_batch_size is not None:
+                batcher.set_hard_cap(max_batch_size)
+            batcher.set_limits(
+                window_ms=window_ms,
+                max_batch_size=max_batch_size,
+                max_concurrent_batches=max_concurrent_batches,
+            )
+
     async def aclose(self, *, drain: bool = True) -> None:
         """Close the batcher of the running loop (a later call starts a new one)."""
         loop = asyncio.get_running_loop()
@@ -73,13 +115,30 @@ class BatchedFunction(Generic[X, Y]):
             ) from None
         bound: BatchedFunction[X, Y] | None = namespace.get(key)
         if bound is None:
-            bound = BatchedFunction(self._fn.__get__(instance, owner), self._options)
+            bound = type(self)(self._fn.__get__(instance, owner), self._options)
             namespace[key] = bound
         return bound
 
 
+class BatchedStream(BatchedFunction[X, Y]):
+    """A streaming batch function (an async generator) turned into a per-item stream.
+
+    Calling it (``f(item, deadline_ms=...)``, no ``await``) queues ``item`` at once and returns
+    its stream: ``async for element in f(item)``. Everything else is as for
+    :class:`BatchedFunction`; see :meth:`AdaptiveBatcher.submit_stream` for how a stream ends.
+    """
+
+    def __call__(  # type: ignore[override]
+        self, item: X, *, deadline_ms: float | None = None
+    ) -> AsyncIterator[Y]:
+        return self.batcher.submit_stream(item, deadline_ms=deadline_ms)
+
+
 def batched(**options: Any) -> Callable[[Callable[..., Any]], BatchedFunction[Any, Any]]:
     """Decorate ``fn(batch: list[X]) -> list[Y]`` (sync or async; function or method).
+
+    An async generator function (each ``yield`` one element per item) becomes a
+    :class:`BatchedStream`: ``async for token in generate("prompt")``.
 
     Example::
 
@@ -94,6 +153,8 @@ def batched(**options: Any) -> Callable[[Callable[..., Any]], BatchedFunction[An
     """
 
     def decorate(fn: Callable[..., Any]) -> BatchedFunction[Any, Any]:
+        if is_stream_callable(fn):
+            return BatchedStream(fn, options)
         return BatchedFunction(fn, options)
 
     return decorate

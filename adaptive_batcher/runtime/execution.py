@@ -28,7 +28,7 @@ from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.buckets import pad_target
 from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
-__all__ = ["STOPS_THE_TASK", "BatchRunner", "fail_pending"]
+__all__ = ["STOPS_THE_TASK", "BatchRunner", "check_results", "fail_pending"]
 
 #: Raised by the model, these end the batch task after its callers are failed: a cancellation
 #: (a time-limited close), or a request to stop the program.
@@ -154,7 +154,7 @@ class BatchRunner:
             if target > units:
                 batch = self.pad_fn(list(items), target)
         results = await self.executor.run(batch)
-        _check_results(results, len(batch))
+        check_results(results, len(batch))
         return results if batch is items else results[: len(items)]
 
     def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
@@ -190,7 +190,8 @@ class BatchRunner:
         return oom
 
 
-def _check_results(results: Any, expected: int) -> None:
+def check_results(results: Any, expected: int) -> None:
+    """Raise ``ResultCountError`` unless ``results`` is a sequence of ``expected`` results."""
     if isinstance(results, Mapping | Set | str | bytes):
         raise ResultCountError(
             f"model returned {type(results).__name__}, expected a sequence of {expected} results"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
@@ -30,7 +30,10 @@ __all__ = [
     "CudaExecutor",
     "ExecutorKind",
     "InlineExecutor",
+    "StreamExecutor",
     "ThreadExecutor",
+    "is_async_callable",
+    "is_stream_callable",
     "make_executor",
 ]
 
@@ -215,6 +218,63 @@ class CudaExecutor(_PoolOwner):
         return results
 
 
+class StreamExecutor:
+    """Iterates an async generator model on the event loop (a streaming model).
+
+    ``model(batch)`` yields, at each step, a sequence with one element per item of the batch, in
+    order (see :mod:`adaptive_batcher.runtime.streaming` for what an element may be).
+    """
+
+    def __init__(self, fn: Callable[[list[Any]], AsyncIterator[Sequence[Any]]]) -> None:
+        self._fn = fn
+
+    def stream(self, items: list[Any]) -> AsyncIterator[Sequence[Any]]:
+        """The model's stream for ``items``.
+
+        Raises:
+            TypeError: the model returned something that is not an async iterator.
+        """
+        stream = self._fn(items)
+        if not callable(getattr(stream, "__anext__", None)):
+            raise TypeError(
+                f"a streaming model must return an async iterator, got {type(stream).__name__}"
+            )
+        return stream
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        """Run the stream to its end; returns each item's elements as a list, in order."""
+        elements: list[list[Any]] = [[] for _ in items]
+        stream = self.stream(items)
+        try:
+            async for step in stream:
+                for collected, element in zip(elements, step, strict=False):
+                    collected.append(element)
+        finally:
+            await close_stream(stream)
+        return elements
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def resize(self, workers: int) -> None:
+        """No threads to size."""
+
+
+async def close_stream(stream: AsyncIterator[Any]) -> None:
+    """``await stream.aclose()`` when the stream has one (async generators do)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def is_stream_callable(fn: Callable[..., Any]) -> bool:
+    """True for async generator functions and objects whose ``__call__`` is one."""
+    if inspect.isasyncgenfunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
+    return call is not None and inspect.isasyncgenfunction(call)
+
+
 def is_async_callable(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions and objects whose ``__call__`` is ``async def``."""
     if inspect.iscoroutinefunction(fn):
@@ -231,15 +291,23 @@ def make_executor(
 ) -> BatchExecutor:
     """Build the executor for ``kind``.
 
-    ``"auto"`` picks :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor`
-    otherwise.
+    ``"auto"`` picks :class:`StreamExecutor` for async generator models,
+    :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor` otherwise.
 
     Raises:
         ValueError: unknown ``kind``.
-        TypeError: an ``async def`` model with a sync executor kind, or the reverse.
+        TypeError: an ``async def`` model with a sync executor kind, or the reverse; an async
+            generator model with a kind other than ``"auto"`` or ``"async"``.
     """
     if kind not in EXECUTOR_KINDS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
+    if is_stream_callable(fn):
+        if kind not in ("auto", "async"):
+            raise TypeError(
+                f"executor={kind!r} cannot run an async generator model: it streams on the "
+                "event loop, use 'auto' or 'async'"
+            )
+        return StreamExecutor(fn)
     is_async = is_async_callable(fn)
     if kind == "auto":
         kind = "async" if is_async else "thread"

@@ -1,0 +1,284 @@
+"""Streaming batches: a model that is an async generator answers each caller element by element.
+
+A streaming model is an async generator function ``model(batch: list[X])`` that yields, at each
+step, a sequence with one element per item, in order (token streaming: one token per caller
+per step).
+What an element in a caller's slot means:
+
+* a value: the caller's stream yields it;
+* ``StopIteration`` or ``StopAsyncIteration`` (the class or an instance): the caller's stream
+  ends there, normally; its slots in later steps are ignored (Ray Serve's convention);
+* any other exception instance: the caller's stream raises it there and ends.
+
+Every stream ends with its elements and then either its normal end or one error: the model's
+failure (``BatchFailedError``, the cause attached; its elements so far are delivered first), a
+step of the wrong length (``ResultCountError``), a deadline, or the batcher's closing. A batch
+holds its execution slot until the model's generator is exhausted; when every caller of a batch
+has left (ended, failed or stopped reading), the generator is closed at once and the slot freed.
+Elements are buffered per caller: the model is not held back by a slow reader.
+
+Counting: a stream counts as answered at its first element (its latency is the time to its first
+element, which is what an SLO and :meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure); one
+that fails after that moves from ``completed`` to ``failed``. The batch's service time is the
+whole stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from operator import attrgetter
+from typing import Any
+
+from adaptive_batcher._log import get_logger
+from adaptive_batcher.engine import Request, RequestState
+from adaptive_batcher.errors import BatchFailedError, describe
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.runtime.buckets import pad_target
+from adaptive_batcher.runtime.execution import BatchRunner, check_results, fail_pending
+from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
+
+__all__ = ["StreamRequest", "StreamRunner", "consume", "ends_stream"]
+
+_log = get_logger()
+_item_of = attrgetter("item")
+
+
+def ends_stream(element: object) -> bool:
+    """True for the end-of-stream markers: ``StopIteration`` and ``StopAsyncIteration``, as
+    classes or instances."""
+    return (
+        element is StopIteration
+        or element is StopAsyncIteration
+        or isinstance(element, StopIteration | StopAsyncIteration)
+    )
+
+
+class StreamRequest(Request[asyncio.Future[Any]]):
+    """A queued stream: the engine's request, the caller's item and the elements not yet read.
+
+    ``handle`` is the stream's end: its result (None) is a normal end, its exception the
+    stream's error; a cancelled handle means that the caller left.
+    """
+
+    __slots__ = ("elements", "item", "waiter")
+
+    def __init__(
+        self,
+        item: Any,
+        future: asyncio.Future[Any],
+        arrival_s: float,
+        size: int,
+        deadline_s: float | None,
+    ) -> None:
+        self.handle = future
+        self.arrival_s = arrival_s
+        self.size = size
+        self.deadline_s = deadline_s
+        self.state = RequestState.QUEUED
+        self.item = item
+        self.elements: deque[Any] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        future.add_done_callback(self._on_end)
+
+    def push(self, element: Any) -> None:
+        """Hand the caller one element."""
+        self.elements.append(element)
+        self._wake()
+
+    def _on_end(self, future: asyncio.Future[Any]) -> None:
+        del future
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+async def consume(
+    request: StreamRequest, leave: Callable[[StreamRequest], None]
+) -> AsyncIterator[Any]:
+    """The caller's side of a stream: its elements, then its end or its error.
+
+    ``leave(request)`` is called when the caller stops before the end (cancelled while waiting,
+    or the iterator closed): the request is withdrawn and the batch goes on for the others.
+
+    Raises:
+        Exception: the stream's error (see the module docstring), after its elements.
+    """
+    handle = request.handle
+    elements = request.elements
+    try:
+        while True:
+            if elements:
+                yield elements.popleft()
+            elif handle.done():
+                handle.result()  # raises the stream's error
+                return
+            else:
+                waiter: asyncio.Future[None] = handle.get_loop().create_future()
+                request.waiter = waiter
+                await waiter
+    finally:
+        if not handle.done():
+            leave(request)
+
+
+class StreamRunner(BatchRunner):
+    """Runs a batch through a streaming model and hands each caller its elements as they come.
+
+    Takes the arguments of :class:`~adaptive_batcher.runtime.execution.BatchRunner`; the
+    executor must be a :class:`~adaptive_batcher.runtime.executors.StreamExecutor`. Callers of
+    ``submit`` (plain requests) in a streaming batch get the list of their elements at the end.
+
+    Raises:
+        ValueError: ``bisect`` is True: a stream cannot be re-run in halves once it has
+            answered.
+    """
+
+    def __init__(self, executor: StreamExecutor, *args: Any, **kwargs: Any) -> None:
+        super().__init__(executor, *args, **kwargs)
+        if self.bisect:
+            raise ValueError("bisect_on_error does not apply to a streaming model")
+        self.streamer = executor
+
+    async def run(self, requests: list[Any]) -> None:
+        """Stream ``requests`` through the model and settle each stream.
+
+        Raises:
+            BaseException: only a non-``Exception`` (cancellation), after the streams still
+                open were failed with ``BatchFailedError``.
+        """
+        delivery = _Delivery(requests, self.recorder, self.clock)
+        stream: AsyncIterator[Sequence[Any]] | None = None
+        try:
+            batch = self._padded(list(map(_item_of, requests)), self._units(requests))
+            stream = self.streamer.stream(batch)
+            async for step in stream:
+                check_results(step, len(batch))
+                if not delivery.deliver(step):
+                    break  # every caller has ended or left: stop the model now
+            delivery.end_all()
+        except Exception as exc:
+            self._note_oom(exc)
+            failed = delivery.fail_all(exc)
+            _log.warning(
+                "stream.failed",
+                batcher=self.name,
+                batch_size=len(requests),
+                failed=failed,
+                error=describe(exc),
+            )
+        except BaseException as exc:
+            delivery.fail_all(exc)
+            raise
+        finally:
+            if stream is not None:
+                await self._close(stream)
+
+    async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
+        """Run the stream for ``items`` to its end, checking every step; returns no results.
+
+        Raises:
+            ResultCountError: a step of the wrong length.
+            Exception: whatever the model raised.
+        """
+        if not items:
+            return []
+        batch = self._padded(items, units)
+        stream = self.streamer.stream(batch)
+        try:
+            async for step in stream:
+                check_results(step, len(batch))
+        finally:
+            await close_stream(stream)
+        return []
+
+    def _units(self, requests: list[Any]) -> int:
+        return sum(r.size for r in requests) if self.counts_units else len(requests)
+
+    def _padded(self, items: list[Any], units: int) -> list[Any]:
+        if self.buckets:
+            target = pad_target(self.buckets, units)
+            if target > units:
+                return self.pad_fn(list(items), target)
+        return items
+
+    async def _close(self, stream: AsyncIterator[Any]) -> None:
+        try:
+            await close_stream(stream)
+        except Exception as exc:  # the model's clean-up failed: its callers are settled already
+            _log.warning("stream.close_failed", batcher=self.name, error=describe(exc))
+
+
+class _Delivery:
+    """Hands one batch's steps to its callers and keeps the counts right."""
+
+    def __init__(self, requests: list[Any], recorder: Recorder, clock: Callable[[], float]):
+        self.requests = requests
+        self.recorder = recorder
+        self.clock = clock
+        self.answered = False  # the first step has been handed out (and counted)
+        # callers of submit(): their elements, set as their result at their end
+        self.collected: dict[int, list[Any]] = {
+            id(r): [] for r in requests if type(r) is not StreamRequest
+        }
+
+    def deliver(self, step: Sequence[Any]) -> bool:
+        """Hand out one step; True while some caller is still reading."""
+        first = not self.answered
+        self.answered = True
+        arrivals: list[float] = []
+        failed = 0
+        reading = False
+        for request, element in zip(self.requests, step, strict=False):
+            future = request.handle
+            if future.done():
+                continue
+            if first:
+                arrivals.append(request.arrival_s)
+            if ends_stream(element):
+                self._end(request)
+            elif isinstance(element, BaseException):
+                if not isinstance(element, Exception):  # never hand KeyboardInterrupt & co. on
+                    element = BatchFailedError(element, len(self.requests))
+                future.set_exception(element)
+                failed += 1
+            else:
+                self._push(request, element)
+                reading = True
+        if first:
+            self.recorder.record_answers(arrivals, failed, self.clock())
+        elif failed:
+            self._move_to_failed(failed)
+        return reading
+
+    def end_all(self) -> None:
+        """The model's stream is over: every stream still open ends normally."""
+        for request in self.requests:
+            if not request.handle.done():
+                self._end(request)
+
+    def fail_all(self, exc: BaseException) -> int:
+        """Fail every stream still open with its own typed error; returns how many."""
+        failed = fail_pending(self.requests, exc, self.recorder)
+        if self.answered:  # they were counted as completed at the first step
+            self.recorder.completed -= failed
+        return failed
+
+    def _push(self, request: Any, element: Any) -> None:
+        if type(request) is StreamRequest:
+            request.push(element)
+        else:
+            self.collected[id(request)].append(element)
+
+    def _end(self, request: Any) -> None:
+        request.handle.set_result(self.collected.pop(id(request), None))
+
+    def _move_to_failed(self, failed: int) -> None:
+        self.recorder.completed -= failed
+        self.recorder.failed += failed

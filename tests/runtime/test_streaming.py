@@ -1,0 +1,356 @@
+"""Streaming models: async generators answering each caller element by element."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from adaptive_batcher import (
+    AdaptiveBatcher,
+    BatcherClosedError,
+    BatchFailedError,
+    DeadlineExceededError,
+    ResultCountError,
+    batched,
+)
+from adaptive_batcher.runtime.decorator import BatchedStream
+
+
+async def read(stream: AsyncIterator[Any]) -> list[Any]:
+    return [element async for element in stream]
+
+
+async def read_until_error(stream: AsyncIterator[Any]) -> tuple[list[Any], BaseException | None]:
+    seen: list[Any] = []
+    try:
+        async for element in stream:
+            seen.append(element)
+    except Exception as exc:
+        return seen, exc
+    return seen, None
+
+
+async def three_steps(batch: list[str]) -> AsyncIterator[list[str]]:
+    for step in range(3):
+        yield [f"{item}{step}" for item in batch]
+
+
+async def test_each_yield_gives_every_caller_its_own_element() -> None:
+    calls: list[list[str]] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        calls.append(list(batch))
+        async for step in three_steps(batch):
+            yield step
+
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=50) as batcher:
+        streams = [batcher.submit_stream(x) for x in "abc"]
+        results = await asyncio.gather(*(read(s) for s in streams))
+    assert results == [["a0", "a1", "a2"], ["b0", "b1", "b2"], ["c0", "c1", "c2"]]
+    assert calls == [["a", "b", "c"]]  # one batch, one model call
+
+
+async def test_submit_stream_queues_at_the_call_not_at_the_first_read() -> None:
+    async with AdaptiveBatcher(three_steps, max_batch_size=2, window_ms=60_000) as batcher:
+        first = batcher.submit_stream("a")
+        second = batcher.submit_stream("b")  # the batch is full: it runs without a read
+        # reading one stream to its end needs the other to be queued already
+        assert await asyncio.wait_for(read(first), timeout=5) == ["a0", "a1", "a2"]
+        assert await read(second) == ["b0", "b1", "b2"]
+
+
+@pytest.mark.parametrize(
+    "stop", [StopIteration, StopAsyncIteration, StopIteration(), StopAsyncIteration()]
+)
+async def test_a_stop_marker_ends_only_that_callers_stream(stop: Any) -> None:
+    async def model(batch: list[str]) -> AsyncIterator[list[Any]]:
+        yield [f"{item}0" for item in batch]
+        yield [stop, *(f"{item}1" for item in batch[1:])]
+        yield ["ignored", *(f"{item}2" for item in batch[1:])]
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        streams = [batcher.submit_stream(x) for x in "ab"]
+        results = await asyncio.gather(*(read(s) for s in streams))
+    assert results == [["a0"], ["b0", "b1", "b2"]]
+
+
+async def test_an_exception_in_a_slot_ends_that_stream_with_it() -> None:
+    async def model(batch: list[str]) -> AsyncIterator[list[Any]]:
+        yield list(batch)
+        yield [KeyError("bad a"), batch[1]]
+        yield ["ignored", batch[1]]
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        first, second = batcher.submit_stream("a"), batcher.submit_stream("b")
+        seen, error = await read_until_error(first)
+        assert seen == ["a"] and isinstance(error, KeyError)
+        assert await read(second) == ["b", "b", "b"]
+        counts = batcher.stats().counts
+    assert (counts.completed, counts.failed) == (1, 1)
+
+
+async def test_a_model_failure_mid_stream_ends_every_open_stream_after_its_elements() -> None:
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        yield list(batch)
+        raise ZeroDivisionError("boom")
+        yield list(batch)  # pragma: no cover - never reached
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        outcomes = await asyncio.gather(*(read_until_error(batcher.submit_stream(x)) for x in "ab"))
+        counts = batcher.stats().counts
+    for item, (seen, error) in zip("ab", outcomes, strict=True):
+        assert seen == [item]
+        assert isinstance(error, BatchFailedError)
+        assert isinstance(error.cause, ZeroDivisionError)
+    assert (counts.completed, counts.failed) == (0, 2)
+
+
+async def test_a_step_of_the_wrong_length_fails_the_streams_and_closes_the_model() -> None:
+    closed: list[bool] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        try:
+            yield list(batch)
+            yield [*batch, "extra"]
+            yield list(batch)
+        finally:
+            closed.append(True)
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        outcomes = await asyncio.gather(*(read_until_error(batcher.submit_stream(x)) for x in "ab"))
+    assert [seen for seen, _ in outcomes] == [["a"], ["b"]]
+    assert all(isinstance(error, ResultCountError) for _, error in outcomes)
+    assert closed == [True]
+
+
+async def test_a_reader_cancelled_while_queued_never_reaches_the_model() -> None:
+    seen_batches: list[list[str]] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        seen_batches.append(list(batch))
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=3, window_ms=60_000) as batcher:
+        reader = asyncio.ensure_future(read(batcher.submit_stream("gone")))
+        await asyncio.sleep(0)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert batcher.stats().queue_depth == 0
+        kept = batcher.submit_stream("kept")
+        assert await asyncio.wait_for(batcher.aclose(), timeout=5) is None  # drain: runs now
+        assert await read(kept) == ["kept"]
+        assert batcher.stats().counts.cancelled == 1
+    assert seen_batches == [["kept"]]
+
+
+async def test_a_reader_cancelled_mid_stream_leaves_the_others_streaming() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        yield list(batch)
+        await gate.wait()
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        leaving = batcher.submit_stream("a")
+        staying = batcher.submit_stream("b")
+        assert await leaving.__anext__() == "a"
+        reader = asyncio.ensure_future(leaving.__anext__())
+        await asyncio.sleep(0)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        with pytest.raises(StopAsyncIteration):  # a cancelled stream is over
+            await leaving.__anext__()
+        gate.set()
+        assert await read(staying) == ["b", "b"]
+
+
+async def test_when_every_reader_has_left_the_model_stops_and_frees_the_slot() -> None:
+    steps: list[int] = []
+    closed: list[bool] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        try:
+            for step in range(1000):
+                steps.append(step)
+                yield list(batch)
+                await asyncio.sleep(0)
+        finally:
+            closed.append(True)
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        async for _ in batcher.submit_stream("a"):
+            break  # the reader leaves after one element
+        # the next request gets the only slot: the first generator was stopped
+        second = batcher.submit_stream("b")
+        assert await asyncio.wait_for(second.__anext__(), timeout=5) == "b"
+        await second.aclose()
+    assert closed == [True, True]
+    assert len(steps) < 10
+
+
+async def test_a_streaming_batch_holds_its_slot_until_the_generator_is_exhausted() -> None:
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        started.append(batch[0])
+        yield list(batch)
+        await gate.wait()
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        first = batcher.submit_stream("a")
+        assert await first.__anext__() == "a"
+        second = batcher.submit_stream("b")
+        waiting = asyncio.ensure_future(second.__anext__())
+        await asyncio.sleep(0.05)
+        assert started == ["a"] and not waiting.done()  # one slot: "b" waits for "a"'s end
+        gate.set()
+        assert await first.__anext__() == "a"
+        assert await asyncio.wait_for(waiting, timeout=5) == "b"
+        assert await read(second) == ["b"]
+    assert started == ["a", "b"]
+
+
+async def test_closing_without_draining_fails_queued_streams() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        yield list(batch)
+        await gate.wait()
+        yield list(batch)
+
+    batcher = AdaptiveBatcher(model, max_batch_size=1, window_ms=0)
+    running = batcher.submit_stream("a")
+    assert await running.__anext__() == "a"
+    queued = batcher.submit_stream("b")
+    closing = asyncio.ensure_future(batcher.aclose(drain=False))
+    seen, error = await read_until_error(queued)
+    assert seen == [] and isinstance(error, BatcherClosedError)
+    gate.set()  # the running batch finishes: its stream ends normally
+    assert await read(running) == ["a"]
+    await closing
+
+
+async def test_a_close_that_times_out_ends_running_streams_with_a_typed_error() -> None:
+    async def endless(batch: list[str]) -> AsyncIterator[list[str]]:
+        yield list(batch)
+        await asyncio.Event().wait()
+        yield list(batch)  # pragma: no cover - never reached
+
+    batcher = AdaptiveBatcher(endless, max_batch_size=1, window_ms=0)
+    stream = batcher.submit_stream("a")
+    assert await stream.__anext__() == "a"
+    await batcher.aclose(timeout_s=0.01)
+    with pytest.raises(BatcherClosedError):
+        await stream.__anext__()
+
+
+async def test_a_stream_that_misses_its_deadline_fails_with_deadline_exceeded() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        await gate.wait()
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        blocking = batcher.submit_stream("a")
+        late = batcher.submit_stream("b", deadline_ms=10)
+        seen, error = await read_until_error(late)
+        assert seen == [] and isinstance(error, DeadlineExceededError)
+        gate.set()
+        assert await read(blocking) == ["a"]
+
+
+async def test_submit_on_a_streaming_model_returns_all_elements_of_its_stream() -> None:
+    async with AdaptiveBatcher(three_steps, max_batch_size=4, window_ms=10) as batcher:
+        assert await batcher.submit_many(["a", "b"]) == [["a0", "a1", "a2"], ["b0", "b1", "b2"]]
+
+
+async def test_padding_to_a_bucket_drops_the_padded_elements() -> None:
+    sizes: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        sizes.append(len(batch))
+        yield list(batch)
+
+    async with AdaptiveBatcher(
+        model, max_batch_size=4, window_ms=20, batch_sizes=[1, 4]
+    ) as batcher:
+        results = await asyncio.gather(*(read(batcher.submit_stream(x)) for x in "abc"))
+    assert results == [["a"], ["b"], ["c"]]
+    assert sizes == [4]
+
+
+async def test_streaming_options_that_cannot_apply_are_refused() -> None:
+    with pytest.raises(TypeError, match="executor='thread' cannot run an async generator"):
+        AdaptiveBatcher(three_steps, executor="thread")
+    with pytest.raises(ValueError, match="bisect_on_error does not apply to a streaming model"):
+        AdaptiveBatcher(three_steps, bisect_on_error=True)
+
+    async def plain(batch: list[str]) -> list[str]:
+        return batch
+
+    async with AdaptiveBatcher(plain) as batcher:
+        with pytest.raises(TypeError, match="submit_stream needs a streaming model"):
+            batcher.submit_stream("a")
+
+
+async def test_an_object_whose_call_is_an_async_generator_streams() -> None:
+    class StreamingCallable:
+        async def __call__(self, batch: list[str]) -> AsyncIterator[list[str]]:
+            yield list(batch)
+
+    async with AdaptiveBatcher(StreamingCallable(), max_batch_size=2, window_ms=10) as batcher:
+        assert await read(batcher.submit_stream("a")) == ["a"]
+
+
+async def test_batched_on_an_async_generator_gives_streams() -> None:
+    @batched(max_batch_size=2, window_ms=20)
+    async def generate(prompts: list[str]) -> AsyncIterator[list[str]]:
+        for step in range(2):
+            yield [f"{p}:{step}" for p in prompts]
+
+    assert isinstance(generate, BatchedStream)
+    results = await asyncio.gather(read(generate("x")), read(generate("y")))
+    assert results == [["x:0", "x:1"], ["y:0", "y:1"]]
+    await generate.aclose()
+
+
+async def test_batched_stream_on_a_method_keeps_one_batcher_per_instance() -> None:
+    class Generator:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+            self.batches: list[list[str]] = []
+
+        @batched(max_batch_size=4, window_ms=20)
+        async def generate(self, prompts: list[str]) -> AsyncIterator[list[str]]:
+            self.batches.append(list(prompts))
+            yield [f"{self.tag}:{p}" for p in prompts]
+
+    one, two = Generator("1"), Generator("2")
+    results = await asyncio.gather(read(one.generate("a")), read(two.generate("b")))
+    assert results == [["1:a"], ["2:b"]]
+    assert (one.batches, two.batches) == ([["a"]], [["b"]])
+    await one.generate.aclose()
+    await two.generate.aclose()
+
+
+async def test_warmup_runs_a_streaming_model_to_the_end_at_each_size() -> None:
+    steps: list[int] = []
+
+    async def model(batch: list[int]) -> AsyncIterator[list[int]]:
+        for _ in range(2):
+            steps.append(len(batch))
+            yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=4, batch_sizes=[2, 4]) as batcher:
+        timings = await batcher.warmup(lambda: 1)
+        assert sorted(timings) == [2, 4]
+    assert steps == [2, 2, 4, 4]
