@@ -266,6 +266,7 @@ class Controller:
             service_ms=model.predict_ms,
             service_samples=model.samples,
             service_high_ms=model.high_ms,
+            service_upper_ms=model.upper_ms,
             contention=model.contention,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,

@@ -16,10 +16,11 @@ The model (one tick's worth; the controller's feedback corrects what it misses):
   ``L = max(W, s_hi(n) / slots) + s_hi(n_hi)``, where ``n_hi`` adds 2.33 standard deviations of
   Poisson noise to ``n`` (its 99th percentile) and ``s_hi`` is the service time with the error
   bars the service model has observed (see :meth:`ServiceTimeModel.high_ms`).
-* **Tail cap.** A burst queues a full batch behind a full batch: ``2 * s(cap)`` must fit the
-  budget (the two-batch bound of Clockwork, Gujarati et al., OSDI 2020). The median fit is used
-  here, not the error bars: under CPU contention service times spread out, and smaller batches
-  would only lower throughput, so contention narrows the window, never the cap.
+* **Tail cap.** A burst queues a full batch behind a full batch: ``2 * s(cap)`` must fit the budget
+  (the two-batch bound of Clockwork, Gujarati et al., OSDI 2020). The median fit is used here
+  (growing in proportion beyond the sizes it knows), not the error bars: under CPU contention
+  service times spread out, and smaller batches would only lower throughput, so contention narrows
+  the window, never the cap.
 * **Stability cap.** The smallest cap whose full batches keep up with the recent peak demand
   (arrivals plus the backlog beyond one full batch, drained within one budget) with
   ``STABILITY_HEADROOM``; if none
@@ -56,7 +57,10 @@ class Plan:
         backlog_units: units queued at the tick.
         caps: the caps allowed (bounds' candidates), increasing.
         service_ms: median service time of a batch of n units, ms (NaN: no model yet).
-        service_high_ms: service time with the observed error bars, ms.
+        service_high_ms: service time with the observed error bars, never optimistic beyond
+            the sizes known, ms.
+        service_upper_ms: median service time, never optimistic beyond the sizes known, ms
+            (what latency promises use; default: ``service_ms``).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
     """
@@ -69,6 +73,7 @@ class Plan:
     slots: int = 1
     min_window_ms: float = 0.0
     max_window_ms: float = 100.0
+    service_upper_ms: Callable[[int], float] | None = None
 
     @property
     def ready(self) -> bool:
@@ -108,7 +113,7 @@ class Plan:
         fits or the model is not ready."""
         if not self.ready:
             return None
-        fitting = [cap for cap in self.caps if 2.0 * self.service_ms(cap) <= budget_ms]
+        fitting = self._fitting(budget_ms)
         return fitting[-1] if fitting else None
 
     def throughput_cap(self, budget_ms: float = math.inf) -> int | None:
@@ -116,8 +121,14 @@ class Plan:
         ``budget_ms`` (among all if none fits); None if the model is not ready."""
         if not self.ready:
             return None
-        fitting = [cap for cap in self.caps if 2.0 * self.service_ms(cap) <= budget_ms]
+        fitting = self._fitting(budget_ms)
         return max(fitting or self.caps, key=self.throughput_units_per_s)
+
+    def _fitting(self, budget_ms: float) -> list[int]:
+        """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
+        sizes the model knows)."""
+        upper = self.service_upper_ms or self.service_ms
+        return [cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms]
 
     def overloaded(self, budget_ms: float) -> bool:
         """True when no cap keeps up with the demand (the model being ready)."""

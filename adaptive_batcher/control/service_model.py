@@ -6,12 +6,15 @@ for sizes inside the observed range.
 A linear model alone misses the shape measured on GPUs, flat while launch-bound and linear
 after (resnet50 on an H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64 and 16.6 ms at 256;
 ../shared/profiles/h200/batch_profile.csv).
-Beyond the largest observed size the model is deliberately optimistic: it grows at ``OPTIMISM``
-times the per-unit cost of the largest observed batch ("optimism in the face of uncertainty", as
-in UCB). A controller that only ever saw small batches must still try larger ones when load
-grows, and the first large batches correct the model; a pessimistic extrapolation (proportional
-to n, or the steep slope of a launch-bound knee) kept caps small forever in replays. Below the
-smallest observed size it is flat (conservative).
+Beyond the largest observed size the median model is deliberately optimistic: it grows at
+``OPTIMISM`` times the per-unit cost of the largest observed batch ("optimism in the face of
+uncertainty", as in UCB). A controller that only ever saw small batches must still try larger ones
+when load grows, and the first large batches correct the model; a pessimistic extrapolation
+(proportional to n, or the steep slope of a launch-bound knee) kept caps small forever in replays.
+Below the smallest observed size it is flat (conservative). Latency promises (the two-batch tail
+cap, the window plan, shedding deadlines) use :meth:`~ServiceTimeModel.upper_ms` instead, which
+grows in proportion beyond the data: exploring a larger cap may cost throughput for a tick, never
+the SLO.
 
 Error bars: every batch's measured time is also compared with the fit's prediction for its
 size; :attr:`ServiceTimeModel.spread` is the ``spread_quantile`` of those ratios over the last
@@ -62,7 +65,7 @@ class ServiceTimeModel:
         seed: Sequence[tuple[int, float]] = (),
         per_size: int = 32,
         spread_quantile: float = 0.95,
-        spread_window: int = 256,
+        spread_window: int = 512,
     ) -> None:
         if min_samples < 1 or refit_every < 1:
             raise ValueError("min_samples and refit_every must be >= 1")
@@ -140,8 +143,19 @@ class ServiceTimeModel:
         return self._spread
 
     def high_ms(self, batch_size: int) -> float:
-        """``predict_ms(batch_size)`` times :attr:`spread`, ms (NaN before a fit)."""
-        return self.predict_ms(batch_size) * self.spread
+        """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with
+        the error bars observed, never optimistic beyond the data."""
+        return self.upper_ms(batch_size) * self.spread
+
+    def upper_ms(self, batch_size: int) -> float:
+        """Like :meth:`predict_ms`, but beyond the largest size known (observed or seeded) it
+        grows in proportion to the size, not optimistically: an upper bound for a latency
+        promise (service time grows at most linearly with the batch on real hardware, where
+        larger batches amortise fixed costs), ms (NaN before a fit)."""
+        sizes = self._sizes
+        if sizes.size == 0 or batch_size <= sizes[-1]:
+            return self.predict_ms(batch_size)
+        return float(self._medians[-1]) * batch_size / float(sizes[-1])
 
     def _note_level(self) -> None:
         """Track how the fit compares with the fastest it has been, at the sizes observed."""

@@ -183,6 +183,8 @@ class Observation:
         service_samples: batches behind the fit.
         service_high_ms: the fitted service time with the error bars observed (noise, stalls,
             contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeModel.high_ms`.
+        service_upper_ms: the fitted service time, growing in proportion beyond the sizes the
+            model knows (not optimistically), ms: what latency promises use.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
         arrival_rate_peak_rps: the highest per-tick arrival rate of the recent past (~2 s),
@@ -220,6 +222,7 @@ class Observation:
     service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
     service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1
@@ -241,6 +244,7 @@ class Observation:
             caps=tuple(bounds.cap_candidates()),
             service_ms=self.service_ms,
             service_high_ms=self.service_high_ms or self.service_ms,
+            service_upper_ms=self.service_upper_ms,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,
             max_window_ms=bounds.max_window_ms,

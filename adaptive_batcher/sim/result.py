@@ -12,7 +12,7 @@ import numpy as np
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.slo import SLO
 
-__all__ = ["Outcome", "SimResult", "TimeSeries"]
+__all__ = ["Outcome", "Phase", "SimResult", "TimeSeries"]
 
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
@@ -39,6 +39,23 @@ class TimeSeries:
     p99_ms: FloatArray
     goodput_rps: FloatArray
     decisions: np.ndarray[Any, np.dtype[np.float64]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The requests that arrived in one time range of a replay (see :meth:`SimResult.phase`).
+
+    Attributes:
+        requests: how many arrived in it.
+        slo_attainment: share of them answered within the SLO (NaN if none arrived).
+        shed_fraction: share of them shed (expired: deadlines and SLO-aware shedding).
+        p99_ms: 99th percentile latency of those answered, ms.
+    """
+
+    requests: int
+    slo_attainment: float
+    shed_fraction: float
+    p99_ms: float
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class SimResult:
         latency_ms: latency of each completed request, ms, in request order; shape ``(completed,)``.
         calls: one row per model call ``(start_s, end_s, items, units)``, in the order the calls
             ended (an out-of-memory attempt is a call too); shape ``(calls, 4)``.
+        arrival_s, done_s, outcome: per request (index = request id): arrival time, s; when it
+            ended, s (NaN if it never did); its :class:`Outcome` code. Shape ``(requests,)``.
     """
 
     name: str
@@ -99,6 +118,11 @@ class SimResult:
     series: TimeSeries = field(repr=False)
     latency_ms: FloatArray = field(repr=False)
     calls: FloatArray = field(repr=False, default_factory=lambda: np.empty((0, 4)))
+    arrival_s: FloatArray = field(repr=False, default_factory=lambda: np.empty(0))
+    done_s: FloatArray = field(repr=False, default_factory=lambda: np.empty(0))
+    outcome: np.ndarray[Any, np.dtype[np.int8]] = field(
+        repr=False, default_factory=lambda: np.empty(0, dtype=np.int8)
+    )
 
     @property
     def lost(self) -> int:
@@ -183,6 +207,31 @@ class SimResult:
             series=_series(arrival_s, done_s, ok, limit_ms, decisions, bin_s),
             latency_ms=latency_ms,
             calls=np.asarray(calls, dtype=np.float64).reshape(-1, 4),
+            arrival_s=arrival_s,
+            done_s=done_s,
+            outcome=outcome,
+        )
+
+    def phase(self, start_s: float, end_s: float, slo: SLO | None) -> Phase:
+        """What happened to the requests that arrived in ``[start_s, end_s)``.
+
+        Args:
+            start_s, end_s: the arrival-time range, seconds.
+            slo: the SLO answers are judged against (None: every answer counts as good).
+        """
+        chosen = (self.arrival_s >= start_s) & (self.arrival_s < end_s)
+        outcome = self.outcome[chosen]
+        ok = outcome == Outcome.OK
+        latency_ms = (self.done_s[chosen][ok] - self.arrival_s[chosen][ok]) * 1e3
+        limit_ms = slo.p99_ms if slo is not None else math.inf
+        requests = int(outcome.size)
+        good = int(np.count_nonzero(latency_ms <= limit_ms))
+        shed = int(np.count_nonzero(outcome == Outcome.EXPIRED))
+        return Phase(
+            requests=requests,
+            slo_attainment=good / requests if requests else math.nan,
+            shed_fraction=shed / requests if requests else math.nan,
+            p99_ms=_percentiles(latency_ms, (99,))[0],
         )
 
     def recovery_time_s(self, after_s: float, limit_ms: float, hold_s: float = 5.0) -> float:

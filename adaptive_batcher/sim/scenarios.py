@@ -25,7 +25,7 @@ from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
 from adaptive_batcher.policies.cork import BentoCork
 from adaptive_batcher.sim.result import SimResult
-from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, TableService
+from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, Stalls, TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.traces import find_trace, load_trace
 from adaptive_batcher.sim.workloads import (
@@ -55,6 +55,9 @@ STATIC_WINDOWS_MS = (0.0, 5.0)
 STATIC_CAPS = (64, 128, 256, 512)
 
 
+_NO_WARMUP: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A device, an SLO and a workload.
@@ -71,6 +74,8 @@ class Scenario:
         warmup: ``(batch_size, ms)`` that a warm-up of power-of-two buckets measures on this
             device; adaptive contenders (and the baselines that learn a service model) start
             from it, as a user who warms up or profiles before serving does.
+        light_from_s: for an overload followed by light load, when the light phase starts (its
+            shed fraction and SLO attainment are judged on their own).
     """
 
     name: str
@@ -81,7 +86,8 @@ class Scenario:
     memory: MemoryLimit | None = None
     step_at_s: float | None = None
     stationary: bool = False
-    warmup: tuple[tuple[int, float], ...] = ()
+    warmup: tuple[tuple[int, float], ...] = _NO_WARMUP
+    light_from_s: float | None = None
 
 
 def _resnet() -> TableService:
@@ -144,10 +150,7 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
     """The named scenarios on a device described by ``table`` (service time, memory), with
     loads as fractions of its capacity under ``slo`` (see :func:`capacity_rps`)."""
     capacity = capacity_rps(table, slo)
-    common: dict[str, Any] = {
-        "service": lambda: Noisy(table, cv=0.05),
-        "warmup": warmup_seed(table),
-    }
+    measured = Noisy(table, cv=0.05)  # the spread the H200 tables show at large batches
     scenarios = [
         Scenario(
             "poisson_30",
@@ -215,8 +218,49 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             _poisson(0.6 * capacity, 30.0),
             memory=_memory_squeeze(),
         ),
+        Scenario(
+            "overload_then_light",
+            "4 s at 150 % of capacity, then 2 % and 50 % alternating every 0.25 s for 16 s",
+            slo,
+            _workload(lambda: Steps(_overload_then_light(capacity), 0.25), 20.0),
+            light_from_s=4.0,
+        ),
+        Scenario(
+            "noise_30",
+            "Poisson at 60 % of capacity, service times with 30 % lognormal noise",
+            slo,
+            _poisson(0.6 * capacity, 20.0),
+            service=lambda: Noisy(table, cv=0.3),
+        ),
+        Scenario(
+            "stalls",
+            "Poisson at 60 % of capacity, heavy-tailed stalls on 5 % of batches",
+            slo,
+            _poisson(0.6 * capacity, 20.0),
+            service=lambda: Stalls(measured, probability=0.05, scale_s=0.005, alpha=1.5),
+        ),
+        Scenario(
+            "bursts_stalls",
+            "on/off bursts (40 % base, 200 % for 1 s every 5 s) and stalls on 5 % of batches",
+            slo,
+            _workload(lambda: MMPPBursts(0.4 * capacity, 2.0 * capacity, 1.0, 4.0), 40.0),
+            service=lambda: Stalls(measured, probability=0.05, scale_s=0.005, alpha=1.5),
+        ),
     ]
-    return {s.name: replace(s, **common) for s in scenarios}
+    defaults = {"service": lambda: measured, "warmup": warmup_seed(table)}
+    return {s.name: _with_defaults(s, defaults) for s in scenarios}
+
+
+def _with_defaults(scenario: Scenario, defaults: dict[str, Any]) -> Scenario:
+    """``scenario`` with the fields it left at their class defaults set from ``defaults``."""
+    fields = Scenario.__dataclass_fields__
+    unset = {k: v for k, v in defaults.items() if getattr(scenario, k) is fields[k].default}
+    return replace(scenario, **unset)
+
+
+def _overload_then_light(capacity: float) -> tuple[float, ...]:
+    """Step rates of 0.25 s: 4 s at 150 % of capacity, then 2 % / 50 % alternating for 16 s."""
+    return (1.5 * capacity,) * 16 + (0.02 * capacity, 0.5 * capacity) * 32
 
 
 SCENARIOS: dict[str, Scenario] = make_scenarios(_resnet(), SLO_50)

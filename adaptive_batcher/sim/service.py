@@ -17,6 +17,7 @@ Models:
   (:meth:`TableService.from_h200`) or a file from ``adaptive-batcher profile``
   (:meth:`TableService.from_profile_json`).
 - :class:`Noisy`: multiplies another model's time by a lognormal factor with mean 1.
+- :class:`Stalls`: adds a heavy-tailed stall to a fraction of another model's batches.
 - :class:`ColdShapes`: the first call at each new batch size pays a one-off cost (GPU algorithm
   selection; ../shared/profiles/h200/executor_diag_*.csv: cold shapes put p99 at 100-970 ms).
 
@@ -48,6 +49,7 @@ __all__ = [
     "MemoryLimit",
     "Noisy",
     "ServiceModel",
+    "Stalls",
     "TableService",
 ]
 
@@ -430,6 +432,61 @@ class Noisy:
         if self._sigma == 0.0:
             return base
         return base * math.exp(self._mu + self._sigma * float(rng.standard_normal()))
+
+    def memory_bytes(self, units: int) -> float:
+        """The inner model's peak bytes (NaN when unknown)."""
+        return self.inner.memory_bytes(units)
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """Another model's service time, plus a heavy-tailed stall on a fraction of the batches.
+
+    With probability ``probability`` a batch stalls for ``scale_s * (1 + L)`` more seconds,
+    where ``L`` is Lomax (Pareto II) distributed with shape ``alpha`` (numpy's ``pareto``): a
+    tail that falls as ``x ** -alpha``, so with ``alpha`` near 1.5 the mean stall is
+    ``scale_s * alpha / (alpha - 1)`` = 3 scales and one stall in a hundred exceeds about
+    ``22 * scale_s``. It stands for what a batch's own work cannot explain: a garbage-collector
+    pause, a page fault storm, another tenant's kernel, a preempted worker thread. Each call
+    draws one uniform (and, for a stall, one Lomax) from ``rng`` after the inner model's draws.
+
+    Args:
+        inner: the model whose times stall.
+        probability: share of batches that stall, in [0, 1].
+        scale_s: the stall's scale, seconds (> 0).
+        alpha: the tail's shape (> 1: a finite mean).
+
+    Raises:
+        ValueError: an argument out of range.
+    """
+
+    inner: ServiceModel
+    probability: float = 0.05
+    scale_s: float = 0.01
+    alpha: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError(f"probability must be in [0, 1], got {self.probability!r}")
+        if not (math.isfinite(self.scale_s) and self.scale_s > 0):
+            raise ValueError(f"scale_s must be a finite number > 0, got {self.scale_s!r}")
+        if not (math.isfinite(self.alpha) and self.alpha > 1):
+            raise ValueError(f"alpha must be a finite number > 1, got {self.alpha!r}")
+
+    @property
+    def name(self) -> str:
+        """``stalls(<inner>, p=<probability>, scale=<ms> ms, alpha=<alpha>)``."""
+        return (
+            f"stalls({self.inner.name}, p={self.probability:g}, "
+            f"scale={self.scale_s * 1e3:g} ms, alpha={self.alpha:g})"
+        )
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Seconds for a batch of ``units`` (>= 1): the inner time, plus a stall at times."""
+        base = self.inner.service_s(units, rng)
+        if float(rng.random()) >= self.probability:
+            return base
+        return base + self.scale_s * (1.0 + float(rng.pareto(self.alpha)))
 
     def memory_bytes(self, units: int) -> float:
         """The inner model's peak bytes (NaN when unknown)."""
