@@ -216,7 +216,8 @@ class SimResult:
         """What happened to the requests that arrived in ``[start_s, end_s)``.
 
         Args:
-            start_s, end_s: the arrival-time range, seconds.
+            start_s: the arrival-time range's start, seconds (included).
+            end_s: its end, seconds (excluded).
             slo: the SLO answers are judged against (None: every answer counts as good).
         """
         chosen = (self.arrival_s >= start_s) & (self.arrival_s < end_s)

@@ -402,19 +402,19 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
             "DiscountedUCB.discount must be in (0, 1], got 2.0",
         ),
         (
-            "[policy]\nname = 'bandit_ucb'\nwindows_ms = []\n",
-            "policy.windows_ms",
-            "DiscountedUCB.windows_ms must not be empty",
+            "[policy]\nname = 'bandit_ucb'\nfractions = []\n",
+            "policy.fractions",
+            "DiscountedUCB.fractions must not be empty",
         ),
         (
-            "[policy]\nname = 'bandit_thompson'\ncaps = [4, 'x']\n",
-            "policy.caps",
-            "DiscountedThompson.caps must be an int, got str",
+            "[policy]\nname = 'bandit_thompson'\nfractions = [0.5, 'x']\n",
+            "policy.fractions",
+            "DiscountedThompson.fractions must be a number, got str",
         ),
         (
-            "[policy]\nname = 'bandit_thompson'\nprior_mean = 2.0\n",
-            "policy.prior_mean",
-            "must be in [0, 1], got 2.0",
+            "[policy]\nname = 'bandit_thompson'\nfractions = [0.5, 2.0]\n",
+            "policy.fractions",
+            "must be in [0, 1], got [0.5, 2.0]",
         ),
         (
             "[bounds]\nmin_window_ms = 50.0\nmax_window_ms = 10.0\n",
