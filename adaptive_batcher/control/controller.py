@@ -270,6 +270,7 @@ class Controller:
             contention=model.contention,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,
+            device_busy_fraction=busy_s / interval / max(1, slots),
             telemetry=telemetry,
         )
 
@@ -302,6 +303,15 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         mean_batch_size=_round(observation.mean_batch_size),
         service_ms_at_cap=_round(observation.service_ms(decision.max_batch_size)),
         free_memory_fraction=observation.telemetry.free_fraction,
+        device_ms_per_request=_round(observation.device_ms_per_request),
+        service_spread=_round(
+            observation.service_high_ms(decision.max_batch_size)
+            / observation.service_ms(decision.max_batch_size)
+            if observation.service_high_ms is not None
+            else math.nan
+        ),
+        contention=round(observation.contention, 3),
+        co_tenant_fraction=observation.co_tenant_fraction,
         oom_errors=observation.oom_errors,
     )
 

@@ -136,15 +136,19 @@ class Plan:
 
     def cap(self, budget_ms: float) -> int | None:
         """The cap to run at: the tail cap (the most headroom for bursts within the budget),
-        never below the stability cap; under overload the highest-throughput cap. None while
-        the model is not ready."""
+        never below the stability cap; under overload, or when even a batch of the smallest
+        cap cannot meet the budget, the highest-throughput cap (natural batching then sizes
+        the batches: a cap that barely keeps up would only queue). None while the model is
+        not ready."""
         if not self.ready:
             return None
         stable = self.stable_cap(budget_ms)
         if stable is None:
             return self.throughput_cap()
         tail = self.tail_cap(budget_ms)
-        return stable if tail is None else max(tail, stable)
+        if tail is None:
+            return max(stable, self.throughput_cap() or stable)
+        return max(tail, stable)
 
     # -- windows -----------------------------------------------------------------------------
 

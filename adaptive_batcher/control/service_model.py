@@ -45,7 +45,7 @@ class ServiceTimeModel:
 
     Args:
         min_samples: batches needed before the model predicts anything but NaN (or the seed).
-        refit_every: refit after this many new batches (fits cost ~1 ms; batches arrive often).
+        refit_every: refit after this many new batches (a fit costs tens of microseconds).
         seed: optional prior ``(batch_size, median_ms)`` rows, e.g. from ``adaptive-batcher
             profile``; used until enough batches have been seen, and blended in afterwards for
             sizes never observed.
@@ -61,7 +61,7 @@ class ServiceTimeModel:
     def __init__(
         self,
         min_samples: int = 8,
-        refit_every: int = 64,
+        refit_every: int = 8,
         seed: Sequence[tuple[int, float]] = (),
         per_size: int = 32,
         spread_quantile: float = 0.95,

@@ -192,6 +192,7 @@ class Observation:
         slots: execution slots in force.
         device_ms_per_request: device time per answered request over the tick, ms (NaN without
             answers): the tick's device cost.
+        device_busy_fraction: the batcher's own model calls' share of the tick, per slot.
         telemetry: the latest GPU reading (all unknown without a GPU).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
@@ -227,7 +228,20 @@ class Observation:
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1
     device_ms_per_request: float = math.nan
+    device_busy_fraction: float = math.nan
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
+
+    @property
+    def co_tenant_fraction(self) -> float | None:
+        """How much of the GPU's busy time is not this batcher's: NVML utilization (the share
+        of time any kernel ran, from any process) minus the batcher's own busy share, at
+        least 0; None without NVML. A co-tenant slows our batches; the service-time model sees
+        that in the measured times (its error bars widen, its contention factor rises), so
+        this is a signal for logs and metrics, and never read as "no headroom"."""
+        util = self.telemetry.gpu_util_pct
+        if util is None or math.isnan(self.device_busy_fraction):
+            return None
+        return max(0.0, util / 100.0 - min(1.0, self.device_busy_fraction))
 
     @property
     def planning_rate_rps(self) -> float:

@@ -473,6 +473,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             if slo_s != math.inf
             else math.nan,
             decision_reasons=MappingProxyType(dict(controller.reasons) if controller else {}),
+            gpu=self._sampler.usage if self._sampler is not None else None,
         )
 
     def add_batch_listener(self, listener: BatchListener) -> None:

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from adaptive_batcher.metrics.histogram import Quantiles
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.slo import SLO
+from adaptive_batcher.telemetry.sampler import TelemetryUsage
 
 __all__ = ["BatchRecord", "BatcherStats"]
 
@@ -35,6 +36,12 @@ class BatcherStats:
             SLO (within the window's 1 % resolution); NaN without an SLO or without answers.
         decision_reasons: {reason tag: decisions} of the controller in force (``pid.slack``,
             ``budget``, ...); they add up to ``decisions``.
+        gpu: what the GPU did while the batcher sampled it (energy, busy and SM-active
+            seconds; see :class:`~adaptive_batcher.telemetry.TelemetryUsage`); None without
+            ``telemetry``.
+
+    The device cost is in ``counts``: ``counts.device_busy_s`` (every model call's wall time)
+    and ``counts.device_ms_per_request``.
     """
 
     name: str
@@ -53,6 +60,7 @@ class BatcherStats:
     decisions: int
     slo_attainment: float = math.nan
     decision_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    gpu: TelemetryUsage | None = None
 
 
 @dataclass(frozen=True, slots=True)

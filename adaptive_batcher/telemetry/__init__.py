@@ -21,7 +21,7 @@ from adaptive_batcher.telemetry.combined import CombinedTelemetry
 from adaptive_batcher.telemetry.headroom import utilization_headroom
 from adaptive_batcher.telemetry.null import NullTelemetry
 from adaptive_batcher.telemetry.nvml import NvmlTelemetry
-from adaptive_batcher.telemetry.sampler import MAX_RATE_HZ, TelemetrySampler
+from adaptive_batcher.telemetry.sampler import MAX_RATE_HZ, TelemetrySampler, TelemetryUsage
 from adaptive_batcher.telemetry.torch_cuda import TorchCudaMemory
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Telemetry",
     "TelemetrySample",
     "TelemetrySampler",
+    "TelemetryUsage",
     "TorchCudaMemory",
     "auto_telemetry",
     "merge",

@@ -49,6 +49,9 @@ class TelemetrySample:
             (``torch.cuda.memory_allocated``).
         torch_reserved_bytes: bytes held by this process's caching allocator, a superset of the
             allocated bytes (``torch.cuda.memory_reserved``).
+        energy_mj: the GPU's energy counter, millijoules since the driver was loaded (NVML
+            ``nvmlDeviceGetTotalEnergyConsumption``, Volta and newer): differences between
+            two readings give the energy spent between them, by every process on the GPU.
         source: the name of the source that produced the reading (``"nvml"``,
             ``"torch_cuda"``, ``"nvml+torch_cuda"``, ``"null"``, ...).
     """
@@ -65,6 +68,7 @@ class TelemetrySample:
     mem_reserved_bytes: int | None = None
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
+    energy_mj: int | None = None
     source: str = "unknown"
 
     @property

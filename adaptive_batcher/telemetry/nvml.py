@@ -80,6 +80,7 @@ class NvmlTelemetry:
         self._handle: Any = None
         self._gpm: GpmReader | None = None
         self._memory_v2 = False
+        self._energy_supported = False
         self._open(gpm)
 
     @property
@@ -119,6 +120,7 @@ class NvmlTelemetry:
             self._release()
             return
         self._memory_v2 = getattr(pynvml, "nvmlMemory_v2", None) is not None
+        self._energy_supported = hasattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption")
         if gpm and gpm_supported(pynvml, self._handle):
             try:
                 self._gpm = GpmReader(pynvml, self._handle)
@@ -134,6 +136,8 @@ class NvmlTelemetry:
             values: dict[str, Any] = {}
             values.update(self._guarded("utilization", self._utilization))
             values.update(self._guarded("memory", self._memory))
+            if self._energy_supported:
+                values.update(self._guarded("energy", self._energy))
             if self._gpm is not None:
                 values.update(self._guarded("gpm", self._gpm.read))
             return TelemetrySample(time_s=now, source=self.name, **values)
@@ -144,6 +148,15 @@ class NvmlTelemetry:
             return read()
         except Exception as exc:
             self._fail(stage, exc)
+            return {}
+
+    def _energy(self) -> dict[str, Any]:
+        """The energy counter; a GPU without one (older than Volta, or not exposed) is not
+        asked again, and that is not a failure: the counter is optional."""
+        try:
+            return {"energy_mj": int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))}
+        except Exception:
+            self._energy_supported = False
             return {}
 
     def _utilization(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 
 from adaptive_batcher._log import get_logger
@@ -19,7 +20,7 @@ from adaptive_batcher._validate import check_number
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 
-__all__ = ["MAX_RATE_HZ", "TelemetrySampler"]
+__all__ = ["MAX_RATE_HZ", "TelemetrySampler", "TelemetryUsage"]
 
 _log = get_logger()
 
@@ -33,6 +34,70 @@ def _check_rate(rate_hz: object) -> float:
     if rate > MAX_RATE_HZ:
         raise ValueError(f"rate_hz must be <= {MAX_RATE_HZ:g}, got {rate_hz!r}")
     return rate
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryUsage:
+    """What the GPU did since sampling started, from the readings (None: not measured).
+
+    Integrals are trapezoids over consecutive readings, so they are as fine as the sampling
+    rate; all are for the whole GPU, every process on it included (compare with the batcher's
+    own ``Counts.device_busy_s`` to see co-tenants).
+
+    Attributes:
+        span_s: from the first reading to the latest, seconds.
+        energy_j: energy spent, joules (NVML's energy counter; Volta and newer).
+        gpu_busy_s: seconds in which any kernel ran (NVML utilization integrated): the cost
+            measure on a GPU that NVML alone gives.
+        sm_active_s: SM-seconds of work (GPM SM utilization integrated; Hopper and newer): how
+            much of the GPU the kernels used, which NVML utilization cannot say (it reads 100 %
+            from resnet50 batch 64 on, while throughput still grows 15 %; measured on an H200).
+    """
+
+    span_s: float = 0.0
+    energy_j: float | None = None
+    gpu_busy_s: float | None = None
+    sm_active_s: float | None = None
+
+
+class _Integrals:
+    """Running trapezoid integrals of the readings (called under the sampler's lock)."""
+
+    def __init__(self) -> None:
+        self.first: TelemetrySample | None = None
+        self.last: TelemetrySample | None = None
+        self.gpu_busy_s: float | None = None
+        self.sm_active_s: float | None = None
+
+    def add(self, reading: TelemetrySample) -> None:
+        if reading.time_s is None:
+            return
+        last = self.last
+        if self.first is None:
+            self.first = reading
+        elif last is not None and last.time_s is not None:
+            dt = reading.time_s - last.time_s
+            self.gpu_busy_s = _step(self.gpu_busy_s, last.gpu_util_pct, reading.gpu_util_pct, dt)
+            self.sm_active_s = _step(self.sm_active_s, last.sm_util_pct, reading.sm_util_pct, dt)
+        self.last = reading
+
+    def usage(self) -> TelemetryUsage:
+        first, last = self.first, self.last
+        if first is None or last is None or first.time_s is None or last.time_s is None:
+            return TelemetryUsage()
+        energy = None
+        if first.energy_mj is not None and last.energy_mj is not None:
+            energy = (last.energy_mj - first.energy_mj) / 1e3
+        return TelemetryUsage(last.time_s - first.time_s, energy, self.gpu_busy_s, self.sm_active_s)
+
+
+def _step(
+    total: float | None, before: float | None, after: float | None, dt: float
+) -> float | None:
+    """``total`` plus the trapezoid of two percent readings over ``dt`` seconds."""
+    if before is None or after is None or not dt > 0:
+        return total
+    return (total or 0.0) + (before + after) / 200.0 * dt
 
 
 class TelemetrySampler:
@@ -68,6 +133,7 @@ class TelemetrySampler:
         self._clock = clock
         self._lock = threading.Lock()
         self._latest = TelemetrySample(source=source.name)
+        self._integrals = _Integrals()
         self._count = 0
         self._warned = False
         self._stop = threading.Event()
@@ -83,6 +149,13 @@ class TelemetrySampler:
         """The most recent reading (all unknown before the first one); thread-safe."""
         with self._lock:
             return self._latest
+
+    @property
+    def usage(self) -> TelemetryUsage:
+        """Energy and busy time of the GPU since the first reading (see
+        :class:`TelemetryUsage`); thread-safe."""
+        with self._lock:
+            return self._integrals.usage()
 
     @property
     def sample_count(self) -> int:
@@ -146,6 +219,7 @@ class TelemetrySampler:
             reading = TelemetrySample(time_s=self._clock(), source=self._source.name)
         with self._lock:
             self._latest = reading
+            self._integrals.add(reading)
             self._count += 1
         return reading
 

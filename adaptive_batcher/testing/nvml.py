@@ -159,6 +159,11 @@ class FakePynvml:
         gpu_util_pct: what ``nvmlDeviceGetUtilizationRates`` reports as ``gpu``, %.
         mem_util_pct: what ``nvmlDeviceGetUtilizationRates`` reports as ``memory``, %.
         gpm_values: GPM metric id -> value; defaults to the H200 reading in the module docstring.
+        energy_supported: when False, ``nvmlDeviceGetTotalEnergyConsumption`` raises
+            ``NVML_ERROR_NOT_SUPPORTED`` (a GPU older than Volta).
+
+    ``energy_mj`` is the energy counter ``nvmlDeviceGetTotalEnergyConsumption`` reports,
+    millijoules; a test advances it between readings.
     """
 
     # Return codes and constants, with pynvml's values.
@@ -188,6 +193,7 @@ class FakePynvml:
         gpu_util_pct: int = 99,
         mem_util_pct: int = 66,
         gpm_values: Mapping[int, float] | None = None,
+        energy_supported: bool = True,
     ) -> None:
         self.device_count = device_count
         self.gpm_supported = gpm_supported
@@ -202,6 +208,8 @@ class FakePynvml:
             {2: 91.6, 3: 51.7, 5: 17.8} if gpm_values is None else dict(gpm_values)
         )
         self.gpm_unsupported_metrics: set[int] = set()
+        self.energy_supported = energy_supported
+        self.energy_mj = 123_456_789  # an H200 that has been up for a while
         self.calls: Counter[str] = Counter()
         self.init_refcount = 0
         self.shutdown_calls = 0
@@ -261,6 +269,12 @@ class FakePynvml:
     def nvmlDeviceGetUtilizationRates(self, handle: FakeNvmlHandle) -> FakeUtilization:  # noqa: N802
         self._enter("nvmlDeviceGetUtilizationRates", handle)
         return FakeUtilization(gpu=self.gpu_util_pct, memory=self.mem_util_pct)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeNvmlHandle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetTotalEnergyConsumption", handle)
+        if not self.energy_supported:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return self.energy_mj
 
     def nvmlDeviceGetMemoryInfo(  # noqa: N802 - pynvml's name
         self, handle: FakeNvmlHandle, version: int | None = None

@@ -155,3 +155,22 @@ def test_batch_count_ticks() -> None:
     assert controller.due(0.1, recorder.batch_count)
     with pytest.raises(ValueError, match="interval_batches must be >= 1 or None, got 0"):
         Controller(Spy(), Bounds(), interval_batches=0)
+
+
+def test_co_tenants_are_what_the_gpu_did_beyond_the_batcher() -> None:
+    from adaptive_batcher.control.types import Observation
+    from adaptive_batcher.telemetry.base import TelemetrySample
+
+    def seen(util: float | None, busy: float) -> Observation:
+        return Observation(
+            now_s=1.0,
+            interval_s=0.25,
+            current=Decision(0.0, 8),
+            bounds=Bounds(),
+            device_busy_fraction=busy,
+            telemetry=TelemetrySample(gpu_util_pct=util),
+        )
+
+    assert seen(90.0, 0.3).co_tenant_fraction == pytest.approx(0.6)
+    assert seen(20.0, 0.3).co_tenant_fraction == 0.0  # NVML samples lag: never below 0
+    assert seen(None, 0.3).co_tenant_fraction is None

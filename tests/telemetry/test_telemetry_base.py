@@ -30,6 +30,7 @@ MEASURED = (
     "mem_reserved_bytes",
     "torch_allocated_bytes",
     "torch_reserved_bytes",
+    "energy_mj",
 )
 
 
