@@ -122,7 +122,7 @@ class BatcherSettings:
         self._set("window_ms", check_number("window_ms", self.window_ms, 0.0))
         check_int("max_concurrent_batches", self.max_concurrent_batches, 1)
         check_optional_int("max_queue_size", self.max_queue_size, 1)
-        self._set("batch_sizes", check_buckets(self.batch_sizes, cap))
+        self._set("batch_sizes", check_buckets(self.batch_sizes, cap) or None)
         if self.slo is not None and not isinstance(self.slo, SLO):
             raise TypeError(f"slo must be an SLO or None, got {type(self.slo).__name__}")
         if self.policy is not None:

@@ -25,8 +25,10 @@ from adaptive_batcher.sim.scenarios import (
     SLO_50,
     Scenario,
     best_static,
+    cost_oracle,
     make_scenarios,
     run,
+    static_grid,
 )
 from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.traces import load_trace
@@ -167,11 +169,19 @@ def _run_all(
                 cells.append(Cell(scenario.name, name, result))
                 progress.advance(task)
             if grid:
-                result, (window, cap) = best_static(scenario, seed=seed)
-                cells.append(
-                    Cell(scenario.name, "best_static", result, f"window {window:g} ms, cap {cap}")
-                )
+                cells.extend(_static_cells(scenario, seed))
                 progress.advance(task)
+    return cells
+
+
+def _static_cells(scenario: Scenario, seed: int) -> list[Cell]:
+    """The best static setting and the cost oracle, from one replay of the static grid."""
+    runs = static_grid(scenario, seed=seed)
+    best = best_static(runs)
+    cells = [Cell(scenario.name, "best_static", best.result, best.label)]
+    oracle = cost_oracle(runs)
+    if oracle is not None:
+        cells.append(Cell(scenario.name, "cost_oracle", oracle.result, oracle.label))
     return cells
 
 
@@ -179,7 +189,7 @@ def _table(cells: list[Cell]) -> Table:
     table = Table(title="replay (goodput: answers within the SLO per second)")
     table.add_column("scenario", no_wrap=True)
     table.add_column("contender", no_wrap=True)
-    for column in ("goodput/s", "in SLO", "p99 ms", "batch", "expired", "lost"):
+    for column in ("goodput/s", "in SLO", "p99 ms", "dev ms/req", "batch", "shed", "lost"):
         table.add_column(column, justify="right", no_wrap=True)
     for cell in cells:
         r = cell.result
@@ -189,6 +199,7 @@ def _table(cells: list[Cell]) -> Table:
             f"{r.goodput_rps:,.0f}",
             f"{r.slo_attainment:.2%}",
             f"{r.p99_ms:,.1f}",
+            f"{r.device_ms_per_request:.4f}",
             f"{r.mean_batch_size:.1f}",
             f"{r.expired:,}",
             str(r.lost),

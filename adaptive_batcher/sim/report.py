@@ -1,7 +1,9 @@
 """Tables and plots of replay results: the comparison table (markdown) and two figures.
 
-* :func:`comparison_markdown`: one row per (scenario, contender) with goodput, its ratio to the
-  best static setting in hindsight, SLO attainment, p99, batch size, lost requests.
+* :func:`comparison_markdown`: one row per (scenario, contender) with goodput and its ratio to
+  the best static setting in hindsight, SLO attainment, p99, device cost per request and its
+  ratio to the cost oracle (the cheapest static setting that met the SLO, in hindsight),
+  device cost per answer within the SLO, batch size, shed and lost requests.
 * :func:`plot_timeseries`: window, cap and p99 over time for the contenders of one scenario.
 * :func:`plot_goodput`: goodput per contender, one group of bars per scenario.
 """
@@ -28,24 +30,36 @@ class Cell:
     note: str = ""
 
 
-def comparison_markdown(cells: Sequence[Cell], reference: str = "best_static") -> str:
-    """A markdown table; ``vs ref`` is goodput over the ``reference`` contender's goodput."""
+def comparison_markdown(
+    cells: Sequence[Cell], reference: str = "best_static", oracle: str = "cost_oracle"
+) -> str:
+    """A markdown table. ``vs best`` is goodput over the ``reference`` contender's goodput;
+    ``vs oracle`` is device ms per request over the ``oracle`` contender's (the cheapest static
+    setting that met the SLO), ``-`` where a scenario has none."""
     lines = [
-        "| scenario | contender | goodput req/s | vs best static | SLO attainment | p99 ms "
-        "| mean batch | expired | lost | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | contender | goodput req/s | vs best | SLO attainment | p99 ms "
+        "| device ms/req | vs oracle | ms per good | mean batch | shed | lost | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    references = {c.scenario: c.result.goodput_rps for c in cells if c.contender == reference}
+    goodputs = {c.scenario: c.result.goodput_rps for c in cells if c.contender == reference}
+    costs = {c.scenario: c.result.device_ms_per_request for c in cells if c.contender == oracle}
     for cell in cells:
         r = cell.result
-        ref = references.get(cell.scenario, math.nan)
-        ratio = r.goodput_rps / ref if ref and not math.isnan(ref) else math.nan
         lines.append(
-            f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} | {_ratio(ratio)} "
-            f"| {r.slo_attainment:.4f} | {_ms(r.p99_ms)} | {r.mean_batch_size:.1f} "
+            f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} "
+            f"| {_ratio(_over(r.goodput_rps, goodputs.get(cell.scenario)))} "
+            f"| {r.slo_attainment:.4f} | {_ms(r.p99_ms)} | {r.device_ms_per_request:.4f} "
+            f"| {_ratio(_over(r.device_ms_per_request, costs.get(cell.scenario)))} "
+            f"| {r.device_ms_per_good:.4f} | {r.mean_batch_size:.1f} "
             f"| {r.expired:,} | {r.lost} | {cell.note} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _over(value: float, reference: float | None) -> float:
+    if reference is None or not reference > 0 or math.isnan(reference):
+        return math.nan
+    return value / reference
 
 
 def _ratio(value: float) -> str:

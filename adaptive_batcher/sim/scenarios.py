@@ -13,7 +13,7 @@ batch 256, 15.4k img/s; ../shared/profiles/h200/batch_profile.csv).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,16 +43,19 @@ __all__ = [
     "STATIC_CAPS",
     "STATIC_WINDOWS_MS",
     "Scenario",
+    "StaticRun",
     "best_static",
     "capacity_rps",
+    "cost_oracle",
     "make_scenarios",
     "run",
+    "static_grid",
     "warmup_seed",
 ]
 
 MAX_CAP = 512
-STATIC_WINDOWS_MS = (0.0, 5.0)
-STATIC_CAPS = (64, 128, 256, 512)
+STATIC_WINDOWS_MS = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0)
+STATIC_CAPS = (16, 64, 128, 256, 512)
 
 
 _NO_WARMUP: tuple[tuple[int, float], ...] = ()
@@ -76,6 +79,8 @@ class Scenario:
             from it, as a user who warms up or profiles before serving does.
         light_from_s: for an overload followed by light load, when the light phase starts (its
             shed fraction and SLO attainment are judged on their own).
+        rate_rps: the mean arrival rate of a stationary workload, req/s (None otherwise): what
+            the stability cap is judged against.
     """
 
     name: str
@@ -88,6 +93,7 @@ class Scenario:
     stationary: bool = False
     warmup: tuple[tuple[int, float], ...] = _NO_WARMUP
     light_from_s: float | None = None
+    rate_rps: float | None = None
 
 
 def _resnet() -> TableService:
@@ -158,6 +164,7 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             slo,
             _poisson(0.3 * capacity, 20.0),
             stationary=True,
+            rate_rps=0.3 * capacity,
         ),
         Scenario(
             "poisson_60",
@@ -165,6 +172,7 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             slo,
             _poisson(0.6 * capacity, 20.0),
             stationary=True,
+            rate_rps=0.6 * capacity,
         ),
         Scenario(
             "poisson_90",
@@ -172,6 +180,7 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             slo,
             _poisson(0.9 * capacity, 20.0),
             stationary=True,
+            rate_rps=0.9 * capacity,
         ),
         Scenario(
             "step_3x",
@@ -231,6 +240,7 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             slo,
             _poisson(0.6 * capacity, 20.0),
             service=lambda: Noisy(table, cv=0.3),
+            rate_rps=0.6 * capacity,
         ),
         Scenario(
             "stalls",
@@ -238,6 +248,15 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             slo,
             _poisson(0.6 * capacity, 20.0),
             service=lambda: Stalls(measured, probability=0.05, scale_s=0.005, alpha=1.5),
+            rate_rps=0.6 * capacity,
+        ),
+        Scenario(
+            "poisson_30_long",
+            "Poisson at 30 % of capacity for 60 s (the bandits' learning)",
+            slo,
+            _poisson(0.3 * capacity, 60.0),
+            stationary=True,
+            rate_rps=0.3 * capacity,
         ),
         Scenario(
             "bursts_stalls",
@@ -329,29 +348,63 @@ def run(scenario: Scenario, config: SimConfig, seed: int = 0) -> SimResult:
     return simulator.run(scenario.arrivals(seed))
 
 
-def best_static(
+@dataclass(frozen=True)
+class StaticRun:
+    """One static (window, cap) replayed on a scenario, in hindsight.
+
+    Attributes:
+        window_ms, cap: the setting.
+        shed: whether requests still queued ``p99 - 1.1 * service(cap)`` after arrival were shed.
+        result: what the replay measured.
+    """
+
+    window_ms: float
+    cap: int
+    shed: bool
+    result: SimResult
+
+    @property
+    def label(self) -> str:
+        """``window <w> ms, cap <c>`` (and ``, shed``)."""
+        return f"window {self.window_ms:g} ms, cap {self.cap}" + (", shed" if self.shed else "")
+
+
+def static_grid(
     scenario: Scenario,
     *,
     shed: bool = False,
     windows_ms: tuple[float, ...] = STATIC_WINDOWS_MS,
     caps: tuple[int, ...] = STATIC_CAPS,
     seed: int = 0,
-) -> tuple[SimResult, tuple[float, int]]:
-    """The static (window, cap) with the highest goodput on this very trace: the best any fixed
-    setting could do, known only in hindsight. With ``shed``, each setting also fails requests
-    still queued ``p99 - 1.1 * service(cap)`` after arrival (an ablation: how much of the
-    adaptive gain is shedding alone)."""
-    best: tuple[SimResult, tuple[float, int]] | None = None
+) -> list[StaticRun]:
+    """Replay every static (window, cap) of the grid on ``scenario`` (same seed, same trace).
+
+    With ``shed``, each setting also fails requests still queued ``p99 - 1.1 * service(cap)``
+    after arrival (``service`` from the scenario's warm-up figures): the same idea as our
+    SLO-aware shedding, given to a fixed setting (an ablation: how much of a gain is shedding).
+    """
     measured = dict(scenario.warmup)
+    runs: list[StaticRun] = []
     for cap in caps:
         deadline = None
         if shed:
-            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * measured[cap])
+            service = measured.get(cap, max(measured.values()) if measured else 0.0)
+            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * service)
         for window in windows_ms:
             config = replace(_static(window, cap)(scenario), deadline_ms=deadline)
-            result = run(scenario, config, seed)
-            key = (result.goodput_rps, -result.p99_ms)
-            if best is None or key > (best[0].goodput_rps, -best[0].p99_ms):
-                best = (result, (window, cap))
-    assert best is not None
-    return best
+            runs.append(StaticRun(window, cap, shed, run(scenario, config, seed)))
+    return runs
+
+
+def best_static(runs: Sequence[StaticRun]) -> StaticRun:
+    """The run with the highest goodput (the best any fixed setting could do, known only in
+    hindsight); ties go to the lower device cost per answer within the SLO."""
+    return max(runs, key=lambda r: (r.result.goodput_rps, -r.result.device_ms_per_good))
+
+
+def cost_oracle(runs: Sequence[StaticRun], attainment: float = 0.99) -> StaticRun | None:
+    """The cheapest run (device time per request) that answers at least ``attainment`` of the
+    requests within the SLO: the least a fixed setting that meets the SLO can spend, in
+    hindsight. None when no run meets it (an overload no fixed setting survives)."""
+    meeting = [r for r in runs if r.result.slo_attainment >= attainment]
+    return min(meeting, key=lambda r: r.result.device_ms_per_request) if meeting else None

@@ -75,3 +75,12 @@ def test_default_bounds_follow_the_batcher() -> None:
         max_batch_size=16, batch_sizes=(4, 8, 16), bounds=Bounds(0.0, 20.0, 1, 8)
     )
     assert given.controller_bounds == Bounds(0.0, 20.0, 1, 8, (4, 8, 16))
+
+
+def test_settings_survive_dataclasses_replace() -> None:
+    from dataclasses import replace
+
+    config = SimConfig(max_batch_size=64, window_ms=5.0)
+    assert replace(config, deadline_ms=20.0).batch_sizes is None
+    bucketed = SimConfig(max_batch_size=64, batch_sizes=[16, 64])
+    assert replace(bucketed, window_ms=1.0).buckets == (16, 64)

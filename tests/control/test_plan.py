@@ -1,0 +1,133 @@
+"""The plan: caps from the service model (fits the budget, keeps up, throughput under overload)
+and what a window does (the batch that forms, the tail latency it gives, its cost).
+
+Service 4 ms + 0.05 ms/item unless noted: 8 -> 4.4 ms (1.8k/s), 64 -> 7.2 ms (8.9k/s),
+128 -> 10.4 ms (12.3k/s), 256 -> 16.8 ms (15.2k/s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from adaptive_batcher.control.plan import Plan
+from adaptive_batcher.control.types import Bounds
+from tests.control.factories import observe
+
+
+def plan(**changes: object) -> Plan:
+    return observe(**changes).plan()
+
+
+@pytest.mark.parametrize(
+    ("budget_ms", "expected"),
+    [(40.0, 256), (30.0, 128), (8.0, None)],  # 2 * 16.8 <= 40; 2 * 10.4 <= 30; 2 * 4.05 > 8
+)
+def test_tail_cap_is_the_largest_whose_two_batches_fit(budget_ms: float, expected: int) -> None:
+    assert plan().tail_cap(budget_ms) == expected
+
+
+@pytest.mark.parametrize(
+    ("arrival_rps", "queue", "expected"),
+    [
+        (1000.0, 0, 8),  # 8 / 4.4 ms = 1.8k/s >= 1.15 * 1k
+        (7000.0, 0, 64),  # 64 / 7.2 ms = 8.9k >= 8.05k; 32 / 5.6 ms = 5.7k is not
+        (7000.0, 200, 64),  # a window's batch in the making is not a backlog
+        (7000.0, 356, 128),  # 100 beyond one full batch of 256, over 40 ms: +2.5k/s
+        (14000.0, 0, 256),  # 15.2k/s: not with 15 % headroom, but it keeps up
+        (20000.0, 0, None),  # nothing reaches 20k/s: overload
+    ],
+)
+def test_stability_cap_counts_arrivals_and_backlog(
+    arrival_rps: float, queue: int, expected: int | None
+) -> None:
+    assert plan(arrival_rate_rps=arrival_rps, queued_units=queue).stable_cap(40.0) == expected
+
+
+def test_the_stability_cap_plans_for_the_recent_peak() -> None:
+    assert plan(arrival_rate_rps=1000.0, arrival_rate_peak_rps=7000.0).stable_cap(40.0) == 64
+
+
+def test_throughput_cap_prefers_caps_within_budget() -> None:
+    assert plan().throughput_cap() == 256
+    assert plan().throughput_cap(30.0) == 128
+
+
+@pytest.mark.parametrize(
+    ("arrival_rps", "budget_ms", "expected"),
+    [
+        (1000.0, 30.0, 128),  # keeps up: the largest that fits
+        (10000.0, 8.0, 256),  # nothing fits (unreachable): the highest throughput
+        (50000.0, 30.0, 256),  # overload: the highest throughput
+        (10000.0, 30.0, 128),  # fits, and 128 keeps up with 11.5k/s
+    ],
+)
+def test_cap(arrival_rps: float, budget_ms: float, expected: int) -> None:
+    assert plan(arrival_rate_rps=arrival_rps).cap(budget_ms) == expected
+
+
+def test_latency_promises_are_never_optimistic_beyond_what_the_model_knows() -> None:
+    """The median fit extrapolates optimistically (to explore); latency promises use the
+    upper curve, here growing in proportion beyond 64."""
+    upper = lambda n: 7.2 * n / 64 if n > 64 else 4.0 + 0.05 * n  # noqa: E731
+    cautious = plan(service_upper_ms=upper)
+    assert cautious.tail_cap(40.0) == 128  # 2 * 14.4 <= 40 < 2 * 28.8
+    assert plan().tail_cap(40.0) == 256
+
+
+@pytest.mark.parametrize(
+    ("rate_rps", "window_ms", "cap", "batch"),
+    [
+        (1000.0, 20.0, 256, 21.0),  # window-bound: 1 + 1/ms * 20 ms
+        (1000.0, 0.0, 256, 5.25),  # natural batching: n = 1 + s(n) = 1 + 4 + 0.05 * 5
+        (1000.0, 100.0, 64, 64.0),  # the cap binds
+        (10000.0, 2.0, 256, 82.0),  # busy-bound: n = 1 + 10/ms * (4 + 0.05 n) gives 82
+    ],
+)
+def test_the_batch_that_really_forms(
+    rate_rps: float, window_ms: float, cap: int, batch: float
+) -> None:
+    formed = plan(arrival_rate_rps=rate_rps).batch_units(window_ms, cap)
+    assert formed == pytest.approx(batch, abs=1.0)  # a few fixed-point steps, units rounded
+
+
+def test_tail_latency_and_the_widest_window() -> None:
+    p = plan()
+    # W = 20: batch 21, its 99th percentile 21 + 2.33 * sqrt(21) = 31.7 -> 32 units, 5.6 ms
+    assert p.latency_ms(20.0, 256) == pytest.approx(25.6)
+    widest = p.widest_window_ms(40.0, 256)
+    assert p.latency_ms(widest, 256) <= 40.0 < p.latency_ms(widest + 0.1, 256)
+    assert p.widest_window_ms(3.0, 256) == 0.0  # nothing fits: the smallest window
+    assert p.widest_window_ms(1000.0, 256) == 50.0  # everything fits: the bounds' maximum
+
+
+def test_error_bars_narrow_the_window() -> None:
+    noisy = plan(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
+    assert noisy.widest_window_ms(40.0, 256) < plan().widest_window_ms(40.0, 256)
+
+
+def test_cost_falls_as_the_window_fills_batches() -> None:
+    p = plan()
+    costs = [p.cost_ms_per_unit(w, 256) for w in (0.0, 5.0, 20.0, 40.0)]
+    assert costs == sorted(costs, reverse=True)
+    assert costs[2] == pytest.approx(5.05 / 21.0)
+
+
+def test_no_model_means_no_answer() -> None:
+    p = plan(service_ms=lambda n: math.nan)
+    assert not p.ready
+    assert p.tail_cap(40.0) is None and p.stable_cap(40.0) is None and p.cap(40.0) is None
+    assert p.widest_window_ms(40.0, 64) == 0.0
+
+
+def test_candidates_follow_buckets() -> None:
+    p = plan(bounds=Bounds(0.0, 50.0, 1, 256, batch_sizes=(4, 48, 200)))
+    assert p.caps == (4, 48, 200)
+    assert p.tail_cap(30.0) == 200  # 2 * 14 = 28
+
+
+def test_slots_share_the_work() -> None:
+    one, two = plan(arrival_rate_rps=10000.0), plan(arrival_rate_rps=10000.0, slots=2)
+    assert two.throughput_units_per_s(64) == pytest.approx(2 * one.throughput_units_per_s(64))
+    assert two.batch_units(0.0, 256) < one.batch_units(0.0, 256)
