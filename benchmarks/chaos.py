@@ -3,9 +3,10 @@ changes settings at run time, and the invariants checked after every batcher lif
 
 A seeded run is a sequence of *segments*: each builds one :class:`AdaptiveBatcher` with a random
 configuration (executor, cap, window, slots, queue bound, buckets, bisection, control law,
-telemetry), drives it with Poisson arrivals, bursts, cancellations and deadlines while a "monkey"
-changes limits, SLO, policy and the model's memory limit, then closes it in a random way (with or
-without draining, with or without a time limit, escalated) while arrivals go on for a moment.
+SLO-aware shedding, sized items, telemetry), drives it with Poisson arrivals, bursts,
+cancellations and deadlines while a "monkey" changes limits, SLO, policy and the model's memory
+limit, then closes it in a random way (with or without draining, with or without a time limit,
+escalated) while arrivals go on for a moment.
 
 Faults the model injects: an exception instance in one result slot (``slot`` items), a
 poisoned item that makes the whole call raise (``poison``), a call that returns one result too
@@ -19,11 +20,13 @@ Known faults fixed elsewhere are left out of the mix on purpose: a sync model ra
 
 After every segment: each caller ended exactly once, with its own result (the model echoes a
 per-request token), its own slot exception, a typed error it could get (``DeadlineExceededError``
-only with a deadline, ``QueueFullError`` only with a bounded queue, the model's exception as the
+only with a deadline or shedding, ``QueueFullError`` only with a bounded queue,
+``ItemTooLargeError`` only for an item larger than the cap, the model's exception as the
 cause of ``BatchFailedError`` only for a call that held its token, and with bisection only for the
 poisoned item itself), or ``CancelledError`` only if the harness cancelled it; the batcher's counts
-add up to what was submitted and agree with what the callers saw; no task and no thread is left;
-the engine is idle; the loop reported no unhandled error and the library logged no error.
+add up to what was submitted and agree with what the callers saw; no task is left; the engine is
+idle. After every seed: no thread is left beyond those before it, the loop reported no unhandled
+error and the library logged no error.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from adaptive_batcher import (
     BatcherClosedError,
     BatchFailedError,
     DeadlineExceededError,
+    ItemTooLargeError,
     QueueFullError,
     ResultCountError,
 )
@@ -69,11 +73,12 @@ THREAD_EXIT_LIMIT_S = 10.0
 class Item:
     """One request: a unique token and what the model does with it."""
 
-    __slots__ = ("kind", "token")
+    __slots__ = ("kind", "size", "token")
 
-    def __init__(self, token: int, kind: str) -> None:
+    def __init__(self, token: int, kind: str, size: int = 1) -> None:
         self.token = token
         self.kind = kind  # "ok" | "slot" | "poison" | "short" | "hang"
+        self.size = size  # units, for segments with a size function
 
 
 class Echo:
@@ -164,12 +169,16 @@ class Segment:
     telemetry: bool
     hang: bool
     close: str
+    sized: bool  # items of 1-4 units (a size function), a few larger than the cap
+    shed_late: bool  # SLO-aware shedding: any request may expire
 
     @classmethod
     def draw(cls, index: int, rng: random.Random, mix: FaultMix, duration_s: float) -> Segment:
         executor = rng.choice(EXECUTORS)
         cap = rng.choice((4, 8, 16, 32, 64))
         hang = executor != "inline" and rng.random() < mix.hang
+        sized = rng.random() < 0.3
+        control = rng.choice(CONTROLS)
         return cls(
             index=index,
             executor=executor,
@@ -180,12 +189,18 @@ class Segment:
             slots=rng.randint(1, 3),
             max_queue_size=rng.choice((None, None, 32, 128, 512)),
             bisect=rng.random() < 0.5,
-            buckets=_powers_of_two(cap) if rng.random() < 0.3 else None,
-            control=rng.choice(CONTROLS),
+            buckets=_powers_of_two(cap) if not sized and rng.random() < 0.3 else None,
+            control=control,
             telemetry=rng.random() < 0.3,
             hang=hang,
             close=rng.choice(TIMED_CLOSES if hang else CLOSES),
+            sized=sized,
+            shed_late=control in ("slo_pid", "ucb") and rng.random() < 0.5,
         )
+
+
+def _size_of(item: Item) -> int:
+    return item.size
 
 
 def _powers_of_two(cap: int) -> tuple[int, ...]:
@@ -377,8 +392,11 @@ class SegmentRun:
                 )
             )
             kwargs["telemetry_hz"] = 50.0
+        if seg.sized:
+            kwargs["size_fn"] = _size_of
         return AdaptiveBatcher(
             model,
+            shed_late=seg.shed_late,
             max_batch_size=seg.max_batch_size,
             window_ms=seg.window_ms,
             max_concurrent_batches=seg.slots,
@@ -403,7 +421,10 @@ class SegmentRun:
                 break
             draw -= p
         deadline = rng.choice((0.5, 1.0, 3.0, 10.0)) if rng.random() < mix.deadline else None
-        self._spawn(Item(next(self.tokens), kind), deadline)
+        size = 1
+        if self.segment.sized:  # now and then one larger than the cap: refused at submit
+            size = self.segment.max_batch_size + 1 if rng.random() < 0.005 else rng.randint(1, 4)
+        self._spawn(Item(next(self.tokens), kind, size), deadline)
 
     def _spawn(self, item: Item, deadline_ms: float | None) -> None:
         caller = Caller(item, deadline_ms)
@@ -590,6 +611,7 @@ class SegmentRun:
             - tally["closed_while_running"],
             "rejected": counts.rejected
             - tally["queue_full"]
+            - tally["too_large"]
             - tally["closed_at_submit"]
             - tally["closed_before_running"],
             "expired": counts.expired - tally["expired"],
@@ -633,7 +655,9 @@ class SegmentRun:
         if isinstance(outcome, ResultCountError):
             return "result_count", item.kind == "short" or not seg.bisect
         if isinstance(outcome, DeadlineExceededError):
-            return "expired", caller.deadline_ms is not None
+            return "expired", caller.deadline_ms is not None or seg.shed_late
+        if isinstance(outcome, ItemTooLargeError):
+            return "too_large", seg.sized and item.size > seg.max_batch_size
         if isinstance(outcome, QueueFullError):
             return "queue_full", seg.max_queue_size is not None
         if isinstance(outcome, BatcherClosedError):
@@ -692,6 +716,8 @@ class ChaosReport:
                 f"buckets_{seg.buckets is not None}": 1,
                 f"bounded_queue_{seg.max_queue_size is not None}": 1,
                 f"telemetry_{seg.telemetry}": 1,
+                f"sized_{seg.sized}": 1,
+                f"shed_late_{seg.shed_late}": 1,
                 f"hang_segment_{seg.hang}": 1,
             }
         )
