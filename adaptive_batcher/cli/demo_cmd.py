@@ -60,7 +60,10 @@ def register(subparsers: Any) -> None:
         help="where the model runs (see AdaptiveBatcher)",
     )
     parser.add_argument(
-        "--slo-p99-ms", type=_positive, default=50.0, help="the SLO the controller aims at, ms"
+        "--slo-p99-ms",
+        type=_positive,
+        default=50.0,
+        help="the SLO the controller aims at, ms (with --static: what answers are judged by)",
     )
     parser.add_argument(
         "--static", action="store_true", help="no controller: keep --window-ms and the cap"
@@ -78,7 +81,11 @@ def register(subparsers: Any) -> None:
 
 @dataclass
 class _Tally:
+    """What the clients saw: answers, answers within the SLO (timed by the client), errors."""
+
+    slo_s: float
     ok: int = 0
+    within_slo: int = 0
     errors: int = 0
 
 
@@ -167,7 +174,7 @@ async def _serve(args: argparse.Namespace, model: _ThreadReportingModel, make_in
     )
     inputs = [make_input(seed=i) for i in range(256)]
     await batcher.warmup(lambda: inputs[0])
-    tally = _Tally()
+    tally = _Tally(slo_s=args.slo_p99_ms / 1e3)
     started = time.perf_counter()
     async with batcher:
         with Live(
@@ -206,11 +213,15 @@ async def _open_loop(
 
 
 async def _one_request(batcher: AdaptiveBatcher[Any, Any], item: Any, tally: _Tally) -> None:
+    sent = time.perf_counter()
     try:
         await batcher.submit(item)
-        tally.ok += 1
     except BatcherError:
         tally.errors += 1
+        return
+    tally.ok += 1
+    if time.perf_counter() - sent <= tally.slo_s:
+        tally.within_slo += 1
 
 
 def _live_table(
@@ -247,8 +258,10 @@ def _summary_table(
     table.add_column("value", justify="right")
     rows = [
         ("requests completed", f"{counts.completed}"),
+        (f"answered within the SLO ({tally.slo_s * 1e3:g} ms)", f"{tally.within_slo}"),
         ("requests shed, failed or rejected", f"{tally.errors}"),
         ("throughput, req/s", f"{counts.completed / wall_s:.0f}"),
+        ("device time per request, ms", f"{counts.device_ms_per_request:.3f}"),
         ("batches", f"{counts.batches}"),
         ("mean batch size", f"{counts.mean_batch_size:.1f}"),
         ("largest batch", f"{max(stats.batch_sizes, default=0)}"),

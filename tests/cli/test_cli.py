@@ -30,6 +30,10 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     assert "requests completed" in out
     assert "p99 latency, ms" in out
     assert "decisions" in out  # the controller ran
+    completed = int(re.search(r"requests completed\s*│\s*(\d+)", out).group(1))  # type: ignore[union-attr]
+    within = int(re.search(r"answered within the SLO \(50 ms\)\s*│\s*(\d+)", out).group(1))  # type: ignore[union-attr]
+    assert 0 < within <= completed
+    assert re.search(r"device time per request, ms\s*│\s*\d+\.\d{3}", out)
     assert re.search(r"torch threads in the model thread\s*│\s*1\s*│", out)  # the default
 
 
