@@ -183,7 +183,7 @@ def _noise(name: str) -> list[str]:
         below_triton = triton.slo_attainment - ours.slo_attainment
         below_static = static.slo_attainment - ours.slo_attainment
         low_ticks = _ticks_below_stability_cap(SCENARIOS[name], ours)
-        ok = below_triton <= 0.0001 and below_static <= 0.01 and low_ticks <= 1
+        ok = below_triton <= 0.0001 and below_static <= 0.01 and (low_ticks or 0) <= 1
         out.append(
             f"{_tag(ok)} {name} ({contender}): SLO attainment {ours.slo_attainment:.4f}, "
             f"Triton-like {triton.slo_attainment:.4f} (never below, to 0.01 points), best "
