@@ -27,6 +27,13 @@ Example::
 from __future__ import annotations
 
 from adaptive_batcher.profile._devices import is_out_of_memory, resolve_device
+from adaptive_batcher.profile.format import (
+    SCHEMA,
+    ProfileFormatError,
+    load_profile,
+    profile_to_dict,
+    write_profile,
+)
 from adaptive_batcher.profile.knee import FALLBACK_FRACTION, Knee, KneeMethod, find_knee
 from adaptive_batcher.profile.noise import (
     DEFAULT_CV_THRESHOLD,
@@ -41,15 +48,7 @@ from adaptive_batcher.profile.recommend import (
     controller_bounds,
     recommend,
 )
-from adaptive_batcher.profile.report import (
-    SCHEMA,
-    ProfileFormatError,
-    load_profile,
-    markdown_report,
-    markdown_table,
-    profile_to_dict,
-    write_profile,
-)
+from adaptive_batcher.profile.report import markdown_report, markdown_table
 from adaptive_batcher.profile.sweep import (
     ProfileResult,
     ProfileRow,

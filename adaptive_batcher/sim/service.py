@@ -27,7 +27,6 @@ memory at a given time), to decide out-of-memory batches and report free memory.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from bisect import bisect_right
@@ -39,11 +38,11 @@ from typing import Any, Final, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from adaptive_batcher.profile.format import load_profile
 from adaptive_batcher.sim.profiles import MIB, Row, load_h200_table
 
 __all__ = [
     "H200_MODELS",
-    "PROFILE_SCHEMA",
     "ColdShapes",
     "LinearService",
     "MemoryLimit",
@@ -55,9 +54,6 @@ __all__ = [
 
 H200_MODELS: Final = ("resnet50", "bert_base_seq128", "llama_1b_decode", "llama_1b_prefill")
 """Model names accepted by :meth:`TableService.from_h200`."""
-
-PROFILE_SCHEMA: Final = "adaptive_batcher.profile/1"
-"""The ``"schema"`` value of the profiler's JSON files (adaptive_batcher/profile/report.py)."""
 
 
 @runtime_checkable
@@ -304,80 +300,35 @@ class TableService:
     ) -> TableService:
         """A table from a profile written by ``adaptive-batcher profile`` (JSON).
 
-        Reads schema ``adaptive_batcher.profile/1`` (adaptive_batcher/profile/report.py):
-        ``{"schema": ..., "rows": [{"batch_size": int, "median_ms": float, "p99_ms": float,
-        "items_per_s": float, "peak_mem_bytes": int | null}, ...], ...}``. Service time is
-        ``median_ms / 1000``; memory is ``peak_mem_bytes``, unknown (NaN) unless every row has
-        one. Other keys are ignored.
+        The file is read by the profiler's own reader,
+        :func:`adaptive_batcher.profile.format.load_profile` (schema
+        ``adaptive_batcher.profile/1``, :data:`adaptive_batcher.profile.format.SCHEMA`), so
+        the simulator accepts exactly the files the profiler writes. Service time is a row's
+        ``median_ms / 1000``; memory is its ``peak_mem_bytes``, unknown (NaN) unless every row
+        has one.
 
         Args:
             path: the JSON file.
-            name: the model's name in reports; default the file's ``"model"`` value, else
-                ``"profile:<file name>"``.
+            name: the model's name in reports; default the file's ``"model"`` value, or
+                ``"profile:<file name>"`` when that is empty.
 
         Raises:
             OSError: the file cannot be read (FileNotFoundError when absent).
-            ValueError: not JSON, another schema, or a bad key; the message starts with the
-                path and names the key, e.g. ``p.json: key 'rows[1].median_ms': must be a
-                number > 0, got 'fast'``.
+            ProfileFormatError: (a ValueError) not UTF-8 JSON, another schema, or a missing or
+                bad key; the message starts with the path and names the key, e.g.
+                ``p.json: key 'rows[1].median_ms': must be a number, got a string``.
         """
-        where = os.fspath(path)
-
-        def fail(key: str, problem: str) -> ValueError:
-            return ValueError(f"{where}: key {key!r}: {problem}")
-
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{where}: not UTF-8 text: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ValueError(f"{where}: the document must be a JSON object")
-        if doc.get("schema") != PROFILE_SCHEMA:
-            raise fail("schema", f"must be {PROFILE_SCHEMA!r}, got {doc.get('schema')!r}")
-        raw_rows = doc.get("rows")
-        if not isinstance(raw_rows, list) or not raw_rows:
-            raise fail("rows", f"must be a non-empty array, got {raw_rows!r}")
-        sizes: list[int] = []
-        latencies_s: list[float] = []
-        memory: list[float | None] = []
-        for i, raw in enumerate(raw_rows):
-            prefix = f"rows[{i}]"
-            if not isinstance(raw, dict):
-                raise fail(prefix, f"must be an object, got {raw!r}")
-            size = raw.get("batch_size")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise fail(f"{prefix}.batch_size", f"must be an integer >= 1, got {size!r}")
-            if sizes and size <= sizes[-1]:
-                raise fail(
-                    f"{prefix}.batch_size",
-                    f"must be larger than the previous row's ({sizes[-1]}), got {size}",
-                )
-            median = raw.get("median_ms")
-            if (
-                isinstance(median, bool)
-                or not isinstance(median, int | float)
-                or not math.isfinite(median)
-                or median <= 0
-            ):
-                raise fail(f"{prefix}.median_ms", f"must be a number > 0, got {median!r}")
-            peak = raw.get("peak_mem_bytes")
-            if peak is not None and (
-                isinstance(peak, bool) or not isinstance(peak, int | float) or not peak >= 0
-            ):
-                raise fail(
-                    f"{prefix}.peak_mem_bytes", f"must be a number >= 0 or null, got {peak!r}"
-                )
-            sizes.append(size)
-            latencies_s.append(float(median) / 1e3)
-            memory.append(None if peak is None else float(peak))
-        known = [m for m in memory if m is not None]
-        table_memory = known if len(known) == len(memory) else None
-        model_name = doc.get("model")
+        result, _ = load_profile(path)
+        peaks = [row.peak_mem_bytes for row in result.rows]
+        memory = None if None in peaks else [float(peak or 0) for peak in peaks]
         if name is None:
-            name = model_name if isinstance(model_name, str) else f"profile:{Path(path).name}"
-        return cls(sizes, latencies_s, table_memory, name=name)
+            name = result.model_name or f"profile:{Path(path).name}"
+        return cls(
+            [row.batch_size for row in result.rows],
+            [row.median_ms / 1e3 for row in result.rows],
+            memory,
+            name=name,
+        )
 
 
 def _interpolate(x: float, xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float64]) -> float:

@@ -12,10 +12,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adaptive_batcher.profile.format import (
+    ProfileFormatError,
+    load_profile,
+    profile_to_dict,
+    write_profile,
+)
+from adaptive_batcher.profile.knee import Knee
+from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.sim.profiles import MIB, load_h200_table
 from adaptive_batcher.sim.service import (
     H200_MODELS,
-    PROFILE_SCHEMA,
     ColdShapes,
     LinearService,
     MemoryLimit,
@@ -224,19 +231,15 @@ def test_every_model_satisfies_the_protocol(model_name: str) -> None:
 
 
 def _profile_doc(**overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schema": PROFILE_SCHEMA,
-        "model": "mlp",
-        "device": "cpu",
-        "repeats": 20,
-        "rows": [
-            {"batch_size": 1, "median_ms": 2.0, "p99_ms": 3.0, "items_per_s": 500.0,
-             "peak_mem_bytes": 1000},
-            {"batch_size": 4, "median_ms": 5.0, "p99_ms": 6.0, "items_per_s": 800.0,
-             "peak_mem_bytes": 4000},
-        ],
-        "oom_batch_size": None,
-    }  # fmt: skip
+    """A profile as the profiler writes it (knee given, so kneed is not needed)."""
+    result = ProfileResult(
+        (ProfileRow(1, 2.0, 3.0, 500.0, 1000), ProfileRow(4, 5.0, 6.0, 800.0, 4000)),
+        None,
+        "cpu",
+        "mlp",
+        20,
+    )
+    doc = profile_to_dict(result, knee=Knee.at(result.rows[1], "fraction_of_max"))
     doc.update(overrides)
     return doc
 
@@ -263,10 +266,12 @@ def test_profile_json_memory_unknown_when_a_row_lacks_it(tmp_path: Path) -> None
     assert math.isnan(model.memory_bytes(1))
 
 
-def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
-    from adaptive_batcher.profile.report import write_profile
-    from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+def test_profile_json_without_a_model_name_is_named_after_the_file(tmp_path: Path) -> None:
+    model = TableService.from_profile_json(_write(tmp_path, _profile_doc(model=""), "gpu.json"))
+    assert model.name == "profile:gpu.json"
 
+
+def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
     result = ProfileResult(
         (ProfileRow(1, 3.676, 3.9, 272.0, 318_664_294), ProfileRow(256, 16.651, 16.7, 15374.4)),
         None,
@@ -274,7 +279,9 @@ def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
         "resnet50",
         20,
     )
-    path = write_profile(tmp_path / "resnet50.json", result)
+    path = write_profile(
+        tmp_path / "resnet50.json", result, knee=Knee.at(result.rows[1], "kneedle")
+    )
     model = TableService.from_profile_json(path)
     assert model.name == "resnet50"
     assert model.service_s(256, _rng()) == pytest.approx(0.016651)
@@ -288,45 +295,56 @@ def _row_edit(index: int, key: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("doc", "message"),
+    ("doc", "problem"),
     [
-        (_profile_doc(schema="other/1"), r"key 'schema': must be 'adaptive_batcher.profile/1'"),
-        (_profile_doc(rows=[]), r"key 'rows': must be a non-empty array"),
-        (_profile_doc(rows={"a": 1}), r"key 'rows': must be a non-empty array"),
-        (_profile_doc(rows=[3]), r"key 'rows\[0\]': must be an object"),
-        (_row_edit(1, "batch_size", 1), r"key 'rows\[1\].batch_size': must be larger than"),
-        (_row_edit(0, "batch_size", 1.5), r"key 'rows\[0\].batch_size': must be an integer"),
-        (_row_edit(0, "batch_size", True), r"key 'rows\[0\].batch_size': must be an integer"),
-        (_row_edit(1, "median_ms", "fast"), r"key 'rows\[1\].median_ms': must be a number > 0"),
-        (_row_edit(1, "median_ms", 0), r"key 'rows\[1\].median_ms': must be a number > 0"),
-        (_row_edit(0, "peak_mem_bytes", -1), r"key 'rows\[0\].peak_mem_bytes': must be a number"),
+        (_profile_doc(schema="other/1"), "key 'schema': must be 'adaptive_batcher.profile/1'"),
+        (_profile_doc(rows=[]), "key 'rows': must not be empty"),
+        (_profile_doc(rows={"a": 1}), "key 'rows': must be an array, got an object"),
+        (_profile_doc(rows=[3]), "key 'rows[0]': must be an object, got a number"),
+        (_row_edit(1, "batch_size", 1), "key 'rows[1].batch_size': must be larger than"),
+        (_row_edit(0, "batch_size", 1.5), "key 'rows[0].batch_size': must be an int, got a num"),
+        (_row_edit(0, "batch_size", True), "key 'rows[0].batch_size': must be an int, got a boo"),
+        (_row_edit(1, "median_ms", "fast"), "key 'rows[1].median_ms': must be a number, got a s"),
+        (_row_edit(1, "median_ms", 0), "key 'rows[1]': ProfileRow.median_ms must be a finite"),
+        (_row_edit(0, "peak_mem_bytes", -1), "key 'rows[0].peak_mem_bytes': must be >= 0, got -1"),
+        (_profile_doc(knee=None), "key 'knee': must be an object, got null"),
     ],
 )
-def test_profile_json_errors_name_file_and_key(
-    tmp_path: Path, doc: dict[str, Any], message: str
+def test_profile_json_errors_are_the_profile_readers(
+    tmp_path: Path, doc: dict[str, Any], problem: str
 ) -> None:
     path = _write(tmp_path, doc, "bad.json")
-    with pytest.raises(ValueError, match=message) as info:
+    with pytest.raises(ProfileFormatError) as info:
         TableService.from_profile_json(path)
-    assert str(info.value).startswith(f"{path}: key ")
+    assert str(info.value).startswith(f"{path}: {problem}")
+    with pytest.raises(ProfileFormatError) as same:
+        load_profile(path)
+    assert str(same.value) == str(info.value)
 
 
 def test_profile_json_missing_key(tmp_path: Path) -> None:
     doc = _profile_doc()
     del doc["rows"][0]["median_ms"]
-    with pytest.raises(ValueError, match=r"key 'rows\[0\].median_ms': must be a number > 0"):
+    with pytest.raises(ProfileFormatError, match=r"missing key 'rows\[0\].median_ms'$"):
         TableService.from_profile_json(_write(tmp_path, doc))
 
 
 def test_profile_json_not_json(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
+    with pytest.raises(ProfileFormatError, match=r"broken\.json: not valid JSON"):
+        TableService.from_profile_json(path)
+
+
+def test_profile_json_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"model": "caf\xe9"}')
+    with pytest.raises(ProfileFormatError, match=r"latin1\.json: not UTF-8 text"):
         TableService.from_profile_json(path)
 
 
 def test_profile_json_not_an_object(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"list\.json: the document must be a JSON object"):
+    with pytest.raises(ProfileFormatError, match=r"list\.json: must hold a JSON object"):
         TableService.from_profile_json(_write(tmp_path, [1, 2], "list.json"))
 
 
