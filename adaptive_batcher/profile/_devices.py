@@ -21,6 +21,8 @@ import re
 import sys
 from typing import Any, Protocol
 
+from adaptive_batcher._validate import check_str
+
 __all__ = [
     "CpuBackend",
     "CudaBackend",
@@ -84,8 +86,7 @@ def resolve_device(device: object) -> str:
         ValueError: ``device`` is not ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         RuntimeError: a CUDA device was asked for but torch is missing or sees no GPU.
     """
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a str, got {type(device).__name__}")
+    device = check_str("device", device)
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cpu":

@@ -31,7 +31,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from adaptive_batcher._validate import check_number
+from adaptive_batcher._validate import check_in_range, check_number
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 
 __all__ = ["FALLBACK_FRACTION", "Knee", "KneeMethod", "find_knee"]
@@ -129,9 +129,7 @@ def find_knee(
     if not rows:
         raise ValueError("cannot find a knee: the profile has no rows")
     check_number("sensitivity", sensitivity, 0.0, strict=True)
-    fraction = check_number("fallback_fraction", fallback_fraction, 0.0, strict=True)
-    if fraction > 1.0:
-        raise ValueError(f"fallback_fraction must be in (0, 1], got {fallback_fraction!r}")
+    fraction = check_in_range("fallback_fraction", fallback_fraction, 0.0, 1.0, open_low=True)
 
     if len(rows) >= 3:
         index = _kneedle_index(rows, sensitivity)

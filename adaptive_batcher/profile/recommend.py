@@ -22,7 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, NamedTuple
 
-from adaptive_batcher._validate import check_int, check_number, check_strings
+from adaptive_batcher._validate import (
+    check_bool,
+    check_in_range,
+    check_int,
+    check_number,
+    check_strings,
+)
 from adaptive_batcher.profile.knee import Knee, find_knee
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.slo import SLO
@@ -83,13 +89,11 @@ class Recommendation:
         if self.slo_p99_ms is not None:
             target = check_number("Recommendation.slo_p99_ms", self.slo_p99_ms, 0.0, strict=True)
             object.__setattr__(self, "slo_p99_ms", target)
-        if not isinstance(self.meets_slo, bool):
-            raise TypeError(
-                f"Recommendation.meets_slo must be a bool, got {type(self.meets_slo).__name__}"
-            )
+        object.__setattr__(
+            self, "meets_slo", check_bool("Recommendation.meets_slo", self.meets_slo)
+        )
         object.__setattr__(self, "reasons", check_strings("Recommendation.reasons", self.reasons))
-        if not isinstance(self.noisy, bool):
-            raise TypeError(f"Recommendation.noisy must be a bool, got {type(self.noisy).__name__}")
+        object.__setattr__(self, "noisy", check_bool("Recommendation.noisy", self.noisy))
         object.__setattr__(
             self, "warnings", check_strings("Recommendation.warnings", self.warnings)
         )
@@ -135,13 +139,6 @@ def controller_bounds(recommendation: Recommendation) -> ControllerBounds:
     return ControllerBounds(0.0, recommendation.window_ms, recommendation.max_batch_size)
 
 
-def _check_margin(margin: object) -> float:
-    value = check_number("margin", margin, 0.0, strict=True)
-    if value > 1.0:
-        raise ValueError(f"margin must be in (0, 1], got {margin!r}")
-    return value
-
-
 def _items(value: float) -> str:
     return f"{value:,.0f} items/s"
 
@@ -184,7 +181,7 @@ def _recommend(
         raise TypeError(f"result must be a ProfileResult, got {type(result).__name__}")
     if slo is not None and not isinstance(slo, SLO):
         raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
-    m = _check_margin(margin)
+    m = check_in_range("margin", margin, 0.0, 1.0, open_low=True)
     if not result.rows:
         raise ValueError(
             "cannot recommend from a profile with no rows "

@@ -30,10 +30,13 @@ from adaptive_batcher._threads import (
     use_torch_threads,
 )
 from adaptive_batcher._validate import (
+    check_bool,
     check_callable,
     check_int,
+    check_ints,
     check_number,
     check_optional_int,
+    check_str,
     check_strings,
 )
 from adaptive_batcher.profile._devices import (
@@ -175,9 +178,7 @@ class ProfileResult:
                 f"every profiled batch size (largest: {sizes[-1]})"
             )
         for name in ("device", "model_name"):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise TypeError(f"ProfileResult.{name} must be a str, got {type(value).__name__}")
+            check_str(f"ProfileResult.{name}", getattr(self, name))
         check_int("ProfileResult.repeats", self.repeats, 1)
         self._check_sweep_settings()
 
@@ -191,8 +192,7 @@ class ProfileResult:
         for name in ("torch_threads", "torch_interop_threads", "available_cores"):
             check_optional_int(f"ProfileResult.{name}", getattr(self, name), 1)
         object.__setattr__(self, "warnings", check_strings("ProfileResult.warnings", self.warnings))
-        if not isinstance(self.noisy, bool):
-            raise TypeError(f"ProfileResult.noisy must be a bool, got {type(self.noisy).__name__}")
+        object.__setattr__(self, "noisy", check_bool("ProfileResult.noisy", self.noisy))
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -240,16 +240,8 @@ def default_batch_sizes(max_batch_size: int = 512) -> tuple[int, ...]:
 
 
 def _check_batch_sizes(batch_sizes: Iterable[int]) -> tuple[int, ...]:
-    if isinstance(batch_sizes, str | bytes) or not isinstance(batch_sizes, Iterable):
-        raise TypeError(
-            f"batch_sizes must be an iterable of ints, got {type(batch_sizes).__name__}"
-        )
-    sizes = list(batch_sizes)
-    if not sizes:
-        raise ValueError("batch_sizes must not be empty")
-    for i, size in enumerate(sizes):
-        check_int(f"batch_sizes[{i}]", size, 1)
-    return tuple(sorted(set(sizes)))
+    """The batch sizes, checked (ints >= 1, at least one), ascending, duplicates dropped."""
+    return tuple(sorted(set(check_ints("batch_sizes", batch_sizes, 1))))
 
 
 def _model_name(model: Callable[..., Any]) -> str:
@@ -472,10 +464,9 @@ def profile_model(
         sizes = _check_batch_sizes(batch_sizes)
     timing = _check_timing(repeats, max_repeats, cv_threshold, warmup, timer)
     check_optional_int("torch_threads", torch_threads, 1)
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-    if model_name is not None and not isinstance(model_name, str):
-        raise TypeError(f"model_name must be a str or None, got {type(model_name).__name__}")
+    check_bool("progress", progress)
+    if model_name is not None:
+        check_str("model_name", model_name)
     backend = make_backend(resolve_device(device))
     name = model_name if model_name is not None else _model_name(model)
     with use_torch_threads(torch_threads, option="torch_threads"):

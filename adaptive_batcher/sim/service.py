@@ -38,6 +38,13 @@ from typing import Any, Final, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from adaptive_batcher._validate import (
+    check_in_range,
+    check_int,
+    check_ints,
+    check_number,
+    check_real,
+)
 from adaptive_batcher.profile.format import load_profile
 from adaptive_batcher.sim.profiles import MIB, Row, load_h200_table
 
@@ -75,20 +82,16 @@ class ServiceModel(Protocol):
 
 
 def _check_batch(units: int) -> None:
-    if units < 1:
-        raise ValueError(f"units must be >= 1, got {units}")
+    check_int("units", units, 1)
 
 
 def _check_memory_units(units: int) -> None:
-    if units < 0:
-        raise ValueError(f"units must be >= 0, got {units}")
+    check_int("units", units, 0)
 
 
 def _check_nonnegative(name: str, value: float, *, allow_nan: bool = False) -> None:
-    if allow_nan and math.isnan(value):
-        return
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not (allow_nan and math.isnan(check_real(name, value))):
+        check_number(name, value, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class LinearService:
         name: the model's name in reports.
 
     Raises:
+        TypeError: a figure that is not a number.
         ValueError: a time is negative or not finite, or a memory figure is negative or infinite.
     """
 
@@ -138,9 +142,9 @@ def _as_table(values: Any, what: str, n: int | None) -> npt.NDArray[np.float64]:
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {array.shape}")
     if n is not None and array.size != n:
-        raise ValueError(f"{what} has {array.size} values but sizes has {n}")
+        raise ValueError(f"{what} must have {n} values (one per size), got {array.size}")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError(f"{what} must be finite and >= 0")
+        raise ValueError(f"{what} must be finite numbers >= 0, got {array.tolist()}")
     array.flags.writeable = False
     return array
 
@@ -188,9 +192,9 @@ class TableService:
     ) -> None:
         size_values = _as_table(sizes, "sizes", None)
         if np.any(size_values < 1) or np.any(size_values != np.round(size_values)):
-            raise ValueError("sizes must be integers >= 1")
+            raise ValueError(f"sizes must be ints >= 1, got {size_values.tolist()}")
         if np.any(np.diff(size_values) <= 0):
-            raise ValueError("sizes must be strictly increasing")
+            raise ValueError(f"sizes must be strictly increasing, got {size_values.tolist()}")
         self._xs = size_values
         sizes_int = size_values.astype(np.int64)
         sizes_int.flags.writeable = False
@@ -358,6 +362,7 @@ class Noisy:
             16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
 
     Raises:
+        TypeError: ``cv`` not a number.
         ValueError: ``cv`` negative or not finite.
     """
 
@@ -408,6 +413,7 @@ class Stalls:
         alpha: the tail's shape (> 1: a finite mean).
 
     Raises:
+        TypeError: an argument that is not a number.
         ValueError: an argument out of range.
     """
 
@@ -417,12 +423,9 @@ class Stalls:
     alpha: float = 1.5
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.probability <= 1.0:
-            raise ValueError(f"probability must be in [0, 1], got {self.probability!r}")
-        if not (math.isfinite(self.scale_s) and self.scale_s > 0):
-            raise ValueError(f"scale_s must be a finite number > 0, got {self.scale_s!r}")
-        if not (math.isfinite(self.alpha) and self.alpha > 1):
-            raise ValueError(f"alpha must be a finite number > 1, got {self.alpha!r}")
+        check_in_range("probability", self.probability, 0.0, 1.0)
+        check_number("scale_s", self.scale_s, 0.0, strict=True)
+        check_number("alpha", self.alpha, 1.0, strict=True)
 
     @property
     def name(self) -> str:
@@ -461,6 +464,7 @@ class ColdShapes:
             ``warmup()`` ran.
 
     Raises:
+        TypeError: ``cold_s`` not a number, ``warmed`` not a sequence of ints.
         ValueError: ``cold_s`` negative or not finite, a warmed size < 1.
     """
 
@@ -470,9 +474,7 @@ class ColdShapes:
         self, inner: ServiceModel, cold_s: float = 0.3, warmed: Iterable[int] = ()
     ) -> None:
         _check_nonnegative("cold_s", cold_s)
-        initial = frozenset(int(u) for u in warmed)
-        if any(u < 1 for u in initial):
-            raise ValueError(f"warmed sizes must be >= 1, got {sorted(initial)}")
+        initial = frozenset(check_ints("warmed", warmed, 1, empty=True))
         self.inner = inner
         self.cold_s = float(cold_s)
         self._initial = initial
@@ -522,13 +524,14 @@ class MemoryLimit:
 
     Args:
         capacity_bytes: capacity from time 0 (> 0), e.g. ``141e9`` for an H200 (141 GB HBM3e).
-        squeezes: ``(time_s, capacity_bytes)`` pairs: from ``time_s`` on (inclusive), the
+        squeezes: ``(time_s, capacity_bytes)`` pairs: from ``time_s`` (>= 0) on (inclusive), the
             capacity is ``capacity_bytes`` (> 0), until the next squeeze. Stored sorted by time;
             a later entry for the same time wins. Models another tenant taking (or giving back)
             memory.
 
     Raises:
-        ValueError: a capacity not finite or <= 0, a squeeze time not finite.
+        TypeError: a capacity or time that is not a number.
+        ValueError: a capacity not finite or <= 0, a squeeze time not finite or < 0.
     """
 
     capacity_bytes: float
@@ -536,14 +539,14 @@ class MemoryLimit:
     _times: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.capacity_bytes) or self.capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be finite and > 0, got {self.capacity_bytes!r}")
-        pairs = [(float(t), float(c)) for t, c in self.squeezes]
-        for t, c in pairs:
-            if not math.isfinite(t):
-                raise ValueError(f"squeeze time_s must be finite, got {t!r}")
-            if not math.isfinite(c) or c <= 0:
-                raise ValueError(f"squeeze capacity_bytes must be finite and > 0, got {c!r}")
+        check_number("capacity_bytes", self.capacity_bytes, 0.0, strict=True)
+        pairs = [
+            (
+                check_number(f"squeezes[{i}] time_s", t, 0.0),
+                check_number(f"squeezes[{i}] capacity_bytes", c, 0.0, strict=True),
+            )
+            for i, (t, c) in enumerate(self.squeezes)
+        ]
         ordered = tuple(sorted(pairs, key=lambda p: p[0]))  # stable: later entry wins at a tie
         object.__setattr__(self, "squeezes", ordered)
         object.__setattr__(self, "_times", tuple(t for t, _ in ordered))

@@ -25,6 +25,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from adaptive_batcher._validate import check_number
+
 __all__ = [
     "Arrivals",
     "ClosedLoop",
@@ -232,19 +234,15 @@ def lognormal_sizes(median: float, sigma: float, max_units: int) -> LognormalSiz
 
 
 def _check_duration(duration_s: float) -> float:
-    if not math.isfinite(duration_s) or duration_s < 0:
-        raise ValueError(f"duration_s must be finite and >= 0, got {duration_s!r}")
-    return float(duration_s)
+    return check_number("duration_s", duration_s, 0.0)
 
 
 def _check_rate(name: str, value: float) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    check_number(name, value, 0.0)
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    check_number(name, value, 0.0, strict=True)
 
 
 def _renewal_times(

@@ -140,8 +140,8 @@ def test_controller_bounds(resnet50: ProfileResult) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"margin": 0}, ValueError, "margin must be a finite number > 0, got 0"),
-        ({"margin": 1.5}, ValueError, "margin must be in (0, 1], got 1.5"),
+        ({"margin": 0}, ValueError, "margin must be a number in (0, 1], got 0"),
+        ({"margin": 1.5}, ValueError, "margin must be a number in (0, 1], got 1.5"),
         ({"margin": "0.8"}, TypeError, "margin must be a number, got str"),
         ({"slo": 50.0}, TypeError, "slo must be an SLO or None, got float"),
         ({"knee": 128}, TypeError, "knee must be a Knee or None, got int"),

@@ -28,6 +28,7 @@ from adaptive_batcher.sim.service import (
     MemoryLimit,
     Noisy,
     ServiceModel,
+    Stalls,
     TableService,
 )
 
@@ -152,14 +153,14 @@ def test_table_is_between_neighbours_and_monotone_beyond(units: int) -> None:
     ("sizes", "latencies", "memory", "message"),
     [
         ([], [], None, "sizes must be a non-empty 1-D sequence"),
-        ([1, 2], [0.1], None, "latencies_s has 1 values but sizes has 2"),
+        ([1, 2], [0.1], None, "latencies_s must have 2 values \\(one per size\\), got 1"),
         ([2, 1], [0.1, 0.2], None, "sizes must be strictly increasing"),
         ([1, 1], [0.1, 0.2], None, "sizes must be strictly increasing"),
-        ([0, 1], [0.1, 0.2], None, "sizes must be integers >= 1"),
-        ([1.5, 2], [0.1, 0.2], None, "sizes must be integers >= 1"),
-        ([1, 2], [0.1, -0.2], None, "latencies_s must be finite and >= 0"),
-        ([1, 2], [0.1, math.nan], None, "latencies_s must be finite and >= 0"),
-        ([1, 2], [0.1, 0.2], [1.0], "memory_bytes has 1 values but sizes has 2"),
+        ([0, 1], [0.1, 0.2], None, r"sizes must be ints >= 1, got \[0.0, 1.0\]"),
+        ([1.5, 2], [0.1, 0.2], None, "sizes must be ints >= 1"),
+        ([1, 2], [0.1, -0.2], None, "latencies_s must be finite numbers >= 0, got \\[0.1, -0.2\\]"),
+        ([1, 2], [0.1, math.nan], None, "latencies_s must be finite numbers >= 0"),
+        ([1, 2], [0.1, 0.2], [1.0], "memory_bytes must have 2 values \\(one per size\\), got 1"),
     ],
 )
 def test_table_validation(
@@ -353,6 +354,25 @@ def test_profile_json_missing_file(tmp_path: Path) -> None:
         TableService.from_profile_json(tmp_path / "absent.json")
 
 
+# --- Stalls -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"probability": 1.5}, ValueError, "probability must be a number in [0, 1], got 1.5"),
+        ({"probability": math.nan}, ValueError, "probability must be a number in [0, 1], got nan"),
+        ({"probability": "0.1"}, TypeError, "probability must be a number, got str"),
+        ({"scale_s": 0.0}, ValueError, "scale_s must be a finite number > 0, got 0.0"),
+        ({"alpha": 1.0}, ValueError, "alpha must be a finite number > 1, got 1.0"),
+    ],
+)
+def test_stalls_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as caught:
+        Stalls(LinearService(0.001, 0.0), **kwargs)
+    assert str(caught.value) == message
+
+
 # --- Noisy --------------------------------------------------------------------------------------
 
 
@@ -422,8 +442,8 @@ def test_cold_shapes_validation_and_delegation() -> None:
     assert ColdShapes(inner, cold_s=0.25).name == "cold(lin, +0.25s)"
     with pytest.raises(ValueError, match="cold_s must be a finite number >= 0"):
         ColdShapes(inner, cold_s=-1.0)
-    with pytest.raises(ValueError, match="warmed sizes must be >= 1"):
-        ColdShapes(inner, warmed=[0])
+    with pytest.raises(ValueError, match=r"warmed\[1\] must be >= 1, got 0"):
+        ColdShapes(inner, warmed=[4, 0])
 
 
 # --- MemoryLimit --------------------------------------------------------------------------------
@@ -485,10 +505,15 @@ def test_memory_limit_with_h200_resnet50() -> None:
 @pytest.mark.parametrize(
     ("capacity", "squeezes", "message"),
     [
-        (0.0, (), "capacity_bytes must be finite and > 0"),
-        (math.inf, (), "capacity_bytes must be finite and > 0"),
-        (1.0, ((math.nan, 1.0),), "squeeze time_s must be finite"),
-        (1.0, ((1.0, -1.0),), "squeeze capacity_bytes must be finite and > 0"),
+        (0.0, (), "capacity_bytes must be a finite number > 0, got 0.0"),
+        (math.inf, (), "capacity_bytes must be a finite number > 0, got inf"),
+        (1.0, ((math.nan, 1.0),), r"squeezes\[0\] time_s must be a finite number >= 0, got nan"),
+        (1.0, ((1.0, 2.0), (-1.0, 1.0)), r"squeezes\[1\] time_s must be a finite number >= 0"),
+        (
+            1.0,
+            ((1.0, -1.0),),
+            r"squeezes\[0\] capacity_bytes must be a finite number > 0, got -1.0",
+        ),
     ],
 )
 def test_memory_limit_validation(
