@@ -27,6 +27,7 @@ from adaptive_batcher._validate import (
     parse_ints,
     parse_number,
 )
+from adaptive_batcher.profile.recommend import DEFAULT_WINDOW_FRACTION
 
 if TYPE_CHECKING:
     from adaptive_batcher.profile import Recommendation
@@ -36,7 +37,8 @@ __all__ = ["register"]
 _DESCRIPTION = """\
 Measure a model's latency and throughput at a range of batch sizes (the practitioners'
 three-step method): 1. sweep batch sizes on the real model and hardware, 2. find the knee of
-the throughput curve, 3. keep a margin and check the latency budget against an SLO. It prints
+the throughput curve, 3. keep a safety margin (--window-fraction of the window that would fit)
+and check the latency budget against an SLO. It prints
 a markdown table and a recommended batch cap (max_batch_size) and batching window (window_ms).
 
 Each batch size is timed in rounds until its timings settle (robust coefficient of variation
@@ -175,11 +177,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time per request spent outside the batcher (decode, tokenise), ms (default: 0)",
     )
     slo.add_argument(
-        "--margin",
+        "--window-fraction",
         metavar="F",
-        type=argument_type("--margin", _margin),
-        default=0.8,
-        help="fraction of the available window to use, in (0, 1] (default: 0.8)",
+        type=argument_type("--window-fraction", _fraction),
+        default=DEFAULT_WINDOW_FRACTION,
+        help="share of the window that would fit (the budget left after the cap's p99 compute; "
+        "without an SLO, the knee's median latency) that the recommended window takes, in "
+        "(0, 1] (default: 0.8). Not the SLO's margin, which the online controller applies to "
+        "the latency target",
     )
     output = parser.add_argument_group("output")
     output.add_argument(
@@ -197,7 +202,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 # their ArgumentTypeError into "error: argument <flag>: <message>" and exit status 2) ---
 
 
-def _margin(name: str, text: str) -> float:
+def _fraction(name: str, text: str) -> float:
     return check_in_range(name, parse_number(name, text), 0.0, 1.0, open_low=True)
 
 
@@ -355,7 +360,7 @@ def _profile(args: argparse.Namespace) -> int:
         )
         return 1
     knee = find_knee(result)
-    rec = recommend(result, slo, args.margin, knee=knee)
+    rec = recommend(result, slo, args.window_fraction, knee=knee)
     report = markdown_report(result, knee=knee, recommendation=rec)
     print(report)
     _print_warnings(rec)

@@ -60,7 +60,8 @@ def test_builtin_mlp_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status = run_cli(
         "--max-batch-size", "4", "--repeats", "2", "--warmup", "0", "--device", "cpu",
-        "--slo-p99-ms", "5000", "--preprocess-ms", "1", "--margin", "0.5", "--out", str(tmp_path),
+        "--slo-p99-ms", "5000", "--preprocess-ms", "1", "--window-fraction", "0.5",
+        "--out", str(tmp_path),
     )  # fmt: skip
     assert status == 0
     result, rec = load_profile(tmp_path / "profile.json")
@@ -262,7 +263,10 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--batch-sizes", "0,2"], "argument --batch-sizes: --batch-sizes[0] must be >= 1, got 0"),
         (["--repeats", "0"], "argument --repeats: --repeats must be >= 1, got 0"),
         (["--warmup", "-1"], "argument --warmup: --warmup must be >= 0, got -1"),
-        (["--margin", "1.5"], "argument --margin: --margin must be a number in (0, 1], got 1.5"),
+        (
+            ["--window-fraction", "1.5"],
+            "argument --window-fraction: --window-fraction must be a number in (0, 1], got 1.5",
+        ),
         (
             ["--slo-p99-ms", "nan"],
             "argument --slo-p99-ms: --slo-p99-ms must be a finite number > 0, got nan",
