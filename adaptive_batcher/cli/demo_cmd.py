@@ -25,13 +25,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
+from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._threads import use_torch_threads
 from adaptive_batcher._validate import int_argument, number_argument
+
+try:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(f"adaptive-batcher demo needs rich (the cli extra): {INSTALL_CLI}") from exc
 
 __all__ = ["register"]
 

@@ -14,10 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
+from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._validate import int_argument, number_argument
 from adaptive_batcher.sim.report import Cell, comparison_markdown, plot_goodput, plot_timeseries
 from adaptive_batcher.sim.scenarios import (
@@ -32,6 +29,13 @@ from adaptive_batcher.sim.scenarios import (
 from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.traces import load_trace
 from adaptive_batcher.slo import SLO
+
+try:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(f"adaptive-batcher replay needs rich (the cli extra): {INSTALL_CLI}") from exc
 
 __all__ = ["register"]
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 import numpy as np
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher._optional import require
 from adaptive_batcher._threads import (
     TorchThreads,
     available_cores,
@@ -274,15 +275,15 @@ def _progress(enabled: bool, total: int) -> Iterator[_Progress]:
     if not enabled:
         yield _Progress(None, None)
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
+    needed_by = "profile_model(progress=True) (its progress bar; progress=False needs nothing)"
+    console = require("rich.console", needed_by)
+    progress = require("rich.progress", needed_by)
+    bar = progress.Progress(
+        progress.TextColumn("{task.description}"),
+        progress.BarColumn(),
+        progress.MofNCompleteColumn(),
+        progress.TimeElapsedColumn(),
+        console=console.Console(stderr=True),
     )
     with bar:
         yield _Progress(bar, bar.add_task("profiling", total=total))
@@ -441,7 +442,7 @@ def profile_model(
         device: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         torch_threads: ``torch.set_num_threads(torch_threads)`` for the sweep, the previous count
             restored afterwards (>= 1); None (default) leaves torch as it is.
-        progress: show a rich progress bar on stderr.
+        progress: show a rich progress bar on stderr (rich comes with the ``cli`` extra).
         timer: clock in seconds (monotonic); injectable so tests run on a fake clock.
         model_name: stored in the result; default: the callable's ``__qualname__``.
 
@@ -454,6 +455,7 @@ def profile_model(
         ValueError: an argument is out of range (``repeats must be >= 1, got 0``, ...).
         RuntimeError: a CUDA device was requested but is not available, ``torch_threads`` was
             given without torch installed, or the timer measured a median of zero.
+        ImportError: ``progress=True`` without rich (``pip install "adaptive-batcher[cli]"``).
     """
     check_callable("model", model)
     check_callable("make_batch", make_batch)
