@@ -160,7 +160,8 @@ class CudaBackend:
 
     The peak is ``torch.cuda.max_memory_allocated`` after a ``reset_peak_memory_stats``: the most
     memory held by tensors at any point of the timed calls, *including* the weights and the input
-    batch that were already allocated (as in ``shared/profiles/h200/batch_profile.csv``).
+    batch that were already allocated (as in the H200 tables shipped in
+    ``adaptive_batcher/data/h200/``, whose ``peak_mib`` includes the weights).
 
     Args:
         device: ``"cuda"`` (the current device) or ``"cuda:N"``.

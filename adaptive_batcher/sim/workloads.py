@@ -183,8 +183,9 @@ class FixedSize:
 class LognormalSizes:
     """Sizes ``round(median * exp(sigma * Z))``, Z standard normal, clipped to [1, max_units].
 
-    A lognormal fits prompt and output lengths of LLM services (Azure LLM inference traces,
-    ../shared/traces/README.md), which have a long right tail. Draws ``n`` standard normals.
+    A lognormal fits prompt and output lengths of LLM services (the Azure LLM inference traces of
+    2023, Azure/AzurePublicDataset; Patel et al., "Splitwise", ISCA 2024), which have a long
+    right tail. Draws ``n`` standard normals.
 
     Args:
         median: median size before rounding, units (> 0).
@@ -357,8 +358,9 @@ class Gamma:
     """A renewal process with gamma gaps: mean ``1 / rate_rps``, coefficient of variation ``cv``.
 
     Shape ``k = 1 / cv**2`` and scale ``cv**2 / rate_rps`` (gamma moments: mean ``k * scale``,
-    CV ``1 / sqrt(k)``). ``cv = 1`` is Poisson; ``cv > 1`` is bursty (the Azure code trace has an
-    inter-arrival CV of 13.2, ../shared/traces/README.md), ``cv < 1`` regular. The first arrival
+    CV ``1 / sqrt(k)``). ``cv = 1`` is Poisson; ``cv > 1`` is bursty (the Azure LLM code trace of
+    2023, Azure/AzurePublicDataset, has an inter-arrival CV of 13.2), ``cv < 1`` regular. The
+    first arrival
     comes one gap after 0 (not the stationary start; it matters only for the first gap).
 
     Raises:
