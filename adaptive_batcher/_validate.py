@@ -1,9 +1,18 @@
-"""Argument checks with exact, stable messages (pinned by tests).
+"""Argument checks with exact, stable messages (pinned by tests): the package's one set.
+
+Every message reads ``<name> must be <what>, got <value>`` (the value's type name for a
+TypeError). A check takes the name first, returns the value in its canonical type, and raises
+TypeError for a value of the wrong type, ValueError for one out of range.
 
 An "int" is any integral: ``int`` or anything ``operator.index`` accepts (numpy integer scalars),
 returned as a plain ``int``. A "number" is any real number (``numbers.Real``: ints, floats, numpy
 integer and float scalars), returned as a ``float``. Bools (Python's and numpy's) are neither;
 a "bool" is either of them, returned as a plain ``bool``.
+
+Command-line text goes through the same checks: :func:`parse_int`, :func:`parse_number` and
+:func:`parse_ints` read it, and :func:`argument_type` turns a check into an argparse ``type=``
+callable whose ``argparse.ArgumentTypeError`` carries the check's message (e.g.
+``--repeats must be >= 1, got 0``).
 """
 
 from __future__ import annotations
@@ -12,23 +21,35 @@ import math
 import numbers
 import operator
 from collections.abc import Callable, Iterable
-from typing import Any
+from itertools import pairwise
+from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = [
+    "argument_type",
     "check_bool",
     "check_callable",
     "check_choice",
+    "check_in_range",
+    "check_increasing_ints",
     "check_int",
     "check_integral",
+    "check_ints",
     "check_number",
     "check_optional_int",
     "check_real",
     "check_sequence",
     "check_str",
     "check_strings",
+    "int_argument",
+    "number_argument",
+    "parse_int",
+    "parse_ints",
+    "parse_number",
 ]
+
+T = TypeVar("T")
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -124,3 +145,106 @@ def check_strings(name: str, value: object) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}")
     return items
+
+
+def check_in_range(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> float:
+    """``value`` as a float in the interval from ``low`` to ``high``, each end included unless
+    ``open_low`` / ``open_high``; TypeError if not a number, else ValueError (NaN too), e.g.
+    ``margin must be a number in (0, 1], got 1.5``."""
+    number = check_real(name, value)
+    above = number > low if open_low else number >= low
+    below = number < high if open_high else number <= high
+    if not (above and below):
+        interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+    return number
+
+
+def check_ints(name: str, value: object, minimum: int, *, empty: bool = False) -> tuple[int, ...]:
+    """The items of ``value`` (an iterable of ints, not a string) as a tuple of plain ints >=
+    ``minimum``, non-empty unless ``empty``; an item's error names it ``<name>[<index>]``."""
+    items = check_sequence(name, value, "ints")
+    if not items and not empty:
+        raise ValueError(f"{name} must be a non-empty sequence of ints, got {list(items)}")
+    return tuple(check_int(f"{name}[{i}]", item, minimum) for i, item in enumerate(items))
+
+
+def check_increasing_ints(
+    name: str, value: object, minimum: int, *, empty: bool = False
+) -> tuple[int, ...]:
+    """Like :func:`check_ints`, and the ints strictly increasing."""
+    items = check_ints(name, value, minimum, empty=empty)
+    if any(b <= a for a, b in pairwise(items)):
+        raise ValueError(f"{name} must be strictly increasing, got {list(items)}")
+    return items
+
+
+# -- command-line text ---------------------------------------------------------------------------
+
+
+def parse_int(name: str, text: str) -> int:
+    """``text`` read as a decimal int (as ``int(text)``), else ValueError:
+    ``--repeats must be an int, got '1.5'``."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an int, got {text!r}") from None
+
+
+def parse_number(name: str, text: str) -> float:
+    """``text`` read as a float (as ``float(text)``; ``"nan"`` and ``"inf"`` read as such, for
+    the range check to refuse), else ValueError: ``--rate must be a number, got 'fast'``."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def parse_ints(name: str, text: str) -> tuple[int, ...]:
+    """``text`` read as comma-separated decimal ints (``"1,2,4"``; blanks around items allowed),
+    else ValueError: ``--batch-sizes must be comma-separated ints, got '1,x'``."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated ints, got {text!r}") from None
+
+
+def argument_type(name: str, convert: Callable[[str, str], T]) -> Callable[[str], T]:
+    """An argparse ``type=`` callable: ``convert(name, text)``, its TypeError or ValueError
+    turned into ``argparse.ArgumentTypeError`` with the same message (argparse then prints
+    ``error: argument <flag>: <message>`` and exits with status 2).
+
+    ``name`` is the option as the user typed it (``"--repeats"``), so the message names it.
+    """
+
+    def parse(text: str) -> T:
+        import argparse  # only command lines need it
+
+        try:
+            return convert(name, text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name  # argparse's fallback messages use it
+    return parse
+
+
+def int_argument(name: str, minimum: int) -> Callable[[str], int]:
+    """An argparse type for an int >= ``minimum`` (:func:`parse_int`, :func:`check_int`)."""
+    return argument_type(name, lambda n, text: check_int(n, parse_int(n, text), minimum))
+
+
+def number_argument(name: str, minimum: float, *, strict: bool = False) -> Callable[[str], float]:
+    """An argparse type for a finite number >= ``minimum`` (> if ``strict``)
+    (:func:`parse_number`, :func:`check_number`)."""
+    return argument_type(
+        name, lambda n, text: check_number(n, parse_number(n, text), minimum, strict=strict)
+    )

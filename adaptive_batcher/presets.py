@@ -62,12 +62,18 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher._validate import (
+    check_bool,
+    check_choice,
+    check_increasing_ints,
+    check_int,
+    check_number,
+    check_str,
+)
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import REGISTRY, Policy
 from adaptive_batcher.runtime.executors import EXECUTOR_KINDS
@@ -114,7 +120,8 @@ class PresetError(ValueError):
         self.key = key
 
 
-# -- value checks: (name, value) -> value, raising TypeError / ValueError -------------------------
+# -- value checks: (name, value) -> value, raising TypeError / ValueError ------------------------
+# thin adapters to adaptive_batcher._validate, the package's one set of checks and messages
 
 _Check = Callable[[str, object], Any]
 
@@ -127,40 +134,17 @@ def _int(minimum: int) -> _Check:
     return lambda name, value: check_int(name, value, minimum)
 
 
-def _bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    return value
-
-
 def _choice(*choices: str) -> _Check:
-    def check(name: str, value: object) -> str:
-        if _text(name, value) not in choices:
-            raise ValueError(f"{name} must be one of {', '.join(sorted(choices))}; got {value!r}")
-        return str(value)
-
-    return check
+    return lambda name, value: check_choice(name, value, sorted(choices))
 
 
-def _array(item: _Check, *, increasing: bool = False) -> _Check:
-    def check(name: str, value: object) -> tuple[Any, ...]:
-        if not isinstance(value, list):
-            raise TypeError(f"{name} must be an array, got {type(value).__name__}")
-        items = tuple(item(f"{name} item", v) for v in value)
-        if increasing and (not items or any(b <= a for a, b in pairwise(items))):
-            raise ValueError(f"{name} must be non-empty and strictly increasing, got {list(items)}")
-        return items
-
-    return check
+def _buckets(name: str, value: object) -> tuple[int, ...]:
+    return check_increasing_ints(name, value, 1)
 
 
-_BUCKETS = _array(_int(1), increasing=True)
+_bool: _Check = check_bool
+_text: _Check = check_str
+_BUCKETS: _Check = _buckets
 
 SLO_KEYS: Mapping[str, _Check] = MappingProxyType(
     {

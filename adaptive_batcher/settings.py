@@ -218,7 +218,7 @@ def read_service_profile(profile: ServiceProfile | None) -> tuple[tuple[int, flo
     if profile is None:
         return ()
     if isinstance(profile, str | os.PathLike):
-        from adaptive_batcher.profile.report import load_profile
+        from adaptive_batcher.profile.format import load_profile
 
         if not os.path.exists(profile):
             raise FileNotFoundError(f"service_profile: no such file: {os.fspath(profile)!r}")

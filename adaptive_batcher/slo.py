@@ -24,7 +24,10 @@ class SLO:
             the name reads true in the common case. ``SLO(p99_ms=50, percentile=95)`` means
             p95 <= 50 ms.
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0).
-        margin: fraction of the target the controller aims at, in (0, 1].
+        margin: fraction of the target the controller aims at, in (0, 1]: the online
+            controller steers latency to ``margin * p99_ms`` at every tick. Not the profiler's
+            ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which trims the
+            recommended window once, offline, to a share of the slack left after compute.
 
     Every field takes any real number (ints, floats, numpy scalars; not bools) and is stored as
     a ``float``.

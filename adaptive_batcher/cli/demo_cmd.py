@@ -19,19 +19,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
+from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._threads import use_torch_threads
+from adaptive_batcher._validate import int_argument, number_argument
+
+try:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(f"adaptive-batcher demo needs rich (the cli extra): {INSTALL_CLI}") from exc
 
 __all__ = ["register"]
 
@@ -44,15 +48,30 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--duration", type=_positive, default=20.0, help="run time, seconds")
-    parser.add_argument("--rate", type=_positive, default=300.0, help="base arrival rate, req/s")
     parser.add_argument(
-        "--burst-rate", type=_positive, default=900.0, help="arrival rate during the burst, req/s"
+        "--duration", type=_positive("--duration"), default=20.0, help="run time, seconds"
     )
     parser.add_argument(
-        "--window-ms", type=_non_negative, default=2.0, help="starting batching window, ms"
+        "--rate", type=_positive("--rate"), default=300.0, help="base arrival rate, req/s"
     )
-    parser.add_argument("--max-batch-size", type=_positive_int, default=64, help="batch cap, items")
+    parser.add_argument(
+        "--burst-rate",
+        type=_positive("--burst-rate"),
+        default=900.0,
+        help="arrival rate during the burst, req/s",
+    )
+    parser.add_argument(
+        "--window-ms",
+        type=number_argument("--window-ms", 0.0),
+        default=2.0,
+        help="starting batching window, ms",
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=int_argument("--max-batch-size", 1),
+        default=64,
+        help="batch cap, items",
+    )
     parser.add_argument(
         "--executor",
         choices=["thread", "inline"],
@@ -61,7 +80,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--slo-p99-ms",
-        type=_positive,
+        type=_positive("--slo-p99-ms"),
         default=50.0,
         help="the SLO the controller aims at, ms (with --static: what answers are judged by)",
     )
@@ -71,7 +90,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="arrival process seed")
     parser.add_argument(
         "--torch-threads",
-        type=_non_negative_int,
+        type=int_argument("--torch-threads", 0),
         default=1,
         help="torch.set_num_threads for the run (restored afterwards); 0 keeps torch's default "
         "(one per core). 1 by default: the model is small and the event loop needs a core",
@@ -89,38 +108,8 @@ class _Tally:
     errors: int = 0
 
 
-def _number(text: str, *, allow_zero: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text}"
-        )
-    return value
-
-
-def _positive(text: str) -> float:
-    return _number(text, allow_zero=False)
-
-
-def _non_negative(text: str) -> float:
-    return _number(text, allow_zero=True)
-
-
-def _non_negative_int(text: str) -> int:
-    value = _non_negative(text)
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text}")
-    return int(value)
-
-
-def _positive_int(text: str) -> int:
-    value = _positive(text)
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text}")
-    return int(value)
+def _positive(flag: str) -> Callable[[str], float]:
+    return number_argument(flag, 0.0, strict=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,9 @@
 
 Each sub-command lives in its own module with ``register(subparsers)``, which adds its parser and
 sets ``func`` (``func(args) -> int`` exit status).
+
+The command needs the ``cli`` extra (rich, matplotlib, kneed); without it, :func:`main` prints
+``pip install "adaptive-batcher[cli]"`` and the missing libraries on stderr and returns 2.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 from collections.abc import Sequence
 
 import structlog
+
+from adaptive_batcher._optional import CLI_MODULES, INSTALL_CLI, missing
 
 __all__ = ["build_parser", "main"]
 
@@ -40,7 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (2 without the ``cli`` extra)."""
+    absent = missing(CLI_MODULES)
+    if absent:
+        print(
+            f"adaptive-batcher: the command line needs the cli extra (missing: "
+            f"{', '.join(absent)}): {INSTALL_CLI}",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     # the command line is an application: it, not the library, decides what gets logged
     level = logging.getLevelNamesMapping()[args.log_level.upper()]

@@ -18,6 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaptive_batcher._validate import (
+    argument_type,
+    check_in_range,
+    check_ints,
+    int_argument,
+    number_argument,
+    parse_ints,
+    parse_number,
+)
+from adaptive_batcher.profile.recommend import DEFAULT_WINDOW_FRACTION
+
 if TYPE_CHECKING:
     from adaptive_batcher.profile import Recommendation
 
@@ -26,7 +37,8 @@ __all__ = ["register"]
 _DESCRIPTION = """\
 Measure a model's latency and throughput at a range of batch sizes (the practitioners'
 three-step method): 1. sweep batch sizes on the real model and hardware, 2. find the knee of
-the throughput curve, 3. keep a margin and check the latency budget against an SLO. It prints
+the throughput curve, 3. keep a safety margin (--window-fraction of the window that would fit)
+and check the latency budget against an SLO. It prints
 a markdown table and a recommended batch cap (max_batch_size) and batching window (window_ms).
 
 Each batch size is timed in rounds until its timings settle (robust coefficient of variation
@@ -81,27 +93,27 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         metavar="MODEL",
-        type=_target,
+        type=argument_type("MODEL", _target),
         help="'module:function' returning the batch callable (default: the built-in example MLP)",
     )
     parser.add_argument(
         "--input",
         metavar="MODULE:FUNCTION",
-        type=_target,
+        type=argument_type("--input", _target),
         help="'module:function' with function(n) -> a batch of n items (needed with MODEL)",
     )
     sizes = parser.add_argument_group("batch sizes")
     sizes.add_argument(
         "--batch-sizes",
         metavar="LIST",
-        type=_batch_sizes,
+        type=argument_type("--batch-sizes", _batch_sizes),
         help="comma-separated batch sizes, e.g. 1,2,4,8 (default: powers of two up to "
         "--max-batch-size)",
     )
     sizes.add_argument(
         "--max-batch-size",
         metavar="N",
-        type=_positive_int,
+        type=int_argument("--max-batch-size", 1),
         default=512,
         help="largest power of two to try when --batch-sizes is not given (default: 512)",
     )
@@ -109,7 +121,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--repeats",
         metavar="N",
-        type=_positive_int,
+        type=int_argument("--repeats", 1),
         default=20,
         help="timed calls per round at each batch size; median, p99 and CV are taken over all "
         "the rounds' calls (default: 20)",
@@ -117,7 +129,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--max-repeats",
         metavar="N",
-        type=_positive_int,
+        type=int_argument("--max-repeats", 1),
         help="most timed calls per batch size: rounds of --repeats are added while the robust "
         "CV of the timings is above --cv-threshold (default: 5 x --repeats; equal to --repeats "
         "for a single round)",
@@ -125,7 +137,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--cv-threshold",
         metavar="F",
-        type=_positive_float,
+        type=number_argument("--cv-threshold", 0.0, strict=True),
         default=0.1,
         help="a batch size is settled once the robust coefficient of variation of its timings "
         "(1.4826 x MAD / median) is at most F (default: 0.1, i.e. 10 %%)",
@@ -133,7 +145,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--threads",
         metavar="N",
-        type=_positive_int,
+        type=int_argument("--threads", 1),
         help="torch.set_num_threads(N) for the sweep (default: leave torch's count as it is; "
         "the count used is reported either way). On a small or busy CPU, more threads than free "
         "cores make timings noisy: try 1",
@@ -141,7 +153,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--warmup",
         metavar="N",
-        type=_nonnegative_int,
+        type=int_argument("--warmup", 0),
         default=3,
         help="untimed calls per batch size before timing (default: 3)",
     )
@@ -154,22 +166,25 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument(
         "--slo-p99-ms",
         metavar="MS",
-        type=_positive_float,
+        type=number_argument("--slo-p99-ms", 0.0, strict=True),
         help="end-to-end p99 latency target in ms; the cap and window are checked against it",
     )
     slo.add_argument(
         "--preprocess-ms",
         metavar="MS",
-        type=_nonnegative_float,
+        type=number_argument("--preprocess-ms", 0.0),
         default=0.0,
         help="time per request spent outside the batcher (decode, tokenise), ms (default: 0)",
     )
     slo.add_argument(
-        "--margin",
+        "--window-fraction",
         metavar="F",
-        type=_margin,
-        default=0.8,
-        help="fraction of the available window to use, in (0, 1] (default: 0.8)",
+        type=argument_type("--window-fraction", _fraction),
+        default=DEFAULT_WINDOW_FRACTION,
+        help="share of the window that would fit (the budget left after the cap's p99 compute; "
+        "without an SLO, the knee's median latency) that the recommended window takes, in "
+        "(0, 1] (default: 0.8). Not the SLO's margin, which the online controller applies to "
+        "the latency target",
     )
     output = parser.add_argument_group("output")
     output.add_argument(
@@ -183,80 +198,23 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# --- argument types (argparse turns ArgumentTypeError into "error: ..." and exit status 2) ---
+# --- argument types: adaptive_batcher._validate's checks, through argument_type (argparse turns
+# their ArgumentTypeError into "error: argument <flag>: <message>" and exit status 2) ---
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+def _fraction(name: str, text: str) -> float:
+    return check_in_range(name, parse_number(name, text), 0.0, 1.0, open_low=True)
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+def _batch_sizes(name: str, text: str) -> list[int]:
+    return sorted(set(check_ints(name, parse_ints(name, text), 1)))
 
 
-def _float(text: str, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text, "a number > 0")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    value = _float(text, "a number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _margin(text: str) -> float:
-    value = _float(text, "a number in (0, 1]")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
-def _batch_sizes(text: str) -> list[int]:
-    parts = [part.strip() for part in text.split(",")]
-    try:
-        sizes = [int(part) for part in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}"
-        ) from None
-    if not sizes or any(size < 1 for size in sizes):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}"
-        )
-    return sorted(set(sizes))
-
-
-def _target(text: str) -> str:
+def _target(name: str, text: str) -> str:
     module, sep, attr = text.partition(":")
     if not sep or not module or not attr or ":" in attr:
-        raise argparse.ArgumentTypeError(
-            f"expected 'module:function' (e.g. mypkg.serving:build_model), got {text!r}"
+        raise ValueError(
+            f"{name} must be 'module:function' (e.g. mypkg.serving:build_model), got {text!r}"
         )
     return text
 
@@ -355,7 +313,7 @@ def _profile(args: argparse.Namespace) -> int:
         raise _UsageError(f"--out {str(args.out)!r} exists and is not a directory")
     if args.max_repeats is not None and args.max_repeats < args.repeats:
         raise _UsageError(
-            f"--max-repeats ({args.max_repeats}) must be >= --repeats ({args.repeats})"
+            f"--max-repeats must be >= --repeats ({args.repeats}), got {args.max_repeats}"
         )
     if args.threads is not None and importlib.util.find_spec("torch") is None:
         raise _UsageError("--threads sets torch's thread count, but torch is not installed")
@@ -402,7 +360,7 @@ def _profile(args: argparse.Namespace) -> int:
         )
         return 1
     knee = find_knee(result)
-    rec = recommend(result, slo, args.margin, knee=knee)
+    rec = recommend(result, slo, args.window_fraction, knee=knee)
     report = markdown_report(result, knee=knee, recommendation=rec)
     print(report)
     _print_warnings(rec)

@@ -14,10 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
+from adaptive_batcher._optional import INSTALL_CLI
+from adaptive_batcher._validate import int_argument, number_argument
 from adaptive_batcher.sim.report import Cell, comparison_markdown, plot_goodput, plot_timeseries
 from adaptive_batcher.sim.scenarios import (
     CONTENDERS,
@@ -33,6 +31,13 @@ from adaptive_batcher.sim.scenarios import (
 from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.traces import load_trace
 from adaptive_batcher.slo import SLO
+
+try:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(f"adaptive-batcher replay needs rich (the cli extra): {INSTALL_CLI}") from exc
 
 __all__ = ["register"]
 
@@ -76,7 +81,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--trace", type=Path, help="replay this CSV trace (Azure LLM format)")
     parser.add_argument(
-        "--compress", type=float, default=1000.0, help="time compression of --trace (default 1000)"
+        "--compress",
+        type=number_argument("--compress", 0.0, strict=True),
+        default=1000.0,
+        help="time compression of --trace (default 1000)",
     )
     parser.add_argument(
         "--service",
@@ -84,8 +92,14 @@ def register(subparsers: Any) -> None:
         help="service-time profile JSON from `adaptive-batcher profile` "
         "(default: resnet50 on an H200); scenario loads rescale to its capacity",
     )
-    parser.add_argument("--slo-p99-ms", type=float, help="the SLO p99 target, ms (default 50)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of arrivals and noise")
+    parser.add_argument(
+        "--slo-p99-ms",
+        type=number_argument("--slo-p99-ms", 0.0, strict=True),
+        help="the SLO p99 target, ms (default 50)",
+    )
+    parser.add_argument(
+        "--seed", type=int_argument("--seed", 0), default=0, help="seed of arrivals and noise"
+    )
     parser.add_argument(
         "--out",
         type=Path,

@@ -424,7 +424,8 @@ class MemoryGuard(Guard):
 
 class BucketGuard(Guard):
     """Caps only among warmed batch sizes: cold shapes cost 100-970 ms of p99 on an H200
-    (../shared/profiles/h200/executor_diag_*.csv).
+    (measured by this project: resnet50, bf16, eager, the first call at each new batch size, in
+    every execution mode).
 
     Args:
         warmed: returns the warmed sizes now (e.g. ``lambda: batcher.warmed_sizes``); when it is

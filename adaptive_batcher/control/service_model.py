@@ -4,8 +4,8 @@ Per-size medians of recent batches (medians: robust to stragglers) are fitted by
 regression (the pool-adjacent-violators algorithm: service time never falls as the batch grows)
 for sizes inside the observed range.
 A linear model alone misses the shape measured on GPUs, flat while launch-bound and linear
-after (resnet50 on an H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64 and 16.6 ms at 256;
-../shared/profiles/h200/batch_profile.csv).
+after (resnet50, bf16, eager, on one NVIDIA H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64
+and 16.6 ms at 256; the table shipped in ``adaptive_batcher/data/h200/batch_profile.csv``).
 Beyond the largest observed size the median model is deliberately optimistic: it grows at
 ``OPTIMISM`` times the per-unit cost of the largest observed batch ("optimism in the face of
 uncertainty", as in UCB). A controller that only ever saw small batches must still try larger ones

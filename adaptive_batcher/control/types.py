@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from adaptive_batcher._validate import (
+    check_increasing_ints,
     check_int,
     check_integral,
     check_number,
     check_real,
-    check_sequence,
     check_str,
 )
 from adaptive_batcher.control.plan import Plan
@@ -142,11 +141,7 @@ def _set(instance: object, name: str, value: object) -> None:
 
 
 def _buckets(value: object) -> tuple[int, ...]:
-    sizes = check_sequence("Bounds.batch_sizes", value, "ints")
-    buckets = tuple(check_int("Bounds.batch_sizes item", size, 1) for size in sizes)
-    if any(b <= a for a, b in itertools.pairwise(buckets)):
-        raise ValueError(f"Bounds.batch_sizes must be strictly increasing, got {buckets}")
-    return buckets
+    return check_increasing_ints("Bounds.batch_sizes", value, 1, empty=True)
 
 
 def _no_model(batch_size: int) -> float:

@@ -1,12 +1,13 @@
-"""The offline profiler: the practitioners' sweep -> knee -> margin method, as a tool.
+"""The offline profiler: the practitioners' sweep -> knee -> safety margin method, as a tool.
 
 1. :func:`profile_model` sweeps batch sizes on the real model and hardware (median / p99 batch
    latency, items/s, peak memory; stops at the first out-of-memory batch size), repeating each
    until its timings settle, and warns when they did not or when a larger batch ran measurably
    faster than a smaller one (:func:`noise_warnings`): ``ProfileResult.noisy``.
 2. :func:`find_knee` finds the knee of the throughput curve (Kneedle, with a fallback).
-3. :func:`recommend` keeps a margin and checks the latency budget against an
-   :class:`~adaptive_batcher.SLO`.
+3. :func:`recommend` keeps a safety margin (``window_fraction``, 80 % of the window that would
+   fit) and checks the latency budget against an :class:`~adaptive_batcher.SLO`;
+   :meth:`Recommendation.controller_bounds` turns it into the ``Bounds`` of a batcher.
 
 Then :func:`write_profile` / :func:`load_profile` (JSON, also the simulator's service-time table),
 :func:`markdown_report` and :func:`plot_profile` report it. ``adaptive-batcher profile`` runs all
@@ -27,6 +28,13 @@ Example::
 from __future__ import annotations
 
 from adaptive_batcher.profile._devices import is_out_of_memory, resolve_device
+from adaptive_batcher.profile.format import (
+    SCHEMA,
+    ProfileFormatError,
+    load_profile,
+    profile_to_dict,
+    write_profile,
+)
 from adaptive_batcher.profile.knee import FALLBACK_FRACTION, Knee, KneeMethod, find_knee
 from adaptive_batcher.profile.noise import (
     DEFAULT_CV_THRESHOLD,
@@ -35,21 +43,12 @@ from adaptive_batcher.profile.noise import (
 )
 from adaptive_batcher.profile.plot import plot_profile
 from adaptive_batcher.profile.recommend import (
-    DEFAULT_MARGIN,
-    ControllerBounds,
+    DEFAULT_WINDOW_FRACTION,
     Recommendation,
     controller_bounds,
     recommend,
 )
-from adaptive_batcher.profile.report import (
-    SCHEMA,
-    ProfileFormatError,
-    load_profile,
-    markdown_report,
-    markdown_table,
-    profile_to_dict,
-    write_profile,
-)
+from adaptive_batcher.profile.report import markdown_report, markdown_table
 from adaptive_batcher.profile.sweep import (
     ProfileResult,
     ProfileRow,
@@ -59,11 +58,10 @@ from adaptive_batcher.profile.sweep import (
 
 __all__ = [
     "DEFAULT_CV_THRESHOLD",
-    "DEFAULT_MARGIN",
+    "DEFAULT_WINDOW_FRACTION",
     "FALLBACK_FRACTION",
     "MONOTONE_TOLERANCE",
     "SCHEMA",
-    "ControllerBounds",
     "Knee",
     "KneeMethod",
     "ProfileFormatError",

@@ -21,6 +21,8 @@ import re
 import sys
 from typing import Any, Protocol
 
+from adaptive_batcher._validate import check_str
+
 __all__ = [
     "CpuBackend",
     "CudaBackend",
@@ -84,8 +86,7 @@ def resolve_device(device: object) -> str:
         ValueError: ``device`` is not ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         RuntimeError: a CUDA device was asked for but torch is missing or sees no GPU.
     """
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a str, got {type(device).__name__}")
+    device = check_str("device", device)
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cpu":
@@ -159,7 +160,8 @@ class CudaBackend:
 
     The peak is ``torch.cuda.max_memory_allocated`` after a ``reset_peak_memory_stats``: the most
     memory held by tensors at any point of the timed calls, *including* the weights and the input
-    batch that were already allocated (as in ``shared/profiles/h200/batch_profile.csv``).
+    batch that were already allocated (as in the H200 tables shipped in
+    ``adaptive_batcher/data/h200/``, whose ``peak_mib`` includes the weights).
 
     Args:
         device: ``"cuda"`` (the current device) or ``"cuda:N"``.

@@ -5,9 +5,9 @@ Past the knee, a larger batch buys little throughput and costs proportionally mo
 
 Method: Kneedle (V. Satopaa, J. Albrecht, D. Irwin, B. Raghavan, "Finding a 'Kneedle' in a
 Haystack: Detecting Knee Points in System Behavior", ICDCS workshops 2011), via the ``kneed``
-library, on throughput (items/s) against log2(batch size), with ``curve="concave"`` and
-``direction="increasing"``. The x axis is log2 because batch sizes are powers of two: evenly
-spaced points, as Kneedle's normalisation assumes.
+library (the ``cli`` extra; imported when a knee is sought), on throughput (items/s) against
+log2(batch size), with ``curve="concave"`` and ``direction="increasing"``. The x axis is log2
+because batch sizes are powers of two: evenly spaced points, as Kneedle's normalisation assumes.
 
 A throughput curve against log2(batch) is usually S-shaped: convex while the device is
 launch-bound (throughput doubles with the batch), concave once it saturates. Kneedle's difference
@@ -31,7 +31,8 @@ from typing import Final, Literal
 
 import numpy as np
 
-from adaptive_batcher._validate import check_number
+from adaptive_batcher._optional import require
+from adaptive_batcher._validate import check_in_range, check_number
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 
 __all__ = ["FALLBACK_FRACTION", "Knee", "KneeMethod", "find_knee"]
@@ -68,15 +69,14 @@ class Knee:
 
 def _kneedle_index(rows: Sequence[ProfileRow], sensitivity: float) -> int | None:
     """Index of the Kneedle knee among ``rows``, or None if there is no interior knee."""
-    from kneed import KneeLocator
-
+    knee_locator = require("kneed", "find_knee (Kneedle)").KneeLocator
     x = np.log2(np.array([row.batch_size for row in rows], dtype=float))
     y = np.array([row.items_per_s for row in rows], dtype=float)
     if np.ptp(y) == 0.0:  # flat curve: normalisation would divide by zero
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # kneed warns "No knee/elbow found"
-        locator = KneeLocator(
+        locator = knee_locator(
             x, y, S=sensitivity, curve="concave", direction="increasing", online=True
         )
     best: int | None = None
@@ -115,6 +115,8 @@ def find_knee(
         TypeError: ``profile`` is neither a ProfileResult nor a sequence of ProfileRow.
         ValueError: no rows, rows not in strictly increasing batch size, or an argument out of
             range.
+        ImportError: kneed is missing (``pip install "adaptive-batcher[cli]"``) and 3 or more
+            rows were given (fewer never reach Kneedle).
     """
     if isinstance(profile, ProfileResult):
         rows: Sequence[ProfileRow] = profile.rows
@@ -129,9 +131,7 @@ def find_knee(
     if not rows:
         raise ValueError("cannot find a knee: the profile has no rows")
     check_number("sensitivity", sensitivity, 0.0, strict=True)
-    fraction = check_number("fallback_fraction", fallback_fraction, 0.0, strict=True)
-    if fraction > 1.0:
-        raise ValueError(f"fallback_fraction must be in (0, 1], got {fallback_fraction!r}")
+    fraction = check_in_range("fallback_fraction", fallback_fraction, 0.0, 1.0, open_low=True)
 
     if len(rows) >= 3:
         index = _kneedle_index(rows, sensitivity)

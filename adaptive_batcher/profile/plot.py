@@ -2,7 +2,7 @@
 
 The figure is built on ``matplotlib.figure.Figure`` with an explicit ``FigureCanvasAgg`` rather
 than through ``pyplot``, so it touches no global backend or figure state and is safe in servers,
-threads and tests.
+threads and tests. matplotlib comes with the ``cli`` extra and is imported when a plot is made.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from adaptive_batcher._optional import agg_figure
 from adaptive_batcher.profile.knee import Knee
 from adaptive_batcher.profile.recommend import Recommendation
 from adaptive_batcher.profile.sweep import ProfileResult
@@ -40,15 +41,12 @@ def plot_profile(
 
     Raises:
         ValueError: ``result`` has no rows.
+        ImportError: matplotlib is missing (``pip install "adaptive-batcher[cli]"``).
         OSError: the file cannot be written.
     """
     if not result.rows:
         raise ValueError("cannot plot a profile with no rows")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8.0, 5.0), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = agg_figure("plot_profile", figsize=(8.0, 5.0), dpi=100)
     ax = fig.add_subplot()
     xs = [row.items_per_s for row in result.rows]
     medians = [row.median_ms for row in result.rows]

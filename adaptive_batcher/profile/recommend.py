@@ -1,17 +1,23 @@
-"""Step 3 of the practitioners' method: keep a margin, and check the latency budget.
+"""Step 3 of the practitioners' method: keep a safety margin, and check the latency budget.
 
 The rules (sources: the seed article's "sweep, find the knee, take ~80 % of the knee's window"
-method, and the latency budget of DESIGN.md section 1: end-to-end = queueing + preprocessing +
-compute, so window <= SLO - preprocess - compute(batch), with a safety margin):
+method, and the latency budget of an inference request: end-to-end latency = queueing (the
+window) + preprocessing + compute, so window <= SLO - preprocess - compute(batch), with a safety
+margin):
 
 - **cap** = the knee's batch size. With an SLO whose budget the knee's compute does not fit, the
   cap is the largest profiled batch size, not above the knee, whose compute fits.
 - **compute(n)** = the p99 batch latency measured at batch size n, so the tail of the compute time
   is budgeted, not only its median.
 - **budget** = ``slo.p99_ms - slo.preprocess_ms``: what is left for queueing + compute.
-  (``SLO.margin`` is the online controller's aim and is not applied here; ``margin`` is.)
-- **window** = ``margin * (budget - compute(cap))`` with an SLO; without one,
-  ``margin * median latency at the knee`` ("take ~80 % of the knee's window").
+- **window** = ``window_fraction * (budget - compute(cap))`` with an SLO; without one,
+  ``window_fraction * median latency at the knee`` ("take ~80 % of the knee's window").
+
+Two safety margins, not to be confused: ``window_fraction`` (here) is the share of the *window
+that would fit* (the slack left after compute) that the recommended window takes, applied once,
+offline; ``SLO.margin`` is the share of the *latency target* the online controller aims at
+(``target_ms = margin * p99_ms``), applied at every control tick. ``recommend`` does not apply
+``SLO.margin``: the controller does, on top, when it runs within the recommended bounds.
 - When even the smallest profiled batch size (normally 1) does not fit the budget, the SLO cannot
   be met on this model and hardware: ``meets_slo`` is False, the cap is that smallest size and the
   window 0, and the first reason says so.
@@ -20,32 +26,25 @@ compute, so window <= SLO - preprocess - compute(batch), with a safety margin):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Final, NamedTuple
+from typing import Final
 
-from adaptive_batcher._validate import check_int, check_number, check_strings
+from adaptive_batcher._validate import (
+    check_bool,
+    check_in_range,
+    check_int,
+    check_number,
+    check_strings,
+)
+from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.profile.knee import Knee, find_knee
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.slo import SLO
 
-__all__ = ["DEFAULT_MARGIN", "ControllerBounds", "Recommendation", "controller_bounds", "recommend"]
+__all__ = ["DEFAULT_WINDOW_FRACTION", "Recommendation", "controller_bounds", "recommend"]
 
-DEFAULT_MARGIN: Final = 0.8
-"""Safety margin on the window: the seed article's "take ~80 % of the knee's window"."""
-
-
-class ControllerBounds(NamedTuple):
-    """The range the online controller may explore, from an offline recommendation.
-
-    Attributes:
-        min_window_ms: smallest window, ms (0: dispatch what is queued as soon as the model is free,
-            which is as good as or better than 5 ms under load on the H200 measurements).
-        max_window_ms: largest window, ms (the recommended window, which already keeps the margin).
-        max_batch_size: largest batch cap (the recommended cap).
-    """
-
-    min_window_ms: float
-    max_window_ms: float
-    max_batch_size: int
+DEFAULT_WINDOW_FRACTION: Final = 0.8
+"""Share of the window that would fit that the recommended window takes: the seed article's
+"take ~80 % of the knee's window". Not ``SLO.margin`` (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +82,11 @@ class Recommendation:
         if self.slo_p99_ms is not None:
             target = check_number("Recommendation.slo_p99_ms", self.slo_p99_ms, 0.0, strict=True)
             object.__setattr__(self, "slo_p99_ms", target)
-        if not isinstance(self.meets_slo, bool):
-            raise TypeError(
-                f"Recommendation.meets_slo must be a bool, got {type(self.meets_slo).__name__}"
-            )
+        object.__setattr__(
+            self, "meets_slo", check_bool("Recommendation.meets_slo", self.meets_slo)
+        )
         object.__setattr__(self, "reasons", check_strings("Recommendation.reasons", self.reasons))
-        if not isinstance(self.noisy, bool):
-            raise TypeError(f"Recommendation.noisy must be a bool, got {type(self.noisy).__name__}")
+        object.__setattr__(self, "noisy", check_bool("Recommendation.noisy", self.noisy))
         object.__setattr__(
             self, "warnings", check_strings("Recommendation.warnings", self.warnings)
         )
@@ -114,16 +111,23 @@ class Recommendation:
             "using them"
         )
 
-    def controller_bounds(self) -> ControllerBounds:
-        """Same as :func:`controller_bounds` of this recommendation."""
+    def controller_bounds(self) -> Bounds:
+        """The :class:`~adaptive_batcher.control.Bounds` for ``AdaptiveBatcher(bounds=...)``:
+        same as :func:`controller_bounds` of this recommendation."""
         return controller_bounds(self)
 
 
-def controller_bounds(recommendation: Recommendation) -> ControllerBounds:
-    """The (min window ms, max window ms, max cap) the online controller should stay within.
+def controller_bounds(recommendation: Recommendation) -> Bounds:
+    """The range the online controller should stay within, as the
+    :class:`~adaptive_batcher.control.Bounds` that ``AdaptiveBatcher(bounds=...)`` takes.
 
-    The window ranges from 0 to the recommended window (which keeps the safety margin inside the
-    latency budget when an SLO was given); the cap is at most the recommended cap.
+    The window ranges from 0 ms (dispatch what is queued as soon as the model is free: on the
+    H200 measurements, resnet50 served under load, as good as or better than a 5 ms window) to
+    the recommended window, which already keeps ``window_fraction`` of the slack inside the
+    latency budget when an SLO was given. The cap ranges from 1 to the recommended cap; no
+    buckets (``batch_sizes=()``): pass ``replace(bounds, batch_sizes=...)`` to add them.
+    ``AdaptiveBatcher(model, max_batch_size=rec.max_batch_size, window_ms=rec.window_ms,
+    bounds=rec.controller_bounds())`` starts the batcher at the recommendation.
 
     Raises:
         TypeError: ``recommendation`` is not a :class:`Recommendation`.
@@ -132,14 +136,12 @@ def controller_bounds(recommendation: Recommendation) -> ControllerBounds:
         raise TypeError(
             f"recommendation must be a Recommendation, got {type(recommendation).__name__}"
         )
-    return ControllerBounds(0.0, recommendation.window_ms, recommendation.max_batch_size)
-
-
-def _check_margin(margin: object) -> float:
-    value = check_number("margin", margin, 0.0, strict=True)
-    if value > 1.0:
-        raise ValueError(f"margin must be in (0, 1], got {margin!r}")
-    return value
+    return Bounds(
+        min_window_ms=0.0,
+        max_window_ms=recommendation.window_ms,
+        min_batch_size=1,
+        max_batch_size=recommendation.max_batch_size,
+    )
 
 
 def _items(value: float) -> str:
@@ -149,7 +151,7 @@ def _items(value: float) -> str:
 def recommend(
     result: ProfileResult,
     slo: SLO | None = None,
-    margin: float = DEFAULT_MARGIN,
+    window_fraction: float = DEFAULT_WINDOW_FRACTION,
     *,
     knee: Knee | None = None,
 ) -> Recommendation:
@@ -158,8 +160,11 @@ def recommend(
     Args:
         result: a sweep with at least one row.
         slo: the latency objective to check against, or None.
-        margin: fraction of the available window to use, in (0, 1]; 0.8 by default (the
-            practitioners' "~80 % of the knee's window").
+        window_fraction: share of the window that would fit (the budget left after the cap's
+            p99 compute; without an SLO, the knee's median batch latency) that the recommended
+            window takes, in (0, 1]; 0.8 by default (the practitioners' "~80 % of the knee's
+            window"). Not ``slo.margin``, which the online controller applies to the target
+            (see the module docstring).
         knee: the knee to use; default :func:`find_knee` of ``result``.
 
     Returns:
@@ -169,22 +174,22 @@ def recommend(
 
     Raises:
         TypeError: ``result`` is not a ProfileResult, ``slo`` not an SLO or None, ``knee`` not a
-            Knee or None, ``margin`` not a number.
-        ValueError: ``result`` has no rows, ``margin`` is outside (0, 1], or ``knee`` is not at a
-            profiled batch size.
+            Knee or None, ``window_fraction`` not a number.
+        ValueError: ``result`` has no rows, ``window_fraction`` is outside (0, 1], or ``knee`` is
+            not at a profiled batch size.
     """
-    rec = _recommend(result, slo, margin, knee)
+    rec = _recommend(result, slo, window_fraction, knee)
     return replace(rec, noisy=result.noisy, warnings=result.warnings)
 
 
 def _recommend(
-    result: ProfileResult, slo: SLO | None, margin: float, knee: Knee | None
+    result: ProfileResult, slo: SLO | None, window_fraction: float, knee: Knee | None
 ) -> Recommendation:
     if not isinstance(result, ProfileResult):
         raise TypeError(f"result must be a ProfileResult, got {type(result).__name__}")
     if slo is not None and not isinstance(slo, SLO):
         raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
-    m = _check_margin(margin)
+    m = check_in_range("window_fraction", window_fraction, 0.0, 1.0, open_low=True)
     if not result.rows:
         raise ValueError(
             "cannot recommend from a profile with no rows "
@@ -225,7 +230,7 @@ def _recommend(
         window = m * knee_row.median_ms
         reasons.append(f"cap = the knee: {knee_row.batch_size}")
         reasons.append(
-            f"no SLO given: window = margin {m:g} x the knee's median batch latency "
+            f"no SLO given: window = window_fraction {m:g} x the knee's median batch latency "
             f"{knee_row.median_ms:.2f} ms = {window:.2f} ms "
             "(practitioners' method: take ~80 % of the knee's window)"
         )
@@ -271,7 +276,8 @@ def _recommend(
         )
     window = max(m * (budget - cap_row.p99_ms), 0.0)
     reasons.append(
-        f"window = margin {m:g} x (budget {budget:g} ms - compute {cap_row.p99_ms:.2f} ms) "
+        f"window = window_fraction {m:g} x (budget {budget:g} ms - compute "
+        f"{cap_row.p99_ms:.2f} ms) "
         f"= {window:.2f} ms"
     )
     return Recommendation(cap_row.batch_size, window, slo.p99_ms, True, tuple(reasons))

@@ -6,7 +6,7 @@ import bisect
 import math
 from collections.abc import Iterable
 
-from adaptive_batcher._validate import check_int, check_sequence
+from adaptive_batcher._validate import check_increasing_ints
 
 __all__ = ["check_buckets", "pad_target", "warmup_sizes"]
 
@@ -28,10 +28,7 @@ def warmup_sizes(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:
 def check_buckets(batch_sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
     if batch_sizes is None:
         return ()
-    sizes = check_sequence("batch_sizes", batch_sizes, "ints")
-    buckets = tuple(check_int("batch_sizes item", size, 1) for size in sizes)
-    if not buckets or any(b >= a for a, b in zip(buckets[1:], buckets, strict=False)):
-        raise ValueError(f"batch_sizes must be non-empty and strictly increasing, got {buckets}")
+    buckets = check_increasing_ints("batch_sizes", batch_sizes, 1)
     if cap > buckets[-1]:
         raise ValueError(
             f"max_batch_size ({cap}) must not exceed the largest of batch_sizes ({buckets[-1]})"

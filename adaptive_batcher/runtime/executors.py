@@ -1,8 +1,9 @@
 """How a batch reaches the model: on the event loop, in a worker thread, or split for CUDA.
 
-Each executor is an object with ``async run(items) -> results``. Measured on an H200
-(../shared/profiles/h200/executor_diag_*.csv): a worker thread fighting the event loop for the GIL
-made each resnet50 batch 2-5x slower, while launching kernels on the loop thread and waiting for a
+Each executor is an object with ``async run(items) -> results``. Measured by this project on one
+NVIDIA H200 (resnet50, PyTorch 2.11, bf16, eager; the same load served with each execution
+strategy): a worker thread fighting the event loop for the GIL made each resnet50 batch 2-5x
+slower, while launching kernels on the loop thread and waiting for a
 CUDA event in a worker thread ("split", :class:`CudaExecutor`) gave p50 6-8 ms and p99 11-14 ms at
 2000-12000 req/s. CPU models (torch releases the GIL inside kernels) run well in a thread.
 

@@ -1,7 +1,7 @@
 """The measured tables shipped as package data (``adaptive_batcher/data/h200/`` and ``cpu/``).
 
-Measured on one NVIDIA H200, 2026-11-29, PyTorch 2.11.0+cu130, bf16 eager, random weights (the
-project's ``../shared/profiles/h200/``; columns in ``adaptive_batcher/data/h200/README.md``).
+Measured on one NVIDIA H200, 2026-11-29, PyTorch 2.11.0+cu130, bf16 eager, random weights, by
+this project's measurement campaign (columns in ``adaptive_batcher/data/h200/README.md``).
 Tables are read with :mod:`importlib.resources`, so they work from a wheel as well as a checkout.
 CPU profiles (``adaptive_batcher/data/cpu/``) were measured on this project's 2-core CI-class
 machine with ``adaptive-batcher profile``; see the README there.

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaptive_batcher._optional import agg_figure
 from adaptive_batcher.sim.result import SimResult
 
 __all__ = ["Cell", "comparison_markdown", "plot_goodput", "plot_timeseries"]
@@ -73,12 +74,12 @@ def _ms(value: float) -> str:
 def plot_timeseries(
     results: Mapping[str, SimResult], path: str | Path, *, slo_ms: float, title: str
 ) -> Path:
-    """Three stacked panels over time: p99 (log scale, SLO line), window, cap. Writes a PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Three stacked panels over time: p99 (log scale, SLO line), window, cap. Writes a PNG.
 
-    figure = Figure(figsize=(10, 8))
-    FigureCanvasAgg(figure)
+    Raises:
+        ImportError: matplotlib is missing (``pip install "adaptive-batcher[cli]"``).
+    """
+    figure = agg_figure("plot_timeseries", figsize=(10, 8))
     p99_ax, window_ax, cap_ax = figure.subplots(3, 1, sharex=True)
     for name, result in results.items():
         series = result.series
@@ -102,16 +103,17 @@ def plot_timeseries(
 
 
 def plot_goodput(cells: Sequence[Cell], path: str | Path) -> Path:
-    """Grouped bars: goodput per contender within each scenario. Writes a PNG."""
+    """Grouped bars: goodput per contender within each scenario. Writes a PNG.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install "adaptive-batcher[cli]"``).
+    """
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     scenarios = list(dict.fromkeys(c.scenario for c in cells))
     contenders = list(dict.fromkeys(c.contender for c in cells))
     values = {(c.scenario, c.contender): c.result.goodput_rps for c in cells}
-    figure = Figure(figsize=(max(8, 1.5 * len(scenarios)), 5))
-    FigureCanvasAgg(figure)
+    figure = agg_figure("plot_goodput", figsize=(max(8, 1.5 * len(scenarios)), 5))
     axes = figure.subplots()
     width = 0.8 / max(1, len(contenders))
     x = np.arange(len(scenarios))

@@ -8,7 +8,8 @@ BentoML-like cork, Clipper AIMD, and a static grid searched in hindsight). The b
 
 Loads are given as fractions of the device's capacity under the SLO: the throughput of the
 largest batch whose two-batch latency fits the SLO target (resnet50 on an H200, SLO p99 50 ms:
-batch 256, 15.4k img/s; ../shared/profiles/h200/batch_profile.csv).
+batch 256, 15.4k img/s; measured on one NVIDIA H200, resnet50, bf16, eager: the table shipped
+in ``adaptive_batcher/data/h200/batch_profile.csv``).
 """
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ def _overload_then_light(capacity: float) -> tuple[float, ...]:
 
 
 SCENARIOS: dict[str, Scenario] = make_scenarios(_resnet(), SLO_50)
-"""The scenarios on resnet50 / H200 (../shared/profiles/h200/batch_profile.csv), SLO p99 50 ms."""
+"""The scenarios on resnet50 / H200 (:meth:`TableService.from_h200`, the table shipped in
+``adaptive_batcher/data/h200/``), SLO p99 50 ms."""
 CAPACITY = capacity_rps(_resnet(), SLO_50)
 
 

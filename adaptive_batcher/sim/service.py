@@ -11,15 +11,16 @@ size function counts. Every model answers two questions:
 
 Models:
 
-- :class:`LinearService`: ``fixed_s + per_unit_s * units`` (BentoML's ``a*n + b`` fit, DESIGN.md
-  section 6).
+- :class:`LinearService`: ``fixed_s + per_unit_s * units`` (the ``a*n + b`` fit of BentoML's
+  adaptive batching dispatcher, which refits it over its last 50 batches).
 - :class:`TableService`: linear interpolation in a measured table, e.g. the shipped H200 tables
   (:meth:`TableService.from_h200`) or a file from ``adaptive-batcher profile``
   (:meth:`TableService.from_profile_json`).
 - :class:`Noisy`: multiplies another model's time by a lognormal factor with mean 1.
 - :class:`Stalls`: adds a heavy-tailed stall to a fraction of another model's batches.
 - :class:`ColdShapes`: the first call at each new batch size pays a one-off cost (GPU algorithm
-  selection; ../shared/profiles/h200/executor_diag_*.csv: cold shapes put p99 at 100-970 ms).
+  selection; on one NVIDIA H200, measured by this project with resnet50, bf16, eager, cold shapes
+  put p99 at 100-970 ms).
 
 :class:`MemoryLimit` is the device's capacity over time (with "squeezes": another tenant takes
 memory at a given time), to decide out-of-memory batches and report free memory.
@@ -27,7 +28,6 @@ memory at a given time), to decide out-of-memory batches and report free memory.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from bisect import bisect_right
@@ -39,11 +39,18 @@ from typing import Any, Final, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from adaptive_batcher._validate import (
+    check_in_range,
+    check_int,
+    check_ints,
+    check_number,
+    check_real,
+)
+from adaptive_batcher.profile.format import load_profile
 from adaptive_batcher.sim.profiles import MIB, Row, load_h200_table
 
 __all__ = [
     "H200_MODELS",
-    "PROFILE_SCHEMA",
     "ColdShapes",
     "LinearService",
     "MemoryLimit",
@@ -55,9 +62,6 @@ __all__ = [
 
 H200_MODELS: Final = ("resnet50", "bert_base_seq128", "llama_1b_decode", "llama_1b_prefill")
 """Model names accepted by :meth:`TableService.from_h200`."""
-
-PROFILE_SCHEMA: Final = "adaptive_batcher.profile/1"
-"""The ``"schema"`` value of the profiler's JSON files (adaptive_batcher/profile/report.py)."""
 
 
 @runtime_checkable
@@ -79,20 +83,16 @@ class ServiceModel(Protocol):
 
 
 def _check_batch(units: int) -> None:
-    if units < 1:
-        raise ValueError(f"units must be >= 1, got {units}")
+    check_int("units", units, 1)
 
 
 def _check_memory_units(units: int) -> None:
-    if units < 0:
-        raise ValueError(f"units must be >= 0, got {units}")
+    check_int("units", units, 0)
 
 
 def _check_nonnegative(name: str, value: float, *, allow_nan: bool = False) -> None:
-    if allow_nan and math.isnan(value):
-        return
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not (allow_nan and math.isnan(check_real(name, value))):
+        check_number(name, value, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +100,9 @@ class LinearService:
     """Service time ``fixed_s + per_unit_s * units`` seconds, memory likewise in bytes.
 
     Deterministic: ``rng`` is not used (wrap it in :class:`Noisy` for variation). The linear form
-    is BentoML's ``duration = a*n + b`` fit (DESIGN.md section 6); it misses the flat launch-bound
-    start measured on GPUs, for which use :class:`TableService`.
+    is the ``duration = a*n + b`` fit of BentoML's adaptive batching dispatcher (refitted over
+    its last 50 batches); it misses the flat launch-bound start measured on GPUs, for which use
+    :class:`TableService`.
 
     Args:
         fixed_s: seconds per batch whatever its size (>= 0).
@@ -111,6 +112,7 @@ class LinearService:
         name: the model's name in reports.
 
     Raises:
+        TypeError: a figure that is not a number.
         ValueError: a time is negative or not finite, or a memory figure is negative or infinite.
     """
 
@@ -142,9 +144,9 @@ def _as_table(values: Any, what: str, n: int | None) -> npt.NDArray[np.float64]:
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {array.shape}")
     if n is not None and array.size != n:
-        raise ValueError(f"{what} has {array.size} values but sizes has {n}")
+        raise ValueError(f"{what} must have {n} values (one per size), got {array.size}")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError(f"{what} must be finite and >= 0")
+        raise ValueError(f"{what} must be finite numbers >= 0, got {array.tolist()}")
     array.flags.writeable = False
     return array
 
@@ -192,9 +194,9 @@ class TableService:
     ) -> None:
         size_values = _as_table(sizes, "sizes", None)
         if np.any(size_values < 1) or np.any(size_values != np.round(size_values)):
-            raise ValueError("sizes must be integers >= 1")
+            raise ValueError(f"sizes must be ints >= 1, got {size_values.tolist()}")
         if np.any(np.diff(size_values) <= 0):
-            raise ValueError("sizes must be strictly increasing")
+            raise ValueError(f"sizes must be strictly increasing, got {size_values.tolist()}")
         self._xs = size_values
         sizes_int = size_values.astype(np.int64)
         sizes_int.flags.writeable = False
@@ -304,80 +306,35 @@ class TableService:
     ) -> TableService:
         """A table from a profile written by ``adaptive-batcher profile`` (JSON).
 
-        Reads schema ``adaptive_batcher.profile/1`` (adaptive_batcher/profile/report.py):
-        ``{"schema": ..., "rows": [{"batch_size": int, "median_ms": float, "p99_ms": float,
-        "items_per_s": float, "peak_mem_bytes": int | null}, ...], ...}``. Service time is
-        ``median_ms / 1000``; memory is ``peak_mem_bytes``, unknown (NaN) unless every row has
-        one. Other keys are ignored.
+        The file is read by the profiler's own reader,
+        :func:`adaptive_batcher.profile.format.load_profile` (schema
+        ``adaptive_batcher.profile/1``, :data:`adaptive_batcher.profile.format.SCHEMA`), so
+        the simulator accepts exactly the files the profiler writes. Service time is a row's
+        ``median_ms / 1000``; memory is its ``peak_mem_bytes``, unknown (NaN) unless every row
+        has one.
 
         Args:
             path: the JSON file.
-            name: the model's name in reports; default the file's ``"model"`` value, else
-                ``"profile:<file name>"``.
+            name: the model's name in reports; default the file's ``"model"`` value, or
+                ``"profile:<file name>"`` when that is empty.
 
         Raises:
             OSError: the file cannot be read (FileNotFoundError when absent).
-            ValueError: not JSON, another schema, or a bad key; the message starts with the
-                path and names the key, e.g. ``p.json: key 'rows[1].median_ms': must be a
-                number > 0, got 'fast'``.
+            ProfileFormatError: (a ValueError) not UTF-8 JSON, another schema, or a missing or
+                bad key; the message starts with the path and names the key, e.g.
+                ``p.json: key 'rows[1].median_ms': must be a number, got a string``.
         """
-        where = os.fspath(path)
-
-        def fail(key: str, problem: str) -> ValueError:
-            return ValueError(f"{where}: key {key!r}: {problem}")
-
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{where}: not UTF-8 text: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ValueError(f"{where}: the document must be a JSON object")
-        if doc.get("schema") != PROFILE_SCHEMA:
-            raise fail("schema", f"must be {PROFILE_SCHEMA!r}, got {doc.get('schema')!r}")
-        raw_rows = doc.get("rows")
-        if not isinstance(raw_rows, list) or not raw_rows:
-            raise fail("rows", f"must be a non-empty array, got {raw_rows!r}")
-        sizes: list[int] = []
-        latencies_s: list[float] = []
-        memory: list[float | None] = []
-        for i, raw in enumerate(raw_rows):
-            prefix = f"rows[{i}]"
-            if not isinstance(raw, dict):
-                raise fail(prefix, f"must be an object, got {raw!r}")
-            size = raw.get("batch_size")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise fail(f"{prefix}.batch_size", f"must be an integer >= 1, got {size!r}")
-            if sizes and size <= sizes[-1]:
-                raise fail(
-                    f"{prefix}.batch_size",
-                    f"must be larger than the previous row's ({sizes[-1]}), got {size}",
-                )
-            median = raw.get("median_ms")
-            if (
-                isinstance(median, bool)
-                or not isinstance(median, int | float)
-                or not math.isfinite(median)
-                or median <= 0
-            ):
-                raise fail(f"{prefix}.median_ms", f"must be a number > 0, got {median!r}")
-            peak = raw.get("peak_mem_bytes")
-            if peak is not None and (
-                isinstance(peak, bool) or not isinstance(peak, int | float) or not peak >= 0
-            ):
-                raise fail(
-                    f"{prefix}.peak_mem_bytes", f"must be a number >= 0 or null, got {peak!r}"
-                )
-            sizes.append(size)
-            latencies_s.append(float(median) / 1e3)
-            memory.append(None if peak is None else float(peak))
-        known = [m for m in memory if m is not None]
-        table_memory = known if len(known) == len(memory) else None
-        model_name = doc.get("model")
+        result, _ = load_profile(path)
+        peaks = [row.peak_mem_bytes for row in result.rows]
+        memory = None if None in peaks else [float(peak or 0) for peak in peaks]
         if name is None:
-            name = model_name if isinstance(model_name, str) else f"profile:{Path(path).name}"
-        return cls(sizes, latencies_s, table_memory, name=name)
+            name = result.model_name or f"profile:{Path(path).name}"
+        return cls(
+            [row.batch_size for row in result.rows],
+            [row.median_ms / 1e3 for row in result.rows],
+            memory,
+            name=name,
+        )
 
 
 def _interpolate(x: float, xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float64]) -> float:
@@ -407,6 +364,7 @@ class Noisy:
             16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
 
     Raises:
+        TypeError: ``cv`` not a number.
         ValueError: ``cv`` negative or not finite.
     """
 
@@ -457,6 +415,7 @@ class Stalls:
         alpha: the tail's shape (> 1: a finite mean).
 
     Raises:
+        TypeError: an argument that is not a number.
         ValueError: an argument out of range.
     """
 
@@ -466,12 +425,9 @@ class Stalls:
     alpha: float = 1.5
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.probability <= 1.0:
-            raise ValueError(f"probability must be in [0, 1], got {self.probability!r}")
-        if not (math.isfinite(self.scale_s) and self.scale_s > 0):
-            raise ValueError(f"scale_s must be a finite number > 0, got {self.scale_s!r}")
-        if not (math.isfinite(self.alpha) and self.alpha > 1):
-            raise ValueError(f"alpha must be a finite number > 1, got {self.alpha!r}")
+        check_in_range("probability", self.probability, 0.0, 1.0)
+        check_number("scale_s", self.scale_s, 0.0, strict=True)
+        check_number("alpha", self.alpha, 1.0, strict=True)
 
     @property
     def name(self) -> str:
@@ -498,7 +454,8 @@ class ColdShapes:
 
     On GPUs the first call at a new input shape selects kernels/algorithms: on an H200 cold
     shapes put p99 at 100-970 ms in every execution mode, while warmed shapes gave p99
-    11-14 ms (../shared/profiles/h200/executor_diag_a.csv, executor_diag_b.csv). The default
+    11-14 ms (measured by this project: resnet50, bf16, eager, the same load served with and
+    without warmed shapes, in each execution mode). The default
     0.3 s lies in that range. Stateful: each instance remembers the sizes it has run; use one
     instance per simulated replica and :meth:`reset` between replays. Memory is the inner
     model's; ``rng`` is passed to the inner model only.
@@ -510,6 +467,7 @@ class ColdShapes:
             ``warmup()`` ran.
 
     Raises:
+        TypeError: ``cold_s`` not a number, ``warmed`` not a sequence of ints.
         ValueError: ``cold_s`` negative or not finite, a warmed size < 1.
     """
 
@@ -519,9 +477,7 @@ class ColdShapes:
         self, inner: ServiceModel, cold_s: float = 0.3, warmed: Iterable[int] = ()
     ) -> None:
         _check_nonnegative("cold_s", cold_s)
-        initial = frozenset(int(u) for u in warmed)
-        if any(u < 1 for u in initial):
-            raise ValueError(f"warmed sizes must be >= 1, got {sorted(initial)}")
+        initial = frozenset(check_ints("warmed", warmed, 1, empty=True))
         self.inner = inner
         self.cold_s = float(cold_s)
         self._initial = initial
@@ -571,13 +527,14 @@ class MemoryLimit:
 
     Args:
         capacity_bytes: capacity from time 0 (> 0), e.g. ``141e9`` for an H200 (141 GB HBM3e).
-        squeezes: ``(time_s, capacity_bytes)`` pairs: from ``time_s`` on (inclusive), the
+        squeezes: ``(time_s, capacity_bytes)`` pairs: from ``time_s`` (>= 0) on (inclusive), the
             capacity is ``capacity_bytes`` (> 0), until the next squeeze. Stored sorted by time;
             a later entry for the same time wins. Models another tenant taking (or giving back)
             memory.
 
     Raises:
-        ValueError: a capacity not finite or <= 0, a squeeze time not finite.
+        TypeError: a capacity or time that is not a number.
+        ValueError: a capacity not finite or <= 0, a squeeze time not finite or < 0.
     """
 
     capacity_bytes: float
@@ -585,14 +542,14 @@ class MemoryLimit:
     _times: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.capacity_bytes) or self.capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be finite and > 0, got {self.capacity_bytes!r}")
-        pairs = [(float(t), float(c)) for t, c in self.squeezes]
-        for t, c in pairs:
-            if not math.isfinite(t):
-                raise ValueError(f"squeeze time_s must be finite, got {t!r}")
-            if not math.isfinite(c) or c <= 0:
-                raise ValueError(f"squeeze capacity_bytes must be finite and > 0, got {c!r}")
+        check_number("capacity_bytes", self.capacity_bytes, 0.0, strict=True)
+        pairs = [
+            (
+                check_number(f"squeezes[{i}] time_s", t, 0.0),
+                check_number(f"squeezes[{i}] capacity_bytes", c, 0.0, strict=True),
+            )
+            for i, (t, c) in enumerate(self.squeezes)
+        ]
         ordered = tuple(sorted(pairs, key=lambda p: p[0]))  # stable: later entry wins at a tie
         object.__setattr__(self, "squeezes", ordered)
         object.__setattr__(self, "_times", tuple(t for t, _ in ordered))

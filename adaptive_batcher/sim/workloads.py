@@ -25,6 +25,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from adaptive_batcher._validate import check_number
+
 __all__ = [
     "Arrivals",
     "ClosedLoop",
@@ -181,8 +183,9 @@ class FixedSize:
 class LognormalSizes:
     """Sizes ``round(median * exp(sigma * Z))``, Z standard normal, clipped to [1, max_units].
 
-    A lognormal fits prompt and output lengths of LLM services (Azure LLM inference traces,
-    ../shared/traces/README.md), which have a long right tail. Draws ``n`` standard normals.
+    A lognormal fits prompt and output lengths of LLM services (the Azure LLM inference traces of
+    2023, Azure/AzurePublicDataset; Patel et al., "Splitwise", ISCA 2024), which have a long
+    right tail. Draws ``n`` standard normals.
 
     Args:
         median: median size before rounding, units (> 0).
@@ -232,19 +235,15 @@ def lognormal_sizes(median: float, sigma: float, max_units: int) -> LognormalSiz
 
 
 def _check_duration(duration_s: float) -> float:
-    if not math.isfinite(duration_s) or duration_s < 0:
-        raise ValueError(f"duration_s must be finite and >= 0, got {duration_s!r}")
-    return float(duration_s)
+    return check_number("duration_s", duration_s, 0.0)
 
 
 def _check_rate(name: str, value: float) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    check_number(name, value, 0.0)
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    check_number(name, value, 0.0, strict=True)
 
 
 def _renewal_times(
@@ -359,8 +358,9 @@ class Gamma:
     """A renewal process with gamma gaps: mean ``1 / rate_rps``, coefficient of variation ``cv``.
 
     Shape ``k = 1 / cv**2`` and scale ``cv**2 / rate_rps`` (gamma moments: mean ``k * scale``,
-    CV ``1 / sqrt(k)``). ``cv = 1`` is Poisson; ``cv > 1`` is bursty (the Azure code trace has an
-    inter-arrival CV of 13.2, ../shared/traces/README.md), ``cv < 1`` regular. The first arrival
+    CV ``1 / sqrt(k)``). ``cv = 1`` is Poisson; ``cv > 1`` is bursty (the Azure LLM code trace of
+    2023, Azure/AzurePublicDataset, has an inter-arrival CV of 13.2), ``cv < 1`` regular. The
+    first arrival
     comes one gap after 0 (not the stationary start; it matters only for the first gap).
 
     Raises:

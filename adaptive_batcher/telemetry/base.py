@@ -7,8 +7,9 @@ controller, the guards) must treat unknown as "no information", not as "idle" or
 About NVML "utilization" (``gpu_util_pct``): it is the fraction of the last sample period during
 which *any* kernel ran, not how much of the GPU the kernels used. On an H200 running resnet50 it
 reads 28 % at batch 1 and 100 % from batch 64 on, while throughput still rises from 13.5k to
-15.5k img/s (../shared/profiles/h200/nvml_signal.csv), and a matmul chain at batch 64 reads 59 %
-while tensor-core utilization is 11 % (../shared/profiles/h200/nvml_probe.csv). So 100 % NVML
+15.5k img/s, and a matmul chain at batch 64 reads 59 % while tensor-core utilization (GPM) is
+11 % (both measured by this project on one NVIDIA H200, bf16, eager, reading NVML and GPM while
+the model ran back to back). So 100 % NVML
 utilization never means "no headroom"; prefer the GPM figures (``sm_util_pct``,
 ``sm_occupancy_pct``, ``tensor_util_pct``, Hopper and newer) where they are known.
 """

@@ -2,12 +2,13 @@
 
 ``pynvml`` is imported when a :class:`NvmlTelemetry` is built, never when this module is
 imported, so the package imports on machines without NVIDIA's library. One NVML call costs
-4-9 us on an H200 (../shared/profiles/h200/nvml_calls.csv: utilization ~4 us, memory ~9 us), so
-a background sampler at 10-50 Hz is cheap.
+4-9 us on an H200 (measured by this project from Python through nvidia-ml-py: utilization ~4 us,
+memory ~9 us), so a background sampler at 10-50 Hz is cheap.
 
 Read ``gpu_util_pct`` with care: NVML utilization is the fraction of time any kernel ran and
-reads 100 % on an H200 from resnet50 batch 64 on while throughput still rises
-(../shared/profiles/h200/nvml_signal.csv, nvml_probe.csv). Never treat it as "no headroom";
+reads 100 % on an H200 from resnet50 batch 64 on while throughput still rises (measured by this
+project on one NVIDIA H200, bf16, eager, reading NVML and GPM while resnet50 ran back to back).
+Never treat it as "no headroom";
 prefer the GPM ``sm_util_pct`` / ``tensor_util_pct`` (see :func:`utilization_headroom`).
 """
 

@@ -69,12 +69,13 @@ def test_demo_help_says_why_one_torch_thread(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--duration", "0", "must be a finite number > 0, got 0"),
-        ("--window-ms", "nan", "must be a finite number >= 0, got nan"),
-        ("--max-batch-size", "2.5", "must be a whole number, got 2.5"),
-        ("--rate", "fast", "not a number: 'fast'"),
-        ("--torch-threads", "-1", "must be a finite number >= 0, got -1"),
-        ("--torch-threads", "1.5", "must be a whole number, got 1.5"),
+        ("--duration", "0", "--duration must be a finite number > 0, got 0.0"),
+        ("--window-ms", "nan", "--window-ms must be a finite number >= 0, got nan"),
+        ("--max-batch-size", "2.5", "--max-batch-size must be an int, got '2.5'"),
+        ("--max-batch-size", "0", "--max-batch-size must be >= 1, got 0"),
+        ("--rate", "fast", "--rate must be a number, got 'fast'"),
+        ("--torch-threads", "-1", "--torch-threads must be >= 0, got -1"),
+        ("--torch-threads", "1.5", "--torch-threads must be an int, got '1.5'"),
     ],
 )
 def test_demo_rejects_bad_numbers(
@@ -83,7 +84,7 @@ def test_demo_rejects_bad_numbers(
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", option, value])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert f"error: argument {option}: {message}\n" in capsys.readouterr().err
 
 
 def test_replay_of_a_trace_writes_table_and_plots(
@@ -126,6 +127,24 @@ def test_replay_missing_trace_is_a_clear_error(
 ) -> None:
     assert main(["replay", "--trace", str(tmp_path / "nope.csv")]) == 2
     assert "no trace at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--compress", "0", "--compress must be a finite number > 0, got 0.0"),
+        ("--slo-p99-ms", "-5", "--slo-p99-ms must be a finite number > 0, got -5.0"),
+        ("--seed", "-1", "--seed must be >= 0, got -1"),
+        ("--seed", "x", "--seed must be an int, got 'x'"),
+    ],
+)
+def test_replay_rejects_bad_numbers_before_running(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", option, value, "--list"])
+    assert exit_info.value.code == 2
+    assert f"error: argument {option}: {message}\n" in capsys.readouterr().err
 
 
 def test_replay_reports_an_unwritable_output_folder(

@@ -10,7 +10,7 @@ import pytest
 from adaptive_batcher.control.service_model import OPTIMISM, ServiceTimeModel
 from adaptive_batcher.metrics.recorder import BatchSample
 
-# resnet50 on an H200, ../shared/profiles/h200/batch_profile.csv (median ms)
+# resnet50 on an H200, adaptive_batcher/data/h200/batch_profile.csv (median ms)
 RESNET = {1: 3.676, 4: 3.881, 8: 3.968, 16: 3.916, 32: 4.041, 64: 7.219, 128: 8.778, 256: 16.651}
 
 

@@ -84,12 +84,12 @@ def test_decision_takes_numpy_scalars_as_plain_numbers() -> None:
             TypeError,
             "Bounds.batch_sizes must be a sequence of ints, got NoneType",
         ),
-        ({"batch_sizes": (1, 2.5)}, TypeError, "Bounds.batch_sizes item must be an int, got float"),
-        ({"batch_sizes": (0, 4)}, ValueError, "Bounds.batch_sizes item must be >= 1, got 0"),
+        ({"batch_sizes": (1, 2.5)}, TypeError, "Bounds.batch_sizes[1] must be an int, got float"),
+        ({"batch_sizes": (0, 4)}, ValueError, "Bounds.batch_sizes[0] must be >= 1, got 0"),
         (
             {"batch_sizes": (4, 2)},
             ValueError,
-            "Bounds.batch_sizes must be strictly increasing, got (4, 2)",
+            "Bounds.batch_sizes must be strictly increasing, got [4, 2]",
         ),
         (
             {"min_window_ms": math.nan},

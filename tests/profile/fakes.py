@@ -54,7 +54,7 @@ def make_list_batch(n: int) -> list[int]:
     return list(range(n))
 
 
-# resnet50, bf16, eager, H200 (shared/profiles/h200/batch_profile.csv): batch, median ms,
+# resnet50, bf16, eager, H200 (adaptive_batcher/data/h200/batch_profile.csv): batch, median ms,
 # p90 ms (stands in for p99 here), items/s, peak MiB.
 RESNET50_H200 = [
     (1, 3.676, 3.818, 272.0, 303.9),

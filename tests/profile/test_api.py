@@ -13,8 +13,8 @@ def test_all_lists_exactly_the_public_names() -> None:
         and getattr(value, "__module__", "").startswith("adaptive_batcher.profile")
     }
     constants = {
-        "DEFAULT_CV_THRESHOLD", "DEFAULT_MARGIN", "FALLBACK_FRACTION", "MONOTONE_TOLERANCE",
-        "SCHEMA", "KneeMethod",
+        "DEFAULT_CV_THRESHOLD", "DEFAULT_WINDOW_FRACTION", "FALLBACK_FRACTION",
+        "MONOTONE_TOLERANCE", "SCHEMA", "KneeMethod",
     }  # fmt: skip
     assert set(profile.__all__) == public | constants
     assert sorted(profile.__all__) == sorted(set(profile.__all__))

@@ -60,7 +60,8 @@ def test_builtin_mlp_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status = run_cli(
         "--max-batch-size", "4", "--repeats", "2", "--warmup", "0", "--device", "cpu",
-        "--slo-p99-ms", "5000", "--preprocess-ms", "1", "--margin", "0.5", "--out", str(tmp_path),
+        "--slo-p99-ms", "5000", "--preprocess-ms", "1", "--window-fraction", "0.5",
+        "--out", str(tmp_path),
     )  # fmt: skip
     assert status == 0
     result, rec = load_profile(tmp_path / "profile.json")
@@ -204,7 +205,7 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
         (["--device", "tpu"],
          "--device: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
         (["--repeats", "5", "--max-repeats", "4"],
-         "--max-repeats (4) must be >= --repeats (5)"),
+         "--max-repeats must be >= --repeats (5), got 4"),
     ],
 )  # fmt: skip
 def test_argument_errors_exit_2_with_a_clear_message(
@@ -250,18 +251,37 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["nocolon"], "expected 'module:function' (e.g. mypkg.serving:build_model), got 'nocolon'"),
-        (["--batch-sizes", "1,x"], "expected comma-separated integers >= 1 such as 1,2,4,8"),
-        (["--batch-sizes", "0,2"], "expected comma-separated integers >= 1 such as 1,2,4,8"),
-        (["--repeats", "0"], "expected an integer >= 1, got '0'"),
-        (["--warmup", "-1"], "expected an integer >= 0, got '-1'"),
-        (["--margin", "1.5"], "expected a number in (0, 1], got '1.5'"),
-        (["--slo-p99-ms", "nan"], "expected a number > 0, got 'nan'"),
-        (["--slo-p99-ms", "-5"], "expected a number > 0, got '-5'"),
-        (["--input", "a:b:c"], "expected 'module:function'"),
-        (["--threads", "0"], "expected an integer >= 1, got '0'"),
-        (["--max-repeats", "x"], "expected an integer >= 1, got 'x'"),
-        (["--cv-threshold", "0"], "expected a number > 0, got '0'"),
+        (
+            ["nocolon"],
+            "argument MODEL: MODEL must be 'module:function' (e.g. mypkg.serving:build_model), "
+            "got 'nocolon'",
+        ),
+        (
+            ["--batch-sizes", "1,x"],
+            "argument --batch-sizes: --batch-sizes must be comma-separated ints, got '1,x'",
+        ),
+        (["--batch-sizes", "0,2"], "argument --batch-sizes: --batch-sizes[0] must be >= 1, got 0"),
+        (["--repeats", "0"], "argument --repeats: --repeats must be >= 1, got 0"),
+        (["--warmup", "-1"], "argument --warmup: --warmup must be >= 0, got -1"),
+        (
+            ["--window-fraction", "1.5"],
+            "argument --window-fraction: --window-fraction must be a number in (0, 1], got 1.5",
+        ),
+        (
+            ["--slo-p99-ms", "nan"],
+            "argument --slo-p99-ms: --slo-p99-ms must be a finite number > 0, got nan",
+        ),
+        (
+            ["--slo-p99-ms", "-5"],
+            "argument --slo-p99-ms: --slo-p99-ms must be a finite number > 0, got -5.0",
+        ),
+        (["--input", "a:b:c"], "argument --input: --input must be 'module:function'"),
+        (["--threads", "0"], "argument --threads: --threads must be >= 1, got 0"),
+        (["--max-repeats", "x"], "argument --max-repeats: --max-repeats must be an int, got 'x'"),
+        (
+            ["--cv-threshold", "0"],
+            "argument --cv-threshold: --cv-threshold must be a finite number > 0, got 0.0",
+        ),
     ],
 )
 def test_malformed_options_are_rejected_by_argparse_with_exit_2(

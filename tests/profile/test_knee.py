@@ -84,11 +84,15 @@ def test_knee_is_never_an_end_point_from_kneedle(resnet50: ProfileResult) -> Non
     ("kwargs", "error", "message"),
     [
         ({"sensitivity": 0.0}, ValueError, "sensitivity must be a finite number > 0, got 0.0"),
-        ({"fallback_fraction": 1.5}, ValueError, "fallback_fraction must be in (0, 1], got 1.5"),
+        (
+            {"fallback_fraction": 1.5},
+            ValueError,
+            "fallback_fraction must be a number in (0, 1], got 1.5",
+        ),
         (
             {"fallback_fraction": 0},
             ValueError,
-            "fallback_fraction must be a finite number > 0, got 0",
+            "fallback_fraction must be a number in (0, 1], got 0",
         ),
         ({"sensitivity": "1"}, TypeError, "sensitivity must be a number, got str"),
     ],

@@ -1,12 +1,12 @@
-"""recommend: cap at the knee, window from the margin, the SLO budget check."""
+"""recommend: cap at the knee, window from the window fraction, the SLO budget check."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaptive_batcher import SLO
+from adaptive_batcher import SLO, AdaptiveBatcher
+from adaptive_batcher.control import Bounds
 from adaptive_batcher.profile import (
-    ControllerBounds,
     Knee,
     ProfileResult,
     ProfileRow,
@@ -33,9 +33,22 @@ def test_without_slo_cap_is_the_knee_and_window_is_80_percent_of_its_latency(
     assert any("take ~80 % of the knee's window" in reason for reason in rec.reasons)
 
 
-def test_margin_scales_the_window(resnet50: ProfileResult) -> None:
-    assert recommend(resnet50, margin=0.5).window_ms == pytest.approx(0.5 * KNEE_MEDIAN_MS)
-    assert recommend(resnet50, margin=1).window_ms == pytest.approx(KNEE_MEDIAN_MS)
+def test_window_fraction_scales_the_window(resnet50: ProfileResult) -> None:
+    rec = recommend(resnet50, window_fraction=0.5)
+    assert rec.window_ms == pytest.approx(0.5 * KNEE_MEDIAN_MS)
+    assert any(r.startswith("no SLO given: window = window_fraction 0.5 x") for r in rec.reasons)
+    assert recommend(resnet50, window_fraction=1).window_ms == pytest.approx(KNEE_MEDIAN_MS)
+
+
+def test_the_slos_margin_is_the_controllers_not_the_recommendations(
+    resnet50: ProfileResult,
+) -> None:
+    """SLO.margin (the controller's aim) leaves the window alone; window_fraction sets it."""
+    tight, loose = SLO(p99_ms=50.0, margin=0.5), SLO(p99_ms=50.0, margin=1.0)
+    assert recommend(resnet50, tight).window_ms == recommend(resnet50, loose).window_ms
+    rec = recommend(resnet50, loose, window_fraction=0.5)
+    assert rec.window_ms == pytest.approx(0.5 * (50.0 - KNEE_P99_MS))
+    assert rec.reasons[-1].startswith("window = window_fraction 0.5 x (budget 50 ms - compute")
 
 
 def test_with_an_slo_that_fits_at_the_knee(resnet50: ProfileResult) -> None:
@@ -125,24 +138,43 @@ def test_an_explicit_knee_is_used(resnet50: ProfileResult) -> None:
     assert rec.window_ms == pytest.approx(0.8 * 7.219)
 
 
-def test_controller_bounds(resnet50: ProfileResult) -> None:
+def test_controller_bounds_are_the_bounds_a_batcher_takes(resnet50: ProfileResult) -> None:
     rec = recommend(resnet50, SLO(p99_ms=50.0))
     bounds = controller_bounds(rec)
-    assert bounds == ControllerBounds(0.0, rec.window_ms, 128)
+    assert isinstance(bounds, Bounds)
+    assert bounds == Bounds(0.0, rec.window_ms, 1, 128)
     assert rec.controller_bounds() == bounds
-    min_window_ms, max_window_ms, max_batch_size = bounds
-    assert (min_window_ms, max_batch_size) == (0.0, 128)
-    assert max_window_ms == pytest.approx(0.8 * (50.0 - KNEE_P99_MS))
+    assert bounds.max_window_ms == pytest.approx(0.8 * (50.0 - KNEE_P99_MS))
     with pytest.raises(TypeError, match=r"^recommendation must be a Recommendation, got dict$"):
         controller_bounds({})  # type: ignore[arg-type]
+
+
+def test_a_batcher_starts_at_the_recommendation_within_its_bounds(
+    resnet50: ProfileResult,
+) -> None:
+    for slo in (SLO(p99_ms=50.0), SLO(p99_ms=3.0)):  # the second cannot be met: window 0
+        rec = recommend(resnet50, slo)
+        batcher = AdaptiveBatcher(
+            lambda items: items,
+            max_batch_size=rec.max_batch_size,
+            window_ms=rec.window_ms,
+            slo=slo,
+            bounds=rec.controller_bounds(),
+        )
+        stats = batcher.stats()
+        assert (stats.window_ms, stats.max_batch_size) == (rec.window_ms, rec.max_batch_size)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"margin": 0}, ValueError, "margin must be a finite number > 0, got 0"),
-        ({"margin": 1.5}, ValueError, "margin must be in (0, 1], got 1.5"),
-        ({"margin": "0.8"}, TypeError, "margin must be a number, got str"),
+        ({"window_fraction": 0}, ValueError, "window_fraction must be a number in (0, 1], got 0"),
+        (
+            {"window_fraction": 1.5},
+            ValueError,
+            "window_fraction must be a number in (0, 1], got 1.5",
+        ),
+        ({"window_fraction": "0.8"}, TypeError, "window_fraction must be a number, got str"),
         ({"slo": 50.0}, TypeError, "slo must be an SLO or None, got float"),
         ({"knee": 128}, TypeError, "knee must be a Knee or None, got int"),
         (

@@ -13,7 +13,7 @@ import torch
 from adaptive_batcher import SLO, AdaptiveBatcher, stacked
 from adaptive_batcher.examples.mlp import make_input, make_mlp, mlp_batch_fn
 from adaptive_batcher.policies import PID, Static
-from adaptive_batcher.profile.report import write_profile
+from adaptive_batcher.profile.format import write_profile
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.telemetry.base import TelemetrySample
 from adaptive_batcher.testing import FakeTelemetry

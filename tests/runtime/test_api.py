@@ -54,8 +54,16 @@ def identity(batch: list[Any]) -> list[Any]:
         ({"size_fn": 3}, TypeError, "size_fn must be callable, got int"),
         ({"pad_fn": 3}, TypeError, "pad_fn must be callable, got int"),
         ({"slo": 100}, TypeError, "slo must be an SLO or None, got int"),
-        ({"batch_sizes": [4, 2]}, ValueError, "batch_sizes must be non-empty and strictly"),
-        ({"batch_sizes": []}, ValueError, "batch_sizes must be non-empty and strictly"),
+        (
+            {"batch_sizes": [4, 2]},
+            ValueError,
+            r"batch_sizes must be strictly increasing, got \[4, 2\]",
+        ),
+        (
+            {"batch_sizes": []},
+            ValueError,
+            r"batch_sizes must be a non-empty sequence of ints, got \[\]",
+        ),
         (
             {"batch_sizes": [1, 2, 4], "max_batch_size": 8},
             ValueError,

@@ -98,7 +98,7 @@ def test_guards_from_a_generator_are_kept() -> None:
         (8, "batch_sizes must be a sequence of ints, got int"),
         (True, "batch_sizes must be a sequence of ints, got bool"),
         ("1248", "batch_sizes must be a sequence of ints, got str"),
-        ([1, 2.0], "batch_sizes item must be an int, got float"),
+        ([1, 2.0], "batch_sizes[1] must be an int, got float"),
     ],
 )
 def test_batch_sizes_of_the_wrong_type_are_named(batch_sizes: object, message: str) -> None:

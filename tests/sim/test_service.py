@@ -12,15 +12,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adaptive_batcher.profile.format import (
+    ProfileFormatError,
+    load_profile,
+    profile_to_dict,
+    write_profile,
+)
+from adaptive_batcher.profile.knee import Knee
+from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.sim.profiles import MIB, load_h200_table
 from adaptive_batcher.sim.service import (
     H200_MODELS,
-    PROFILE_SCHEMA,
     ColdShapes,
     LinearService,
     MemoryLimit,
     Noisy,
     ServiceModel,
+    Stalls,
     TableService,
 )
 
@@ -145,14 +153,14 @@ def test_table_is_between_neighbours_and_monotone_beyond(units: int) -> None:
     ("sizes", "latencies", "memory", "message"),
     [
         ([], [], None, "sizes must be a non-empty 1-D sequence"),
-        ([1, 2], [0.1], None, "latencies_s has 1 values but sizes has 2"),
+        ([1, 2], [0.1], None, "latencies_s must have 2 values \\(one per size\\), got 1"),
         ([2, 1], [0.1, 0.2], None, "sizes must be strictly increasing"),
         ([1, 1], [0.1, 0.2], None, "sizes must be strictly increasing"),
-        ([0, 1], [0.1, 0.2], None, "sizes must be integers >= 1"),
-        ([1.5, 2], [0.1, 0.2], None, "sizes must be integers >= 1"),
-        ([1, 2], [0.1, -0.2], None, "latencies_s must be finite and >= 0"),
-        ([1, 2], [0.1, math.nan], None, "latencies_s must be finite and >= 0"),
-        ([1, 2], [0.1, 0.2], [1.0], "memory_bytes has 1 values but sizes has 2"),
+        ([0, 1], [0.1, 0.2], None, r"sizes must be ints >= 1, got \[0.0, 1.0\]"),
+        ([1.5, 2], [0.1, 0.2], None, "sizes must be ints >= 1"),
+        ([1, 2], [0.1, -0.2], None, "latencies_s must be finite numbers >= 0, got \\[0.1, -0.2\\]"),
+        ([1, 2], [0.1, math.nan], None, "latencies_s must be finite numbers >= 0"),
+        ([1, 2], [0.1, 0.2], [1.0], "memory_bytes must have 2 values \\(one per size\\), got 1"),
     ],
 )
 def test_table_validation(
@@ -224,19 +232,15 @@ def test_every_model_satisfies_the_protocol(model_name: str) -> None:
 
 
 def _profile_doc(**overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schema": PROFILE_SCHEMA,
-        "model": "mlp",
-        "device": "cpu",
-        "repeats": 20,
-        "rows": [
-            {"batch_size": 1, "median_ms": 2.0, "p99_ms": 3.0, "items_per_s": 500.0,
-             "peak_mem_bytes": 1000},
-            {"batch_size": 4, "median_ms": 5.0, "p99_ms": 6.0, "items_per_s": 800.0,
-             "peak_mem_bytes": 4000},
-        ],
-        "oom_batch_size": None,
-    }  # fmt: skip
+    """A profile as the profiler writes it (knee given, so kneed is not needed)."""
+    result = ProfileResult(
+        (ProfileRow(1, 2.0, 3.0, 500.0, 1000), ProfileRow(4, 5.0, 6.0, 800.0, 4000)),
+        None,
+        "cpu",
+        "mlp",
+        20,
+    )
+    doc = profile_to_dict(result, knee=Knee.at(result.rows[1], "fraction_of_max"))
     doc.update(overrides)
     return doc
 
@@ -263,10 +267,12 @@ def test_profile_json_memory_unknown_when_a_row_lacks_it(tmp_path: Path) -> None
     assert math.isnan(model.memory_bytes(1))
 
 
-def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
-    from adaptive_batcher.profile.report import write_profile
-    from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+def test_profile_json_without_a_model_name_is_named_after_the_file(tmp_path: Path) -> None:
+    model = TableService.from_profile_json(_write(tmp_path, _profile_doc(model=""), "gpu.json"))
+    assert model.name == "profile:gpu.json"
 
+
+def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
     result = ProfileResult(
         (ProfileRow(1, 3.676, 3.9, 272.0, 318_664_294), ProfileRow(256, 16.651, 16.7, 15374.4)),
         None,
@@ -274,7 +280,9 @@ def test_profile_json_written_by_the_profiler(tmp_path: Path) -> None:
         "resnet50",
         20,
     )
-    path = write_profile(tmp_path / "resnet50.json", result)
+    path = write_profile(
+        tmp_path / "resnet50.json", result, knee=Knee.at(result.rows[1], "kneedle")
+    )
     model = TableService.from_profile_json(path)
     assert model.name == "resnet50"
     assert model.service_s(256, _rng()) == pytest.approx(0.016651)
@@ -288,51 +296,81 @@ def _row_edit(index: int, key: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("doc", "message"),
+    ("doc", "problem"),
     [
-        (_profile_doc(schema="other/1"), r"key 'schema': must be 'adaptive_batcher.profile/1'"),
-        (_profile_doc(rows=[]), r"key 'rows': must be a non-empty array"),
-        (_profile_doc(rows={"a": 1}), r"key 'rows': must be a non-empty array"),
-        (_profile_doc(rows=[3]), r"key 'rows\[0\]': must be an object"),
-        (_row_edit(1, "batch_size", 1), r"key 'rows\[1\].batch_size': must be larger than"),
-        (_row_edit(0, "batch_size", 1.5), r"key 'rows\[0\].batch_size': must be an integer"),
-        (_row_edit(0, "batch_size", True), r"key 'rows\[0\].batch_size': must be an integer"),
-        (_row_edit(1, "median_ms", "fast"), r"key 'rows\[1\].median_ms': must be a number > 0"),
-        (_row_edit(1, "median_ms", 0), r"key 'rows\[1\].median_ms': must be a number > 0"),
-        (_row_edit(0, "peak_mem_bytes", -1), r"key 'rows\[0\].peak_mem_bytes': must be a number"),
+        (_profile_doc(schema="other/1"), "key 'schema': must be 'adaptive_batcher.profile/1'"),
+        (_profile_doc(rows=[]), "key 'rows': must not be empty"),
+        (_profile_doc(rows={"a": 1}), "key 'rows': must be an array, got an object"),
+        (_profile_doc(rows=[3]), "key 'rows[0]': must be an object, got a number"),
+        (_row_edit(1, "batch_size", 1), "key 'rows[1].batch_size': must be larger than"),
+        (_row_edit(0, "batch_size", 1.5), "key 'rows[0].batch_size': must be an int, got a num"),
+        (_row_edit(0, "batch_size", True), "key 'rows[0].batch_size': must be an int, got a boo"),
+        (_row_edit(1, "median_ms", "fast"), "key 'rows[1].median_ms': must be a number, got a s"),
+        (_row_edit(1, "median_ms", 0), "key 'rows[1]': ProfileRow.median_ms must be a finite"),
+        (_row_edit(0, "peak_mem_bytes", -1), "key 'rows[0].peak_mem_bytes': must be >= 0, got -1"),
+        (_profile_doc(knee=None), "key 'knee': must be an object, got null"),
     ],
 )
-def test_profile_json_errors_name_file_and_key(
-    tmp_path: Path, doc: dict[str, Any], message: str
+def test_profile_json_errors_are_the_profile_readers(
+    tmp_path: Path, doc: dict[str, Any], problem: str
 ) -> None:
     path = _write(tmp_path, doc, "bad.json")
-    with pytest.raises(ValueError, match=message) as info:
+    with pytest.raises(ProfileFormatError) as info:
         TableService.from_profile_json(path)
-    assert str(info.value).startswith(f"{path}: key ")
+    assert str(info.value).startswith(f"{path}: {problem}")
+    with pytest.raises(ProfileFormatError) as same:
+        load_profile(path)
+    assert str(same.value) == str(info.value)
 
 
 def test_profile_json_missing_key(tmp_path: Path) -> None:
     doc = _profile_doc()
     del doc["rows"][0]["median_ms"]
-    with pytest.raises(ValueError, match=r"key 'rows\[0\].median_ms': must be a number > 0"):
+    with pytest.raises(ProfileFormatError, match=r"missing key 'rows\[0\].median_ms'$"):
         TableService.from_profile_json(_write(tmp_path, doc))
 
 
 def test_profile_json_not_json(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
+    with pytest.raises(ProfileFormatError, match=r"broken\.json: not valid JSON"):
+        TableService.from_profile_json(path)
+
+
+def test_profile_json_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"model": "caf\xe9"}')
+    with pytest.raises(ProfileFormatError, match=r"latin1\.json: not UTF-8 text"):
         TableService.from_profile_json(path)
 
 
 def test_profile_json_not_an_object(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"list\.json: the document must be a JSON object"):
+    with pytest.raises(ProfileFormatError, match=r"list\.json: must hold a JSON object"):
         TableService.from_profile_json(_write(tmp_path, [1, 2], "list.json"))
 
 
 def test_profile_json_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         TableService.from_profile_json(tmp_path / "absent.json")
+
+
+# --- Stalls -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"probability": 1.5}, ValueError, "probability must be a number in [0, 1], got 1.5"),
+        ({"probability": math.nan}, ValueError, "probability must be a number in [0, 1], got nan"),
+        ({"probability": "0.1"}, TypeError, "probability must be a number, got str"),
+        ({"scale_s": 0.0}, ValueError, "scale_s must be a finite number > 0, got 0.0"),
+        ({"alpha": 1.0}, ValueError, "alpha must be a finite number > 1, got 1.0"),
+    ],
+)
+def test_stalls_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as caught:
+        Stalls(LinearService(0.001, 0.0), **kwargs)
+    assert str(caught.value) == message
 
 
 # --- Noisy --------------------------------------------------------------------------------------
@@ -404,8 +442,8 @@ def test_cold_shapes_validation_and_delegation() -> None:
     assert ColdShapes(inner, cold_s=0.25).name == "cold(lin, +0.25s)"
     with pytest.raises(ValueError, match="cold_s must be a finite number >= 0"):
         ColdShapes(inner, cold_s=-1.0)
-    with pytest.raises(ValueError, match="warmed sizes must be >= 1"):
-        ColdShapes(inner, warmed=[0])
+    with pytest.raises(ValueError, match=r"warmed\[1\] must be >= 1, got 0"):
+        ColdShapes(inner, warmed=[4, 0])
 
 
 # --- MemoryLimit --------------------------------------------------------------------------------
@@ -467,10 +505,15 @@ def test_memory_limit_with_h200_resnet50() -> None:
 @pytest.mark.parametrize(
     ("capacity", "squeezes", "message"),
     [
-        (0.0, (), "capacity_bytes must be finite and > 0"),
-        (math.inf, (), "capacity_bytes must be finite and > 0"),
-        (1.0, ((math.nan, 1.0),), "squeeze time_s must be finite"),
-        (1.0, ((1.0, -1.0),), "squeeze capacity_bytes must be finite and > 0"),
+        (0.0, (), "capacity_bytes must be a finite number > 0, got 0.0"),
+        (math.inf, (), "capacity_bytes must be a finite number > 0, got inf"),
+        (1.0, ((math.nan, 1.0),), r"squeezes\[0\] time_s must be a finite number >= 0, got nan"),
+        (1.0, ((1.0, 2.0), (-1.0, 1.0)), r"squeezes\[1\] time_s must be a finite number >= 0"),
+        (
+            1.0,
+            ((1.0, -1.0),),
+            r"squeezes\[0\] capacity_bytes must be a finite number > 0, got -1.0",
+        ),
     ],
 )
 def test_memory_limit_validation(

@@ -138,7 +138,7 @@ def test_zero_duration_is_empty(key: str) -> None:
 @pytest.mark.parametrize("key", WORKLOADS)
 @pytest.mark.parametrize("duration", [-1.0, math.inf, math.nan])
 def test_bad_duration(key: str, duration: float) -> None:
-    with pytest.raises(ValueError, match="duration_s must be finite and >= 0"):
+    with pytest.raises(ValueError, match="duration_s must be a finite number >= 0"):
         WORKLOADS[key].generate(duration, _rng())
 
 
@@ -283,16 +283,16 @@ def test_names() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: poisson(-1.0), "rate_rps must be finite and >= 0"),
-        (lambda: poisson(math.nan), "rate_rps must be finite and >= 0"),
-        (lambda: gamma(10.0, 0.0), "cv must be finite and > 0"),
-        (lambda: mmpp_bursts(1.0, 2.0, 0.0, 1.0), "mean_on_s must be finite and > 0"),
-        (lambda: mmpp_bursts(1.0, -2.0, 1.0, 1.0), "burst_rps must be finite and >= 0"),
+        (lambda: poisson(-1.0), "rate_rps must be a finite number >= 0"),
+        (lambda: poisson(math.nan), "rate_rps must be a finite number >= 0"),
+        (lambda: gamma(10.0, 0.0), "cv must be a finite number > 0"),
+        (lambda: mmpp_bursts(1.0, 2.0, 0.0, 1.0), "mean_on_s must be a finite number > 0"),
+        (lambda: mmpp_bursts(1.0, -2.0, 1.0, 1.0), "burst_rps must be a finite number >= 0"),
         (lambda: diurnal(10.0, 1.5, 60.0), r"amplitude must be in \[0, 1\]"),
-        (lambda: diurnal(10.0, 0.5, 0.0), "period_s must be finite and > 0"),
+        (lambda: diurnal(10.0, 0.5, 0.0), "period_s must be a finite number > 0"),
         (lambda: steps([], 1.0), "rates_rps must hold at least one rate"),
-        (lambda: steps([1.0, -1.0], 1.0), r"rates_rps\[1\] must be finite and >= 0"),
-        (lambda: steps([1.0], 0.0), "step_s must be finite and > 0"),
+        (lambda: steps([1.0, -1.0], 1.0), r"rates_rps\[1\] must be a finite number >= 0"),
+        (lambda: steps([1.0], 0.0), "step_s must be a finite number > 0"),
     ],
 )
 def test_parameter_validation(build: Callable[[], object], message: str) -> None:
