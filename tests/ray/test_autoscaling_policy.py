@@ -108,3 +108,16 @@ def test_bad_policy_arguments_fail_when_ray_makes_the_policy() -> None:
     config = AutoscalingConfig(**autoscaling_config())
     with pytest.raises(ValueError, match="target_busy_fraction"):
         config.policy.get_policy()(target_busy_fraction=2.0)
+
+
+def test_the_example_builds_from_command_line_arguments() -> None:
+    from ray.serve import Application
+
+    from adaptive_batcher.examples.ray_scaleout import app
+
+    # `serve run adaptive_batcher.examples.ray_scaleout:app max_replicas=3 slo_p99_ms=80`
+    assert isinstance(app({"max_replicas": "3", "slo_p99_ms": "80"}), Application)
+    with pytest.raises(TypeError, match="bogus"):
+        app({"bogus": "1"})
+    with pytest.raises(ValueError, match="max_replicas"):
+        app({"min_replicas": "3", "max_replicas": "2"})
