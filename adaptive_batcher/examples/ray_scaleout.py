@@ -22,7 +22,9 @@ SLO attainment). Python: ``serve.run(build_app(max_replicas=4))``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 from typing import Any
 
 from ray import serve
@@ -65,12 +67,13 @@ class ScaleOut:
         self.per_item_s = per_item_ms / 1e3
         self.replica = serve.get_replica_context().replica_id
         self.report = ReplicaReport()
+        # Ray Serve runs the constructor on the replica's event loop, where the batcher lives
         self.predict.get_batcher(self).set_slo(SLO(p99_ms=slo_p99_ms))
 
     @batch(
         max_batch_size=MAX_BATCH_SIZE,
         batch_wait_timeout_s=0.002,
-        slo=SLO(p99_ms=100.0),
+        slo=SLO(p99_ms=100.0),  # each instance sets its own in __init__
         shed_late=True,
         max_queue_size=MAX_QUEUE_SIZE,
     )
@@ -100,7 +103,7 @@ class ScaleOut:
         """This replica's batcher: batch sizes, window, cap, queue, counts and SLO attainment,
         with the replica's id and Ray actor name (JSON-ready)."""
         stats = self.predict.get_batcher(self).stats()
-        counts = stats.counts
+        counts, attainment = stats.counts, stats.slo_attainment
         return {
             "replica": self.replica.unique_id,
             "actor_name": self.replica.to_full_id_str(),
@@ -108,23 +111,9 @@ class ScaleOut:
             "window_ms": stats.window_ms,
             "max_batch_size": stats.max_batch_size,
             "queue_depth": stats.queue_depth,
-            "slo_attainment": None
-            if stats.slo_attainment != stats.slo_attainment
-            else stats.slo_attainment,
+            "slo_attainment": None if math.isnan(attainment) else attainment,
             "slo_unreachable": stats.slo_unreachable,
-            "counts": {
-                name: getattr(counts, name)
-                for name in (
-                    "submitted",
-                    "completed",
-                    "within_slo",
-                    "failed",
-                    "rejected",
-                    "expired",
-                    "cancelled",
-                    "batches",
-                )
-            },
+            "counts": dataclasses.asdict(counts),
             "device_ms_per_request": counts.device_ms_per_request if counts.completed else None,
         }
 
