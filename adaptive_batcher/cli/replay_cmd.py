@@ -29,7 +29,7 @@ from adaptive_batcher.sim.scenarios import (
     static_grid,
 )
 from adaptive_batcher.sim.service import TableService
-from adaptive_batcher.sim.traces import load_trace
+from adaptive_batcher.sim.traces import TIME_UNITS, TIMESTAMP_COLUMN, TRACE_DIR, load_trace
 from adaptive_batcher.slo import SLO
 
 try:
@@ -79,13 +79,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="skip the static grid searched in hindsight (it takes 8 runs)",
     )
-    parser.add_argument("--trace", type=Path, help="replay this CSV trace (Azure LLM format)")
-    parser.add_argument(
-        "--compress",
-        type=number_argument("--compress", 0.0, strict=True),
-        default=1000.0,
-        help="time compression of --trace (default 1000)",
-    )
+    _add_trace_options(parser)
     parser.add_argument(
         "--service",
         type=Path,
@@ -110,6 +104,53 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_command)
 
 
+def _add_trace_options(parser: argparse.ArgumentParser) -> None:
+    """``--trace`` and how to read it; ``--traces-dir`` for the named trace scenarios."""
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="replay this trace: a CSV with a header row, or JSON Lines (.jsonl / .ndjson), one "
+        "request per row or record (default columns: the Azure LLM traces')",
+    )
+    parser.add_argument(
+        "--time-column",
+        default=TIMESTAMP_COLUMN,
+        metavar="NAME",
+        help=f"the column (JSON: field) with arrival times (default {TIMESTAMP_COLUMN})",
+    )
+    parser.add_argument(
+        "--time-unit",
+        choices=TIME_UNITS,
+        default="datetime",
+        help="arrival times as ISO 8601 dates and times (default) or numbers of s or ms",
+    )
+    parser.add_argument(
+        "--size-column",
+        metavar="NAME",
+        help="the column (JSON: field) with each request's size in units, an integer "
+        "(default: one unit each)",
+    )
+    parser.add_argument(
+        "--max-units",
+        type=int_argument("--max-units", 1),
+        metavar="N",
+        help="clip sizes to at most N units (a request larger than the batch cap is refused)",
+    )
+    parser.add_argument(
+        "--compress",
+        type=number_argument("--compress", 0.0, strict=True),
+        default=1000.0,
+        help="time compression of --trace (default 1000)",
+    )
+    parser.add_argument(
+        "--traces-dir",
+        type=Path,
+        metavar="FOLDER",
+        help=f"where the named trace scenarios (azure_code, azure_conv) find their files "
+        f"(default {TRACE_DIR})",
+    )
+
+
 def _epilog() -> str:
     scenarios = "\n".join(f"  {name:16s} {s.description}" for name, s in SCENARIOS.items())
     return f"scenarios:\n{scenarios}\n\ncontenders: {', '.join(CONTENDERS)}"
@@ -124,6 +165,11 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     try:
         scenarios = _scenarios(args)
+        _check_traces(scenarios, args.seed)
+    except FileNotFoundError as exc:  # a trace is missing
+        hint = "--trace" if args.trace is not None else "--traces-dir at the folder that holds it"
+        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}; point {hint}[/red]")
+        return 2
     except (OSError, ValueError) as exc:
         Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
         return 2
@@ -152,22 +198,40 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
         else TableService.from_h200("resnet50")
     )
     slo = SLO(p99_ms=args.slo_p99_ms) if args.slo_p99_ms is not None else SLO_50
-    named = make_scenarios(table, slo) if args.service or args.slo_p99_ms else SCENARIOS
+    custom = args.service or args.slo_p99_ms or args.traces_dir
+    named = make_scenarios(table, slo, args.traces_dir) if custom else SCENARIOS
     if args.trace is None:
         return [named[name] for name in args.scenario or ("step_3x", "bursts")]
-    path, compress = args.trace, args.compress
+    path = args.trace
     if not path.exists():
         raise FileNotFoundError(f"no trace at {path}")
-    load_trace(path, compress=compress)  # fail now, with the loader's message
-    template = named["bursts"]
+    options: dict[str, Any] = {
+        "compress": args.compress,
+        "time_column": args.time_column,
+        "time_unit": args.time_unit,
+        "size_column": args.size_column,
+        "max_units": args.max_units,
+    }
+    load_trace(path, **options)  # fail now, with the loader's message
     return [
         replace(
-            template,
+            named["bursts"],
             name="trace",
-            description=f"{path.name} x{compress:g}",
-            arrivals=lambda seed: load_trace(path, compress=compress),
+            description=f"{path.name} x{args.compress:g}",
+            arrivals=lambda seed: load_trace(path, **options),
         )
     ]
+
+
+def _check_traces(scenarios: list[Scenario], seed: int) -> None:
+    """Build each scenario's arrivals once, so that a missing trace fails before any replay
+    (a trace scenario reads its file when its arrivals are built).
+
+    Raises:
+        FileNotFoundError: a scenario's trace file is missing.
+    """
+    for scenario in scenarios:
+        scenario.arrivals(seed)
 
 
 def _run_all(

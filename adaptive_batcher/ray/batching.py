@@ -24,7 +24,7 @@ import functools
 import inspect
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, overload
 
 from adaptive_batcher._validate import check_number
 from adaptive_batcher.control.policy import Policy
@@ -84,6 +84,29 @@ class BatchHandler(Protocol):
 
     async def aclose(self, instance: object | None = None, *, drain: bool = True) -> None:
         """Close the batcher of the running event loop (a later call starts a new one)."""
+
+
+@overload
+def batch(_func: Callable[..., Any], /) -> BatchHandler: ...
+
+
+@overload
+def batch(
+    _func: None = None,
+    /,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_TIMEOUT_S,
+    max_concurrent_batches: int = 1,
+    batch_size_fn: Callable[[list[Any]], int] | None = None,
+    *,
+    slo: SLO | None = None,
+    policy: Policy | None = None,
+    shed_late: bool = False,
+    deadline_ms: float | None = None,
+    max_queue_size: int | None = None,
+    bounds: Bounds | None = None,
+    name: str | None = None,
+) -> Callable[[Callable[..., Any]], BatchHandler]: ...
 
 
 def batch(

@@ -14,8 +14,10 @@ in ``adaptive_batcher/data/h200/batch_profile.csv``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from adaptive_batcher.policies.cork import BentoCork
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, Stalls, TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
-from adaptive_batcher.sim.traces import find_trace, load_trace
+from adaptive_batcher.sim.traces import TRACE_DIR, find_trace, load_trace
 from adaptive_batcher.sim.workloads import (
     Arrivals,
     Diurnal,
@@ -133,13 +135,14 @@ def _workload(make: Callable[[], object], duration_s: float) -> Callable[[int], 
     return build
 
 
-def _trace(name: str, compress: float) -> Callable[[int], Arrivals]:
+def _trace(name: str, compress: float, folder: Path | None) -> Callable[[int], Arrivals]:
     def build(seed: int) -> Arrivals:
         del seed  # a trace is what it is
-        path = find_trace(name)
+        path = find_trace(name, folder)
         if path is None:
             raise FileNotFoundError(
-                f"trace {name!r} not found; it is read from ../shared/traces next to the repository"
+                f"trace {name!r} not found in {folder or TRACE_DIR} (the traces folder, "
+                "by default ../shared/traces next to the repository)"
             )
         return load_trace(path, compress=compress)
 
@@ -153,9 +156,14 @@ def _memory_squeeze() -> MemoryLimit:
     return MemoryLimit(4000 * mib, squeezes=[(10.0, 1200 * mib), (20.0, 4000 * mib)])
 
 
-def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
+def make_scenarios(
+    table: TableService, slo: SLO, traces_dir: str | os.PathLike[str] | None = None
+) -> dict[str, Scenario]:
     """The named scenarios on a device described by ``table`` (service time, memory), with
-    loads as fractions of its capacity under ``slo`` (see :func:`capacity_rps`)."""
+    loads as fractions of its capacity under ``slo`` (see :func:`capacity_rps`); the trace
+    scenarios read their files from ``traces_dir`` (default
+    :data:`~adaptive_batcher.sim.traces.TRACE_DIR`) when they are replayed."""
+    folder = None if traces_dir is None else Path(traces_dir)
     capacity = capacity_rps(table, slo)
     measured = Noisy(table, cv=0.05)  # the spread the H200 tables show at large batches
     scenarios = [
@@ -212,13 +220,13 @@ def make_scenarios(table: TableService, slo: SLO) -> dict[str, Scenario]:
             "azure_code",
             "Azure LLM code trace (CV 13), time compressed x1000",
             slo,
-            _trace("azure_llm_2023_code.csv", 1000.0),
+            _trace("azure_llm_2023_code.csv", 1000.0, folder),
         ),
         Scenario(
             "azure_conv",
             "Azure LLM conversation trace (near Poisson), time compressed x1000",
             slo,
-            _trace("azure_llm_2023_conv.csv", 1000.0),
+            _trace("azure_llm_2023_conv.csv", 1000.0, folder),
             stationary=True,
         ),
         Scenario(

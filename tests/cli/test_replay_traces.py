@@ -1,0 +1,98 @@
+"""``adaptive-batcher replay`` on traces of other shapes (a named time column in s, ms or dates,
+JSON Lines, a size column) and named trace scenarios pointed at a folder (``--traces-dir``).
+Each test writes its own small trace."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from adaptive_batcher.cli.main import main
+
+ONE_CONTENDER = ["--contender", "triton_like", "--no-best-static"]
+
+
+def replay(tmp_path: Path, *arguments: str) -> int:
+    return main(["replay", *arguments, *ONE_CONTENDER, "--out", str(tmp_path / "out")])
+
+
+def err_text(capsys: pytest.CaptureFixture[str]) -> str:
+    """stderr with rich's line wrapping undone."""
+    return re.sub(r"\s+", " ", capsys.readouterr().err)
+
+
+def test_a_json_lines_trace_with_ms_times_and_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "requests.jsonl"
+    # 200 requests 5 ms apart: 1 s, 200 requests/s, were the times read as ms
+    records = [{"arrived_ms": 5.0 * i, "prompt_tokens": 1 + i % 7} for i in range(200)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    read_as = ["--trace", str(trace), "--time-column", "arrived_ms", "--time-unit", "ms"]
+    sized = ["--size-column", "prompt_tokens", "--max-units", "4", "--compress", "1"]
+    assert replay(tmp_path, *read_as, *sized) == 0, capsys.readouterr().err
+    table = (tmp_path / "out" / "replay.md").read_text()
+    assert "| trace | triton_like | 201 |" in table  # goodput: 200 answers in 995 ms
+    # the size option reaches the loader
+    assert replay(tmp_path, *read_as, "--size-column", "tokens") == 2
+    assert "line 1: no field 'tokens'; the record has arrived_ms, prompt_tokens" in err_text(capsys)
+
+
+def test_a_csv_trace_with_epoch_seconds(tmp_path: Path) -> None:
+    trace = tmp_path / "epoch.csv"
+    trace.write_text(
+        "id,ts\n" + "".join(f"{i},{1700000000 + 0.01 * i:.2f}\n" for i in range(100)),
+        encoding="utf-8",
+    )
+    status = replay(tmp_path, "--trace", str(trace), "--time-column", "ts", "--time-unit", "s")
+    assert status == 0
+    assert "| trace | triton_like |" in (tmp_path / "out" / "replay.md").read_text()
+
+
+def test_a_wrong_time_column_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "epoch.csv"
+    trace.write_text("id,ts\n1,2\n", encoding="utf-8")
+    assert replay(tmp_path, "--trace", str(trace)) == 2
+    assert "no column 'TIMESTAMP'; the header has id, ts" in err_text(capsys)
+
+
+def test_a_bad_time_unit_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", "--trace", "x.csv", "--time-unit", "us"])
+    assert exit_info.value.code == 2
+    assert "--time-unit" in capsys.readouterr().err
+
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:17:{i // 10:02d}.{i % 10}000000,10,1\n" for i in range(300)
+)
+
+
+def test_a_named_trace_scenario_reads_from_the_traces_dir(tmp_path: Path) -> None:
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "azure_llm_2023_code.csv").write_text(AZURE, encoding="utf-8")
+    status = replay(tmp_path, "--scenario", "azure_code", "--traces-dir", str(folder))
+    assert status == 0
+    assert "| azure_code | triton_like |" in (tmp_path / "out" / "replay.md").read_text()
+
+
+def test_a_missing_scenario_trace_names_the_folder_and_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status = replay(
+        tmp_path, "--scenario", "step_3x", "--scenario", "azure_conv", "--traces-dir", str(empty)
+    )
+    assert status == 2
+    err = err_text(capsys)
+    assert "'azure_llm_2023_conv.csv' not found in" in err
+    assert "empty" in err
+    assert "--traces-dir" in err
+    assert not (tmp_path / "out" / "replay.md").exists()  # nothing was replayed first
