@@ -79,13 +79,20 @@ def test_noop_bare_future_reference(benchmark: Any, one_core: None) -> None:
     report("noop_requests_per_s", "bare asyncio future (no batching)", rate, "req/s")
 
 
+@pytest.mark.parametrize("collect", [True, False], ids=["gc_on", "gc_off"])
 @pytest.mark.parametrize("window_ms", [WINDOW_MS, 0.0])
-def test_noop_interleaved(benchmark: Any, one_core: None, window_ms: float) -> None:
+def test_noop_interleaved(benchmark: Any, one_core: None, window_ms: float, collect: bool) -> None:
     """The same comparison with the batchers' rounds interleaved (A, B, C, A, B, C, ...), so
     machine noise hits all of them alike. The best round of each is the headline (as timeit
     takes the best repeat: slower rounds are interference, not the code); the median round is
     reported beside it, as what a busy machine gives. At window 0 every batcher takes what is
-    queued without waiting (natural batching): the waves form the same batches as at 1 ms."""
+    queued without waiting (natural batching): the waves form the same batches as at 1 ms.
+
+    ``gc_off`` runs the same rounds with the garbage collector disabled: with it on, rounds
+    fall into two speeds (a full collection of the process's tracked objects lands in some
+    rounds and not others; importing Ray triples the tracked objects), and the spread of the
+    rounds (90th over 10th percentile, ``round_spread`` in extra_info) shows how much of the
+    noise is the collector's."""
     factories = {**PEERS, "bare asyncio future": bare_future}
     rates: dict[str, list[float]] = {name: [] for name in factories}
     loops = {}
@@ -100,7 +107,14 @@ def test_noop_interleaved(benchmark: Any, one_core: None, window_ms: float) -> N
             for name, (loop, submit, _) in loops.items():
                 rates[name].append(run_waves(loop, submit, 1))
 
-    benchmark.pedantic(rounds, rounds=1, iterations=1)
+    benchmark.extra_info["tracked_objects"] = len(gc.get_objects())
+    if not collect:
+        gc.collect()
+        gc.disable()
+    try:
+        benchmark.pedantic(rounds, rounds=1, iterations=1)
+    finally:
+        gc.enable()
     for loop, _, close in loops.values():
         loop.run_until_complete(close())
         loop.close()
@@ -115,8 +129,12 @@ def test_noop_interleaved(benchmark: Any, one_core: None, window_ms: float) -> N
             )
         for name, rate in figures.items():
             benchmark.extra_info[f"{name}_requests_per_s_{label}"] = rate
-            group = f"noop_requests_per_s_interleaved_window_{window_ms:g}ms_{label}"
+            gc_label = "" if collect else "_gc_off"
+            group = f"noop_requests_per_s_interleaved_window_{window_ms:g}ms{gc_label}_{label}"
             report(group, name, rate, "req/s")
+    for name, r in rates.items():
+        deciles = statistics.quantiles(r, n=10)
+        benchmark.extra_info[f"{name}_round_spread"] = deciles[-1] / deciles[0]
 
 
 def test_memory_per_queued_request(benchmark: Any) -> None:
