@@ -45,6 +45,7 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
+from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
@@ -570,7 +571,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         """
         self._core.set_policy(policy, self._now() if self._loop is not None else None)
 
-    async def warmup(self, make_item: Callable[[], X]) -> dict[int, float]:
+    async def warmup(
+        self, make_item: Callable[[], X], *, freeze_gc: bool = False
+    ) -> dict[int, float]:
         """Run the model once at every bucket size before serving; returns {size: seconds}.
 
         Cold batch shapes cost 100-970 ms of p99 on an H200 (../shared/profiles/h200/
@@ -579,11 +582,19 @@ class AdaptiveBatcher(Generic[X, Y]):
         while they fit the size in units; the batch is then padded as in serving, and the size
         it ran at is what counts as warmed (a size no item fits is skipped).
 
+        With ``freeze_gc``, the process's heap is then frozen for the cyclic garbage collector
+        (:func:`~adaptive_batcher.runtime.collector.freeze_after_warmup`: a full collection,
+        then ``gc.freeze()``), so that later full collections skip the model and everything
+        loaded so far and pause the event loop for a few ms instead of ~100 ms with torch
+        loaded. It freezes the whole process: call it once, on the last batcher warmed up.
+
         Raises:
+            TypeError: ``freeze_gc`` is not a bool.
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
         """
+        freeze_gc = check_bool("freeze_gc", freeze_gc)
         if self._closed:
             raise BatcherClosedError("batcher is closed")
         self._bind()
@@ -604,6 +615,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             sizes=sorted(timings),
             total_ms=round(sum(timings.values()) * 1e3, 3),
         )
+        if freeze_gc:
+            _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
         return timings
 
     def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
