@@ -114,7 +114,8 @@ class ServiceTimeModel:
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
         self._spread = 1.0
-        self._spread_at = 0
+        self._spread_at = 0  # the ratios taken when the spread was last computed
+        self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
         self._recent_outliers: deque[bool] = deque(maxlen=OUTLIER_WINDOW)
@@ -166,6 +167,7 @@ class ServiceTimeModel:
             predicted = self.predict_ms(units)
             if predicted > 0:
                 self._ratios.append(measured_ms / predicted)
+                self._ratios_taken += 1
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
                 known = units <= self._sizes[-1]
                 outlier = known and measured_ms > outlier_ratio * predicted
@@ -196,11 +198,11 @@ class ServiceTimeModel:
         """The error bars: the ``spread_quantile`` of measured / predicted ratios (>= 1; 1
         before any ratio was seen)."""
         count = len(self._ratios)
-        if count and count != self._spread_at:
+        if count and self._ratios_taken != self._spread_at:  # not len(): full, it stays put
             ordered = sorted(self._ratios)
             index = min(count - 1, int(self.spread_quantile * count))
             self._spread = max(1.0, ordered[index])
-            self._spread_at = count
+            self._spread_at = self._ratios_taken
         return self._spread
 
     def high_ms(self, batch_size: int) -> float:

@@ -132,3 +132,14 @@ def test_sizes_beyond_the_fit_are_never_outliers() -> None:
     model.update([big], seen + 1)
     assert model.outliers_held_out == 0
     assert model.predict_ms(256) == pytest.approx(big.service_s * 1e3)
+
+
+def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
+    """The spread is the quantile over the last ``spread_window`` ratios, also after the
+    window has filled up (it had stopped moving at the moment it filled)."""
+    model = ServiceTimeModel(min_samples=1, refit_every=1000, spread_window=16)
+    model.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)  # the fit: 4 ms
+    model.update([BatchSample(0.0, 4, 4, 0.004)] * 16, total_seen=17)
+    assert model.spread == 1.0
+    model.update([BatchSample(0.0, 4, 4, 0.008)] * 16, total_seen=33)  # twice the fit
+    assert model.spread == pytest.approx(2.0)
