@@ -98,6 +98,14 @@ def _raise(exc: BaseException) -> None:
     raise exc
 
 
+def _all_pending(requests: list[Request[asyncio.Future[Any]]]) -> bool:
+    """True when no request's future is done yet (the usual case for a batch about to run)."""
+    for request in requests:  # noqa: SIM110 (all() of a generator allocates the generator)
+        if request.handle.done():
+            return False
+    return True
+
+
 def default_is_oom(exc: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -301,13 +309,17 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._pumping = False  # inside _pump: a batch ending now must not pump again in it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], Batch[Any]] = {}  # batch tasks not yet ended
         self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
         self._closer: asyncio.Future[None] | None = None  # a close awaited by the model (aclose)
         self._batch_listeners: list[BatchListener] = []
         self.warmed_sizes: frozenset[int] = frozenset()
+        # loop callbacks bound once, not once per scheduling (a method object each time)
+        self._pump_callback: Callable[[], None] = self._pump
+        self._timer_callback: Callable[[], None] = self._on_timer
+        self._task_done_callback: Callable[[asyncio.Task[None]], None] = self._batch_task_done
 
     @classmethod
     def from_preset(
@@ -368,7 +380,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         request = _Pending(item, future, now, size, deadline_s)
         if self._core.arrive(request, now) and not self._pump_scheduled:
             self._pump_scheduled = True
-            loop.call_soon(self._pump)
+            loop.call_soon(self._pump_callback)
         try:
             return await future
         except asyncio.CancelledError:
@@ -783,7 +795,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled and self._loop is not None:
             self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
+            self._loop.call_soon(self._pump_callback)
 
     def _pump(self, now: float | None = None) -> None:
         self._pump_scheduled = False
@@ -811,14 +823,14 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _start_batch(self, loop: asyncio.AbstractEventLoop, batch: Batch[Any]) -> None:
         self._unstarted.add(batch)  # before create_task: an eager task runs inside it
         task = loop.create_task(self._run_batch(batch))
-        self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._batch_task_done, batch))
+        self._tasks[task] = batch
+        task.add_done_callback(self._task_done_callback)
 
-    def _batch_task_done(self, batch: Batch[Any], task: asyncio.Task[None]) -> None:
+    def _batch_task_done(self, task: asyncio.Task[None]) -> None:
         """A batch task ended. One cancelled before it ran (a time-limited close, or anything
         cancelling the loop's tasks) never entered :meth:`_run_batch`: its callers are failed
         here and its slot is given back, so that none of them waits forever."""
-        self._tasks.discard(task)
+        batch = self._tasks.pop(task)
         if batch not in self._unstarted:
             return
         self._unstarted.discard(batch)
@@ -857,7 +869,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._timer_at = at_s
         if at_s is not None:
             assert self._loop is not None
-            self._timer = self._loop.call_at(at_s, self._on_timer)
+            self._timer = self._loop.call_at(at_s, self._timer_callback)
 
     def _on_timer(self) -> None:
         at = self._timer_at
@@ -877,7 +889,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
         self._unstarted.discard(batch)
         started = self._now()
-        live = [r for r in batch.requests if not r.handle.done()]
+        live = batch.requests
+        if not _all_pending(live):  # some callers gave up meanwhile
+            live = [r for r in live if not r.handle.done()]
         self._running.append(live)
         try:
             if live:
