@@ -8,18 +8,18 @@ CPython 3.11 runs only once the objects promoted into generation 2 since the las
 collection exceed 25 % of those already there (the heuristic in CPython's
 ``Modules/gcmodule.c``). A full collection traverses every tracked object of the process and
 the event loop stands still meanwhile: with torch imported (about 170 thousand tracked objects)
-one took 80-230 ms on the shared 2-core machine this project is developed on, long enough to
+one took 110-230 ms on the shared 2-core machine this project is developed on, long enough to
 break a 60 ms p99.
 
 :func:`freeze_after_warmup` is the standard remedy: ``gc.freeze()`` (Python 3.7+) moves every
 object tracked at that moment into a permanent generation that later collections skip. Called
 once the model is loaded and warmed up, it leaves future full collections only the objects
-created since, so they take a few ms instead of a hundred. Instagram introduced it for their
-Django fleet (Instagram Engineering, "Copy-on-write friendly Python garbage collection", 2017,
-after "Dismissing Python Garbage Collection at Instagram", where they had disabled the collector
-altogether); CPython's ``gc`` documentation describes it as a way to speed up collection.
-Frozen objects are still freed by reference counting; only cycles among them are never
-collected, so the heap is collected once just before freezing.
+created since, so they take a few ms instead of a hundred. Instagram contributed it for their
+Django fleet (bpo-31558, whose change description gives speeding up collection as a use besides
+sharing memory after ``fork()``; Instagram Engineering, "Copy-on-write friendly Python garbage
+collection", 2017, after "Dismissing Python Garbage Collection at Instagram", where they had
+disabled the collector altogether). Frozen objects are still freed by reference counting; only
+cycles among them are never collected, so the heap is collected once just before freezing.
 
 :class:`GCPauseProbe` measures the pauses, per generation, with ``gc.callbacks``.
 """
