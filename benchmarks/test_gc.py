@@ -147,7 +147,7 @@ def p99_ms(values_s: list[float]) -> float:
 FULL_PAUSE_P50_MS: dict[str, float] = {}  # caller -> p50 full-collection pause without freeze
 
 
-@pytest.mark.parametrize("freeze", [False, True], ids=["", "freeze"])
+@pytest.mark.parametrize("freeze", [False, True], ids=["no-freeze", "freeze"])
 @pytest.mark.parametrize("caller", ["lean", "cyclic", "retaining"])
 def test_gc_pauses_per_100k_requests(
     benchmark: Any, service_heap: int, caller: str, freeze: bool
@@ -269,7 +269,7 @@ def alive_per_queued(use_batcher: bool, pending: int = 20_000) -> float:
 # -- the closed-loop check -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("freeze", [False, True], ids=["", "freeze"])
+@pytest.mark.parametrize("freeze", [False, True], ids=["no-freeze", "freeze"])
 @pytest.mark.parametrize("collection", ["natural", "forced"])
 def test_closed_loop_check(
     benchmark: Any, service_heap: int, collection: str, freeze: bool
