@@ -29,6 +29,7 @@ from adaptive_batcher.presets import (
 )
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
 from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
+from adaptive_batcher.runtime.collector import GCPauseProbe, freeze_after_warmup
 from adaptive_batcher.runtime.decorator import BatchedFunction, batched
 from adaptive_batcher.slo import SLO
 
@@ -44,6 +45,7 @@ __all__ = [
     "BatcherStats",
     "Bounds",
     "DeadlineExceededError",
+    "GCPauseProbe",
     "ItemTooLargeError",
     "Preset",
     "PresetError",
@@ -52,6 +54,7 @@ __all__ = [
     "__version__",
     "batched",
     "concat_rows",
+    "freeze_after_warmup",
     "list_presets",
     "load_preset",
     "load_preset_group",

@@ -237,6 +237,7 @@ class BatchingEngine(Generic[H]):
         self._in_flight = 0
         self._wake_units = 1  # an arrival that brings the queue to this many units needs a poll
         self._timer_at: float | None = None
+        self._set_timer = SetTimer(None)  # the last SetTimer returned, reused while unchanged
         self._closed = False
         self._draining = False
         self._from_slot_free = window_origin == "slot_free"
@@ -412,7 +413,9 @@ class BatchingEngine(Generic[H]):
             actions.append(Dispatch(self._form_batch(now, window_end)))
         self._timer_at = self._next_wakeup()
         self._update_wake_units()
-        actions.append(SetTimer(self._timer_at))
+        if self._set_timer.at_s != self._timer_at:
+            self._set_timer = SetTimer(self._timer_at)
+        actions.append(self._set_timer)
         return actions
 
     def next_wakeup(self) -> float | None:

@@ -23,6 +23,16 @@ times that spread. Service-time noise, stalls and CPU contention (a fixed batch 
 between refits) all widen it, so the controller plans windows with the noise it has seen.
 :attr:`~ServiceTimeModel.contention` is the fit's current level over the lowest level it has
 had (1: as fast as ever), a signal for logs and guards.
+
+Isolated outliers: a garbage-collector pause or a descheduled process stops the event loop for
+tens to hundreds of ms, and the batch running meanwhile measures the whole stall. A batch of a
+size within the fitted range that takes more than ``OUTLIER_FACTOR`` times the error bars over
+its prediction counts in the error bars but is held out of its size's samples, unless such
+batches become the majority of the recent ones (``OUTLIER_CONFIRM`` of the last
+``OUTLIER_WINDOW``): then the service time has changed, and they all count. Without this, one
+stall on a batch of a size seen once or twice became that size's median, and the monotone fit
+carried it to every larger size: a single 150 ms stall halved the cap for as long as that size
+went unseen (tests/runtime/test_stall.py reproduces it).
 """
 
 from __future__ import annotations
@@ -35,9 +45,28 @@ import numpy as np
 
 from adaptive_batcher.metrics.recorder import BatchSample
 
-__all__ = ["OPTIMISM", "ServiceTimeModel", "isotonic_fit"]
+__all__ = [
+    "OPTIMISM",
+    "OUTLIER_CONFIRM",
+    "OUTLIER_FACTOR",
+    "OUTLIER_WINDOW",
+    "ServiceTimeModel",
+    "isotonic_fit",
+]
 
 OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
+
+OUTLIER_FACTOR = 3.0
+"""A batch measured above ``OUTLIER_FACTOR * spread`` times its prediction is an outlier: with
+error bars of 1.2 (what the issue's closed loop gives), 3.6 times the prediction, beyond
+service-time noise."""
+
+OUTLIER_WINDOW = 8
+"""Recent batches among which outliers are counted."""
+
+OUTLIER_CONFIRM = 5
+"""Outliers among the last ``OUTLIER_WINDOW`` batches that make them a change of service time,
+not isolated stalls (a stall spans one batch per execution slot)."""
 
 
 class ServiceTimeModel:
@@ -53,6 +82,8 @@ class ServiceTimeModel:
         spread_quantile: the quantile of measured / predicted ratios that sets the error bars,
             in (0.5, 1).
         spread_window: batches whose ratios are kept for it.
+
+    ``outliers_held_out`` counts the isolated outliers kept out of the per-size samples.
 
     Raises:
         ValueError: ``min_samples`` < 1 or ``refit_every`` < 1.
@@ -83,9 +114,14 @@ class ServiceTimeModel:
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
         self._spread = 1.0
-        self._spread_at = 0
+        self._spread_at = 0  # the ratios taken when the spread was last computed
+        self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
+        self._recent_outliers: deque[bool] = deque(maxlen=OUTLIER_WINDOW)
+        self._held: deque[tuple[int, int, float]] = deque()  # (batch number, units, ms)
+        self._taken = 0
+        self.outliers_held_out = 0
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -99,18 +135,11 @@ class ServiceTimeModel:
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
-        fitted = self._sizes.size > 0
+        # the error bars as last read (reading them here would move when they are recomputed)
+        outlier_ratio = OUTLIER_FACTOR * self._spread if self._sizes.size > 0 else math.inf
         for sample in list(batches)[len(batches) - new :] if new > 0 else ():
             if sample.units > 0:
-                measured_ms = sample.service_s * 1e3
-                reservoir = self._reservoir.get(sample.units)
-                if reservoir is None:
-                    reservoir = self._reservoir[sample.units] = deque(maxlen=self.per_size)
-                reservoir.append(measured_ms)
-                if fitted:
-                    predicted = self.predict_ms(sample.units)
-                    if predicted > 0:
-                        self._ratios.append(measured_ms / predicted)
+                self._take(sample.units, sample.service_s * 1e3, outlier_ratio)
         count = sum(len(r) for r in self._reservoir.values())
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
@@ -130,16 +159,50 @@ class ServiceTimeModel:
         )
         self._note_level()
 
+    def _take(self, units: int, measured_ms: float, outlier_ratio: float) -> None:
+        """One batch's time: into the error bars, and into its size's samples unless it is an
+        isolated outlier (see the module docstring)."""
+        outlier = False
+        if outlier_ratio < math.inf:
+            predicted = self.predict_ms(units)
+            if predicted > 0:
+                self._ratios.append(measured_ms / predicted)
+                self._ratios_taken += 1
+                # beyond the sizes known the prediction is optimistic on purpose: no outliers
+                known = units <= self._sizes[-1]
+                outlier = known and measured_ms > outlier_ratio * predicted
+        self._taken += 1
+        self._recent_outliers.append(outlier)
+        held = self._held
+        while held and held[0][0] <= self._taken - OUTLIER_WINDOW:
+            held.popleft()  # an isolated outlier: never counted
+        if not outlier:
+            self._keep(units, measured_ms)
+            return
+        held.append((self._taken, units, measured_ms))
+        self.outliers_held_out += 1
+        if sum(self._recent_outliers) >= OUTLIER_CONFIRM:  # the service time has changed
+            while held:
+                _, held_units, held_ms = held.popleft()
+                self._keep(held_units, held_ms)
+                self.outliers_held_out -= 1
+
+    def _keep(self, units: int, measured_ms: float) -> None:
+        reservoir = self._reservoir.get(units)
+        if reservoir is None:
+            reservoir = self._reservoir[units] = deque(maxlen=self.per_size)
+        reservoir.append(measured_ms)
+
     @property
     def spread(self) -> float:
         """The error bars: the ``spread_quantile`` of measured / predicted ratios (>= 1; 1
         before any ratio was seen)."""
         count = len(self._ratios)
-        if count and count != self._spread_at:
+        if count and self._ratios_taken != self._spread_at:  # not len(): full, it stays put
             ordered = sorted(self._ratios)
             index = min(count - 1, int(self.spread_quantile * count))
             self._spread = max(1.0, ordered[index])
-            self._spread_at = count
+            self._spread_at = self._ratios_taken
         return self._spread
 
     def high_ms(self, batch_size: int) -> float:

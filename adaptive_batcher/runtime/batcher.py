@@ -45,6 +45,7 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
+from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
@@ -95,6 +96,14 @@ def _raise(exc: BaseException) -> None:
     """A loop callback that raises ``exc``: asyncio lets ``KeyboardInterrupt`` and
     ``SystemExit`` from a callback leave ``run_forever`` (and so ``asyncio.run``)."""
     raise exc
+
+
+def _all_pending(requests: list[Request[asyncio.Future[Any]]]) -> bool:
+    """True when no request's future is done yet (the usual case for a batch about to run)."""
+    for request in requests:  # noqa: SIM110 (all() of a generator allocates the generator)
+        if request.handle.done():
+            return False
+    return True
 
 
 def default_is_oom(exc: BaseException) -> bool:
@@ -300,13 +309,17 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._pumping = False  # inside _pump: a batch ending now must not pump again in it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], Batch[Any]] = {}  # batch tasks not yet ended
         self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
         self._closer: asyncio.Future[None] | None = None  # a close awaited by the model (aclose)
         self._batch_listeners: list[BatchListener] = []
         self.warmed_sizes: frozenset[int] = frozenset()
+        # loop callbacks bound once, not once per scheduling (a method object each time)
+        self._pump_callback: Callable[[], None] = self._pump
+        self._timer_callback: Callable[[], None] = self._on_timer
+        self._task_done_callback: Callable[[asyncio.Task[None]], None] = self._batch_task_done
 
     @classmethod
     def from_preset(
@@ -367,7 +380,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         request = _Pending(item, future, now, size, deadline_s)
         if self._core.arrive(request, now) and not self._pump_scheduled:
             self._pump_scheduled = True
-            loop.call_soon(self._pump)
+            loop.call_soon(self._pump_callback)
         try:
             return await future
         except asyncio.CancelledError:
@@ -571,7 +584,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         """
         self._core.set_policy(policy, self._now() if self._loop is not None else None)
 
-    async def warmup(self, make_item: Callable[[], X]) -> dict[int, float]:
+    async def warmup(
+        self, make_item: Callable[[], X], *, freeze_gc: bool = False
+    ) -> dict[int, float]:
         """Run the model once at every bucket size before serving; returns {size: seconds}.
 
         Cold batch shapes cost 100-970 ms of p99 on an H200 (measured by this project:
@@ -581,11 +596,19 @@ class AdaptiveBatcher(Generic[X, Y]):
         while they fit the size in units; the batch is then padded as in serving, and the size
         it ran at is what counts as warmed (a size no item fits is skipped).
 
+        With ``freeze_gc``, the process's heap is then frozen for the cyclic garbage collector
+        (:func:`~adaptive_batcher.runtime.collector.freeze_after_warmup`: a full collection,
+        then ``gc.freeze()``), so that later full collections skip the model and everything
+        loaded so far and pause the event loop for a few ms instead of ~100 ms with torch
+        loaded. It freezes the whole process: call it once, on the last batcher warmed up.
+
         Raises:
+            TypeError: ``freeze_gc`` is not a bool.
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
         """
+        freeze_gc = check_bool("freeze_gc", freeze_gc)
         if self._closed:
             raise BatcherClosedError("batcher is closed")
         self._bind()
@@ -606,6 +629,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             sizes=sorted(timings),
             total_ms=round(sum(timings.values()) * 1e3, 3),
         )
+        if freeze_gc:
+            _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
         return timings
 
     def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
@@ -772,7 +797,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled and self._loop is not None:
             self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
+            self._loop.call_soon(self._pump_callback)
 
     def _pump(self, now: float | None = None) -> None:
         self._pump_scheduled = False
@@ -800,14 +825,14 @@ class AdaptiveBatcher(Generic[X, Y]):
     def _start_batch(self, loop: asyncio.AbstractEventLoop, batch: Batch[Any]) -> None:
         self._unstarted.add(batch)  # before create_task: an eager task runs inside it
         task = loop.create_task(self._run_batch(batch))
-        self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._batch_task_done, batch))
+        self._tasks[task] = batch
+        task.add_done_callback(self._task_done_callback)
 
-    def _batch_task_done(self, batch: Batch[Any], task: asyncio.Task[None]) -> None:
+    def _batch_task_done(self, task: asyncio.Task[None]) -> None:
         """A batch task ended. One cancelled before it ran (a time-limited close, or anything
         cancelling the loop's tasks) never entered :meth:`_run_batch`: its callers are failed
         here and its slot is given back, so that none of them waits forever."""
-        self._tasks.discard(task)
+        batch = self._tasks.pop(task)
         if batch not in self._unstarted:
             return
         self._unstarted.discard(batch)
@@ -846,7 +871,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._timer_at = at_s
         if at_s is not None:
             assert self._loop is not None
-            self._timer = self._loop.call_at(at_s, self._on_timer)
+            self._timer = self._loop.call_at(at_s, self._timer_callback)
 
     def _on_timer(self) -> None:
         at = self._timer_at
@@ -866,7 +891,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
         self._unstarted.discard(batch)
         started = self._now()
-        live = [r for r in batch.requests if not r.handle.done()]
+        live = batch.requests
+        if not _all_pending(live):  # some callers gave up meanwhile
+            live = [r for r in live if not r.handle.done()]
         self._running.append(live)
         try:
             if live:

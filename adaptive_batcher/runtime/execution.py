@@ -37,6 +37,7 @@ STOPS_THE_TASK = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _log = get_logger()
 _item_of = attrgetter("item")
 _arrival_of = attrgetter("arrival_s")
+_NOT_RESULT_SEQUENCES = (Mapping, Set, str, bytes)  # a tuple: no union object built per batch
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
@@ -165,10 +166,12 @@ class BatchRunner:
         whose ``cause`` it is."""
         now = self.clock()
         failed = 0
-        settled: set[int] = set()  # ids of requests settled meanwhile (their caller gave up)
+        settled: set[int] | None = None  # ids of requests settled meanwhile (caller gave up)
         for request, result in zip(requests, results, strict=True):
             future = request.handle
             if future.done():
+                if settled is None:
+                    settled = set()
                 settled.add(id(request))
             elif isinstance(result, BaseException):
                 if not isinstance(result, Exception) or isinstance(result, StopIteration):
@@ -192,7 +195,7 @@ class BatchRunner:
 
 def check_results(results: Any, expected: int) -> None:
     """Raise ``ResultCountError`` unless ``results`` is a sequence of ``expected`` results."""
-    if isinstance(results, Mapping | Set | str | bytes):
+    if isinstance(results, _NOT_RESULT_SEQUENCES):
         raise ResultCountError(
             f"model returned {type(results).__name__}, expected a sequence of {expected} results"
         )

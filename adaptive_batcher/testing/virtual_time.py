@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -67,6 +68,18 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         """The virtual clock, seconds."""
         return self._virtual_now
+
+    def stall(self, seconds: float) -> None:
+        """Move the clock ``seconds`` ahead at once, as if the loop had been blocked that long
+        by the code running now (a garbage-collector pause, a blocking call): the timers due
+        meanwhile fire late, in order, as on a real loop.
+
+        Raises:
+            ValueError: a negative or non-finite ``seconds``.
+        """
+        if not 0.0 <= seconds < math.inf:
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+        self._virtual_now += seconds
 
     def jump(self, timeout_s: float) -> None:
         """Move the clock to the next timer (exactly its time), at most ``timeout_s`` ahead."""

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from adaptive_batcher.control.service_model import OPTIMISM, ServiceTimeModel
+from adaptive_batcher.control.service_model import OPTIMISM, OUTLIER_FACTOR, ServiceTimeModel
 from adaptive_batcher.metrics.recorder import BatchSample
 
 # resnet50 on an H200, adaptive_batcher/data/h200/batch_profile.csv (median ms)
@@ -72,3 +72,74 @@ def test_seed_profile_predicts_before_any_batch() -> None:
 def test_validation() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         ServiceTimeModel(min_samples=0)
+
+
+def linear_ms(n: int) -> float:
+    return 3.0 + 0.2 * n
+
+
+def steady(model: ServiceTimeModel, sizes: list[int], seen: int) -> int:
+    """Feed one batch per size in ``sizes`` at its usual time; returns the batches seen."""
+    batch = [BatchSample(0.0, n, n, linear_ms(n) / 1e3) for n in sizes]
+    model.update(batch, seen + len(batch))
+    return seen + len(batch)
+
+
+def fitted_model(rare: int) -> tuple[ServiceTimeModel, int]:
+    """A model that has seen sizes 30-50 often, 64 a few times and ``rare`` never."""
+    model = ServiceTimeModel(refit_every=1)
+    seen = 0
+    for _ in range(8):
+        seen = steady(model, [*range(30, 51), 64], seen)
+    assert rare not in model._reservoir
+    model.spread  # the controller reads the error bars every tick  # noqa: B018
+    return model, seen
+
+
+@pytest.mark.parametrize("rare", [58, 70], ids=["inside", "largest"])
+def test_one_stall_does_not_move_the_fit(rare: int) -> None:
+    """A 150 ms stall (a full garbage collection) lands on a batch of a size seen never before:
+    held out, the fit at that size and above stays where the other batches put it."""
+    model, seen = fitted_model(rare)
+    if rare > 64:  # a size beyond the range is never an outlier: make it known first
+        seen = steady(model, [rare], seen)
+    before = {n: model.predict_ms(n) for n in (rare, 64, 70)}
+    stall = BatchSample(0.0, rare, rare, (linear_ms(rare) + 150.0) / 1e3)
+    model.update([stall], seen + 1)
+    seen = steady(model, [*range(30, 51)], seen + 1)
+    for n, ms in before.items():
+        assert model.predict_ms(n) == pytest.approx(ms)
+    assert model.outliers_held_out == 1
+    assert max(model._ratios) > OUTLIER_FACTOR  # the stall still counts in the error bars
+
+
+def test_a_lasting_slowdown_is_learned() -> None:
+    """Batches that keep coming in several times slower are a change, not outliers."""
+    model, seen = fitted_model(rare=58)
+    slow = [BatchSample(0.0, n, n, 5 * linear_ms(n) / 1e3) for n in range(30, 51)]
+    for _ in range(10):  # most of each size's recent samples: its median moves
+        seen += len(slow)
+        model.update(slow, seen)
+    assert model.predict_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
+    assert model.outliers_held_out == 0
+
+
+def test_sizes_beyond_the_fit_are_never_outliers() -> None:
+    """Past the largest size known the prediction is optimistic on purpose: a batch there that
+    takes several times longer is news, and is learned at once."""
+    model, seen = fitted_model(rare=58)
+    big = BatchSample(0.0, 256, 256, 4 * model.predict_ms(256) / 1e3)
+    model.update([big], seen + 1)
+    assert model.outliers_held_out == 0
+    assert model.predict_ms(256) == pytest.approx(big.service_s * 1e3)
+
+
+def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
+    """The spread is the quantile over the last ``spread_window`` ratios, also after the
+    window has filled up (it had stopped moving at the moment it filled)."""
+    model = ServiceTimeModel(min_samples=1, refit_every=1000, spread_window=16)
+    model.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)  # the fit: 4 ms
+    model.update([BatchSample(0.0, 4, 4, 0.004)] * 16, total_seen=17)
+    assert model.spread == 1.0
+    model.update([BatchSample(0.0, 4, 4, 0.008)] * 16, total_seen=33)  # twice the fit
+    assert model.spread == pytest.approx(2.0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from adaptive_batcher.testing import VirtualClockLoop, run_in_virtual_time
 
 
@@ -50,3 +52,22 @@ def test_a_thread_still_wakes_the_loop() -> None:
     finally:
         loop.close()
     assert result == 42
+
+
+def test_a_stall_makes_the_timers_due_meanwhile_fire_late_in_order() -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualClockLoop)
+        for name, at in (("b", 0.3), ("a", 0.1), ("c", 0.5)):
+            loop.call_at(at, lambda n=name: fired.append((n, loop.time())))
+        loop.call_at(0.05, loop.stall, 0.3)  # blocked from 0.05 s to 0.35 s
+        await asyncio.sleep(1.0)
+        with pytest.raises(ValueError, match="seconds"):
+            loop.stall(-1.0)
+
+    run_in_virtual_time(main(), start_s=0.0)
+    assert [name for name, _ in fired] == ["a", "b", "c"]
+    assert fired[0][1] == fired[1][1] == pytest.approx(0.35)  # late, both at the stall's end
+    assert fired[2][1] == 0.5
