@@ -310,10 +310,13 @@ class ShedGuard(Guard):
     * ``shed_after_ms``, for a request that arrives into a queue already holding a full batch:
       its batch will be full, ``n = cap``;
     * ``shed_after_short_ms``, for one that arrives into a shorter queue: ``n`` is the batch the
-      plan predicts at this window (a light load's small batch starts later and still makes
-      it, so shedding never costs an answer at light load).
+      plan predicts at this window, and its *median* service time counts, not the error bars
+      (a light load's small batch starts later and still makes it, so shedding never costs an
+      answer at light load: a request is shed only if even a typical batch would finish late,
+      however noisy the machine).
 
-    ``service_high`` carries the error bars the service model has observed. With shedding,
+    For the first, ``service_high`` carries the error bars the service model has observed:
+    under overload every batch is full and the most answers come from shedding early. With shedding,
     batches too slow to meet the SLO are pointless, so the cap is held at or below the
     highest-throughput cap whose two-batch latency fits the budget, and set to it under
     overload (or when keeping up would need a larger one): the most requests served within
@@ -340,7 +343,8 @@ class ShedGuard(Guard):
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all
             return decision.with_(max_batch_size=cap, shed_after_ms=None, shed_after_short_ms=None)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
-        short = max(full, room - high(realised))
+        typical = observation.service_upper_ms or observation.service_ms
+        short = max(full, room - typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
 
 

@@ -241,7 +241,9 @@ def test_shed_guard_sets_the_latest_useful_starts() -> None:
 def test_shed_guard_uses_the_error_bars() -> None:
     noisy = observe(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(noisy)
-    assert decision.shed_after_ms == pytest.approx(50.0 - 1.5 * 7.2)
+    assert decision.shed_after_ms == pytest.approx(50.0 - 1.5 * 7.2)  # a full batch: the bars
+    # a short queue's request is shed only if even a typical batch would finish late
+    assert decision.shed_after_short_ms == pytest.approx(50.0 - 4.25)
 
 
 def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
