@@ -52,18 +52,29 @@ class Guard:
 class UnusedWindowGuard(Guard):
     """Window to 0 when waiting brings no company (MLServer #777).
 
-    Two signs that the window only adds latency: batches stay at about one item although the
-    window is open (a closed-loop client with one request in flight), or the batches the window
-    releases spent most of it waiting after their last arrival (``window_idle_fraction``:
-    closed-loop clients fewer than the cap, who all wait in the queue while nobody else can
-    come; or traffic too thin to fill a window). The guard then holds the window at 0 until the
-    arrival rate rises by ``rearm_factor`` over the highest rate seen with the window shut
-    (closed-loop clients come faster once the window is shut; that alone must not reopen it).
+    With open-loop arrivals at rate ``r``, a window of ``W`` brings ``c = r * W`` requests of
+    company on average, and the wait after a batch's last arrival is that of a Poisson process:
+    a share ``(1 - exp(-c)) / c`` of the window. Closed-loop clients break both, and the guard
+    looks for that:
+
+    * batches bring less than ``min_company`` of the company the arrival rate promises
+      (``mean_batch_size - 1 < min_company * c`` while ``c >= 0.5``): a closed-loop client with
+      one request in flight, who cannot send while it waits;
+    * the batches the window releases waited after their last arrival for more than
+      ``max_idle_fraction`` of it, and for more than ``idle_excess`` times what Poisson
+      arrivals would leave (``window_idle_fraction``): closed-loop clients fewer than the cap,
+      who all wait in the queue while nobody else can come.
+
+    Thin open-loop traffic is not a sign: there a window still fills batches (and saves device
+    time), just slowly. When the guard fires it holds the window at 0 until the arrival rate
+    rises by ``rearm_factor`` over the highest rate seen with the window shut (closed-loop
+    clients come faster once the window is shut; that alone must not reopen it).
 
     Args:
-        min_mean_batch: a window whose batches average fewer items than this is unused.
+        min_company: the least share of the expected company that counts as company.
         max_idle_fraction: a window whose released batches waited more than this share of it
-            after their last arrival is unused.
+            after their last arrival (and ``idle_excess`` times the Poisson share) is unused.
+        idle_excess: how far beyond what Poisson arrivals leave the idle share must be.
         min_batches: batches a tick must have for its figures to count.
         rearm_factor: arrival-rate growth that lets the policy open the window again.
     """
@@ -71,26 +82,35 @@ class UnusedWindowGuard(Guard):
     def __init__(
         self,
         inner: Policy,
-        min_mean_batch: float = 1.5,
+        min_company: float = 0.5,
         max_idle_fraction: float = 0.5,
+        idle_excess: float = 2.0,
         min_batches: int = 5,
         rearm_factor: float = 1.5,
     ) -> None:
         super().__init__(inner)
-        self.min_mean_batch = min_mean_batch
+        self.min_company = min_company
         self.max_idle_fraction = max_idle_fraction
+        self.idle_excess = idle_excess
         self.min_batches = min_batches
         self.rearm_factor = rearm_factor
         self.closed = False
         self.closed_at_rate_rps: float | None = None
 
+    def _unused(self, observation: Observation) -> bool:
+        window_ms = observation.current.window_ms
+        if window_ms <= 0 or observation.batches < self.min_batches:
+            return False
+        company = observation.arrival_rate_rps * window_ms / 1e3  # expected, per batch
+        lonely = (
+            company >= 0.5 and observation.mean_batch_size - 1.0 < self.min_company * company
+        )  # False for NaN
+        poisson_idle = (1.0 - math.exp(-company)) / company if company > 0 else 1.0
+        idle_limit = max(self.max_idle_fraction, self.idle_excess * poisson_idle)
+        return lonely or observation.window_idle_fraction > idle_limit  # False for NaN
+
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        current = observation.current
-        lonely = observation.mean_batch_size < self.min_mean_batch
-        idle = observation.window_idle_fraction > self.max_idle_fraction  # False for NaN
-        unused = (
-            current.window_ms > 0 and observation.batches >= self.min_batches and (lonely or idle)
-        )
+        unused = self._unused(observation)
         rate = observation.arrival_rate_rps
         if unused:
             self.closed = True

@@ -54,13 +54,41 @@ def test_unused_window_closes_and_stays_closed_until_load_grows() -> None:
     assert guard.decide(busier).window_ms == 10.0  # load doubled: the policy may try again
 
 
+# At 1000 req/s a 10 ms window promises 10 requests of company per batch (Poisson).
 @pytest.mark.parametrize(
     ("mean_batch", "batches", "window_after"),
-    [(1.0, 25, 0.0), (4.0, 25, 10.0), (1.0, 2, 10.0)],  # too few batches: no verdict
+    [
+        (1.0, 25, 0.0),  # no company at all: a closed-loop client
+        (4.0, 25, 0.0),  # 3 of the 10 promised: under half, closed-loop clients
+        (8.0, 25, 10.0),  # 7 of 10: the window brings company
+        (1.0, 2, 10.0),  # too few batches: no verdict
+    ],
 )
 def test_unused_window_table(mean_batch: float, batches: int, window_after: float) -> None:
     guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"))
     obs = observe(current=Decision(10.0, 64), mean_batch_size=mean_batch, batches=batches)
+    assert guard.decide(obs).window_ms == window_after
+
+
+@pytest.mark.parametrize(
+    ("rate_rps", "window_ms", "mean_batch", "idle", "window_after"),
+    [
+        (300.0, 2.0, 1.6, 0.75, 2.0),  # thin open-loop traffic: company and idle as Poisson
+        (300.0, 25.0, 8.5, 0.13, 25.0),  # a wider window at the same load: still Poisson
+        (1140.0, 5.0, 8.0, 0.9, 0.0),  # 8 closed-loop clients: all in, then nobody comes
+    ],
+)
+def test_unused_window_tells_thin_open_loop_traffic_from_closed_loop_clients(
+    rate_rps: float, window_ms: float, mean_batch: float, idle: float, window_after: float
+) -> None:
+    guard = guarded(UnusedWindowGuard, Decision(window_ms, 64, "policy"))
+    obs = observe(
+        current=Decision(window_ms, 64),
+        arrival_rate_rps=rate_rps,
+        mean_batch_size=mean_batch,
+        window_idle_fraction=idle,
+        batches=20,
+    )
     assert guard.decide(obs).window_ms == window_after
 
 
