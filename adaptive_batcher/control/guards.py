@@ -142,21 +142,30 @@ class BudgetGuard(Guard):
     * the window is cut to the widest whose predicted tail latency, for the batch that will
       really form at that cap, fits the budget; under overload it is 0.
 
+    Before the service-time fit is ready (its first batches), the guard still acts on the
+    measured latency: when ``min_samples`` latencies put the SLO's percentile above the target,
+    the window is scaled by ``target / latency`` (``budget.blind``), since a window that is
+    measurably late cannot wait for a model of the batches it makes slowly (a 250 ms window at
+    60 req/s forms its eighth batch after 2 s).
+
     When the SLO cannot be met even by a batch of one (``2 * service(smallest cap) > budget``),
     the guard says so once (``controller.slo_unreachable`` warning), flags the decision
     (``slo_unreachable``) and degrades to the lowest-latency setting: window 0, with the cap
     still kept where it keeps up.
     """
 
-    def __init__(self, inner: Policy) -> None:
+    def __init__(self, inner: Policy, min_samples: int = 20) -> None:
         super().__init__(inner)
+        self.min_samples = min_samples
         self.slo_unreachable = False
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         budget = observation.budget_ms
         plan = observation.plan()
-        if math.isnan(budget) or not plan.ready:
+        if math.isnan(budget):
             return decision
+        if not plan.ready:
+            return self._blind(observation, decision)
         unreachable = self._note_reachability(observation, plan.caps[0], budget)
         stable = plan.stable_cap(budget)
         if stable is None:  # overload: only throughput matters now
@@ -175,6 +184,16 @@ class BudgetGuard(Guard):
             reason=reason,
             slo_unreachable=unreachable,
         )
+
+    def _blind(self, observation: Observation, decision: Decision) -> Decision:
+        """Without a service-time fit: scale a measurably late window by target / latency."""
+        latency, target = observation.latency_ms, observation.target_ms
+        if observation.latency_samples < self.min_samples or not latency > target:
+            return decision
+        window = observation.current.window_ms * target / latency
+        if decision.window_ms <= window:
+            return decision
+        return decision.with_(window_ms=window, reason="budget.blind")
 
     def _note_reachability(self, observation: Observation, smallest: int, budget: float) -> bool:
         floor_service = observation.service_ms(smallest)

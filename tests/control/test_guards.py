@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -139,6 +140,36 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
     assert [e["event"] for e in logs] == ["controller.slo_unreachable"]
     assert guard.decide(observe()).slo_unreachable is False
     assert guard.slo_unreachable is False
+
+
+def unknown_ms(batch_size: int) -> float:
+    """A service model with no fit yet."""
+    del batch_size
+    return math.nan
+
+
+@pytest.mark.parametrize(
+    ("latency_ms", "samples", "window", "reason"),
+    [
+        (200.0, 250, 50.0, "budget.blind"),  # 250 ms x target 40 / 200
+        (200.0, 19, 250.0, "p"),  # too few latencies to judge
+        (39.0, 250, 250.0, "p"),  # within the target: no cut
+        (math.nan, 250, 250.0, "p"),  # no reading
+    ],
+)
+def test_budget_guard_cuts_a_late_window_before_the_service_fit_is_ready(
+    latency_ms: float, samples: int, window: float, reason: str
+) -> None:
+    late = observe(
+        current=Decision(250.0, 64, "start"),
+        service_ms=unknown_ms,
+        service_samples=0,
+        latency_ms=latency_ms,
+        latency_samples=samples,
+    )
+    decision = guarded(BudgetGuard, Decision(250.0, 64, "p")).decide(late)
+    assert decision.window_ms == pytest.approx(window)
+    assert (decision.max_batch_size, decision.reason) == (64, reason)
 
 
 # -- power -------------------------------------------------------------------------------
