@@ -149,12 +149,18 @@ class Plan:
     # -- windows -----------------------------------------------------------------------------
 
     def batch_units(self, window_ms: float, cap: int) -> float:
-        """The batch that forms with this window and cap, units (see the module docstring)."""
+        """The batch that forms with this window and cap, units (see the module docstring).
+
+        The iteration stops early once a step leaves ``n`` unchanged: every further step would
+        compute the same value again.
+        """
         rate_per_ms = self.rate_units_per_s / 1e3
         n = min(float(cap), 1.0 + rate_per_ms * window_ms)
         for _ in range(_FIXED_POINT_STEPS):
             cycle = max(window_ms, self._service(n) / self.slots)
-            n = min(float(cap), 1.0 + rate_per_ms * cycle)
+            previous, n = n, min(float(cap), 1.0 + rate_per_ms * cycle)
+            if n == previous:
+                break
         return n
 
     def latency_ms(self, window_ms: float, cap: int) -> float:
