@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["POISSON_Z", "STABILITY_HEADROOM", "Plan"]
 
@@ -63,6 +63,11 @@ class Plan:
             (what latency promises use; default: ``service_ms``).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
+
+    A plan is made for one tick: the service functions must not change while it is in use, as
+    it remembers the caps, tail service times and widest windows it has computed (a policy and
+    the guards ask for the same ones).
+
     """
 
     rate_units_per_s: float
@@ -74,6 +79,16 @@ class Plan:
     min_window_ms: float = 0.0
     max_window_ms: float = 100.0
     service_upper_ms: Callable[[int], float] | None = None
+    _high_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _stable: dict[tuple[float, float], int | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _fits: dict[float, list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _widest_ms: dict[tuple[float, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def ready(self) -> bool:
@@ -99,6 +114,12 @@ class Plan:
     def stable_cap(self, budget_ms: float, headroom: float = STABILITY_HEADROOM) -> int | None:
         """The smallest cap that keeps up with the demand with ``headroom`` (else without it);
         None when none keeps up (overload) or the model is not ready."""
+        key = (budget_ms, headroom)
+        if key not in self._stable:
+            self._stable[key] = self._search_stable_cap(budget_ms, headroom)
+        return self._stable[key]
+
+    def _search_stable_cap(self, budget_ms: float, headroom: float) -> int | None:
         if not self.ready:
             return None
         demand = self.demand_units_per_s(budget_ms)
@@ -127,8 +148,13 @@ class Plan:
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
         sizes the model knows)."""
-        upper = self.service_upper_ms or self.service_ms
-        return [cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms]
+        fitting = self._fits.get(budget_ms)
+        if fitting is None:
+            upper = self.service_upper_ms or self.service_ms
+            fitting = self._fits[budget_ms] = [
+                cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms
+            ]
+        return fitting
 
     def overloaded(self, budget_ms: float) -> bool:
         """True when no cap keeps up with the demand (the model being ready)."""
@@ -177,6 +203,13 @@ class Plan:
     def widest_window_ms(self, budget_ms: float, cap: int) -> float:
         """The widest window in range whose predicted tail latency fits ``budget_ms`` (the
         smallest window of the range if none does), ms."""
+        key = (budget_ms, cap)
+        widest = self._widest_ms.get(key)
+        if widest is None:
+            widest = self._widest_ms[key] = self._search_widest_ms(budget_ms, cap)
+        return widest
+
+    def _search_widest_ms(self, budget_ms: float, cap: int) -> float:
         low, high = self.min_window_ms, self.max_window_ms
         if not self.ready or self.latency_ms(low, cap) > budget_ms:
             return low
@@ -194,4 +227,8 @@ class Plan:
         return self.service_ms(max(1, round(units)))
 
     def _service_high(self, units: float) -> float:
-        return self.service_high_ms(max(1, round(units)))
+        n = max(1, round(units))
+        high = self._high_ms.get(n)
+        if high is None:
+            high = self._high_ms[n] = self.service_high_ms(n)
+        return high

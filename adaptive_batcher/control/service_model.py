@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -73,6 +74,7 @@ class ServiceTimeModel:
         self.refit_every = refit_every
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
+        self._kept = 0  # samples in all the reservoirs
         self._cache: dict[int, float] = {}
         self._seed = sorted((int(n), float(ms)) for n, ms in seed)
         self._seen_total = 0
@@ -100,18 +102,20 @@ class ServiceTimeModel:
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
         fitted = self._sizes.size > 0
-        for sample in list(batches)[len(batches) - new :] if new > 0 else ():
+        for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.units > 0:
                 measured_ms = sample.service_s * 1e3
                 reservoir = self._reservoir.get(sample.units)
                 if reservoir is None:
                     reservoir = self._reservoir[sample.units] = deque(maxlen=self.per_size)
+                if len(reservoir) < self.per_size:
+                    self._kept += 1
                 reservoir.append(measured_ms)
                 if fitted:
                     predicted = self.predict_ms(sample.units)
                     if predicted > 0:
                         self._ratios.append(measured_ms / predicted)
-        count = sum(len(r) for r in self._reservoir.values())
+        count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
         self._fitted_at = total_seen
