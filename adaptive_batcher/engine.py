@@ -4,9 +4,10 @@ The asyncio runtime (:mod:`adaptive_batcher.runtime`) and the simulator
 (:mod:`adaptive_batcher.sim`) drive this same object; every time is a ``now`` argument in seconds
 on the caller's clock.
 
-Events: :meth:`BatchingEngine.arrive`, :meth:`~BatchingEngine.cancel`,
-:meth:`~BatchingEngine.complete`, :meth:`~BatchingEngine.close` and, for time passing (a timer
-fired), :meth:`~BatchingEngine.poll`.
+Events: :meth:`BatchingEngine.arrive` (or :meth:`~BatchingEngine.arrive_many` for a run of
+arrivals, as a replay has), :meth:`~BatchingEngine.cancel`, :meth:`~BatchingEngine.complete`,
+:meth:`~BatchingEngine.close` and, for time passing (a timer fired), :meth:`~BatchingEngine.poll`.
+
 Actions, returned by ``poll``: :class:`Dispatch` (start this batch now), :class:`Expire` (fail this
 request with a deadline error now) and :class:`SetTimer` (call ``poll`` again at this time).
 
@@ -31,6 +32,7 @@ import heapq
 import itertools
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
@@ -304,6 +306,62 @@ class BatchingEngine(Generic[H]):
         if request.deadline_s is not None and self._track_deadline(request):
             return True
         return self._queued_units >= self._wake_units
+
+    def arrive_many(
+        self,
+        requests: Sequence[Request[H]],
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        expire_after_s: float | None = None,
+    ) -> tuple[int, bool]:
+        """Queue ``requests[start:stop]`` in order, exactly as :meth:`arrive` would one by one,
+        up to the first that needs a poll or would be refused; for a caller with many arrivals
+        (a replay) that would otherwise pay a call per request.
+
+        Args:
+            requests: requests in arrival order (non-decreasing ``arrival_s``).
+            start, stop: the range of ``requests`` to queue (``stop`` None: to the end).
+            expire_after_s: if given, each request's deadline becomes the earlier of its own
+                and ``arrival_s + expire_after_s`` (seconds) as it is queued; the requests not
+                queued are left untouched.
+
+        Returns:
+            ``(end, poll)``: ``requests[start:end]`` were queued. ``poll`` is True when the last
+            of them needs :meth:`poll` (as :meth:`arrive` returning True); otherwise, if ``end``
+            < ``stop``, ``requests[end]`` would be refused: call :meth:`arrive` with it to get
+            the error.
+        """
+        stop = len(requests) if stop is None else stop
+        queue_append = self._queue.append
+        admit_below, hard, wake = self._admit_below, self.hard_max_batch_size, self._wake_units
+        deadlines, seq, timer = self._deadlines, self._seq, self._timer_at
+        queued, units = self._queued, self._queued_units
+        index, poll = start, False
+        while index < stop:
+            request = requests[index]
+            size = request.size
+            if queued >= admit_below or not 0 < size <= hard:
+                break
+            deadline = request.deadline_s
+            if expire_after_s is not None:
+                shed_at = request.arrival_s + expire_after_s
+                if deadline is None or shed_at < deadline:
+                    request.deadline_s = deadline = shed_at
+            queue_append(request)
+            queued += 1
+            units += size
+            index += 1
+            if deadline is not None:  # as _track_deadline
+                heapq.heappush(deadlines, (deadline, next(seq), request))
+                if timer is None or deadline < timer:
+                    poll = True
+                    break
+            if units >= wake:
+                poll = True
+                break
+        self._queued, self._queued_units = queued, units
+        return index, poll
 
     def _track_deadline(self, request: Request[H]) -> bool:
         """Put a new request's deadline on the heap; True if it comes before the timer."""

@@ -156,12 +156,15 @@ class SlidingHistogram:
             return
         counts = self._counts[self._current]
         lowest = index = _bucket(now - arrivals_s[-1])  # buckets are counted upwards from here
+        log, top = math.log, _N_BUCKETS - 1
         while end:
-            index = _bucket(now - arrivals_s[end - 1])
+            wait = now - arrivals_s[end - 1]  # _bucket(wait), inlined
+            index = 0 if wait <= MIN_S else min(int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA), top)
             # the samples in this bucket are those below its upper bound: arrived after now - upper
             start = min(bisect_right(arrivals_s, now - _UPPER_S[index], 0, end), end - 1)
             counts[index] += end - start
             end = start
+
         self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
         self._note_range(lowest, index)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +37,7 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 __all__ = ["OOM_DETECT_FRACTION", "SimConfig", "Simulator"]
 
 OOM_DETECT_FRACTION = 0.25  # an OOM batch fails a quarter of the way through its service time
+_PREPARED = 512  # open-loop requests made ahead, to be queued in bulk
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class _Part:
 
     start_s: float
     end_s: float
-    ids: list[int]
+    ids: Sequence[int]  # a range for a batch of consecutive requests (the common case)
     units: int
     ok: bool
 
@@ -145,8 +148,9 @@ class _Replay:
         self.poll_pending = False
         self.now = 0.0
         self.running_units = 0
-        self.open_times: np.ndarray = np.empty(0)
-        self.open_sizes: np.ndarray = np.empty(0, dtype=np.int64)
+        self.open_count = 0
+        self.prepared: list[Request[int]] = []  # requests open_from.. made ahead
+        self.prepared_from = 0
         self.closed: ClosedLoop | None = None
         self.closed_heap: list[tuple[float, int, int]] = []
         self.end_s = math.inf
@@ -155,8 +159,7 @@ class _Replay:
             for client, at in enumerate(self.closed.first_arrivals(self.rng)):
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
         else:
-            self.open_times, self.open_sizes = workload.times_s, workload.sizes
-            count = len(workload)
+            count = self.open_count = len(workload)
             self.state.arrival_s = workload.times_s.tolist()
             self.state.size = workload.sizes.tolist()
             self.state.done_s = [math.nan] * count
@@ -167,13 +170,12 @@ class _Replay:
     # -- the event loop ---------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        times, sizes = self.open_times, self.open_sizes
-        count = len(times)
+        times, count = self.state.arrival_s, self.open_count
         index = 0
         completions, closed_heap = self.completions, self.closed_heap
         inf = math.inf
         while True:
-            next_open = float(times[index]) if index < count else inf
+            next_open = times[index] if index < count else inf
             next_closed = closed_heap[0][0] if closed_heap else inf
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
@@ -192,9 +194,7 @@ class _Replay:
                 self.timer_at = None
                 self._poll()
             elif next_open <= next_closed:
-                self.now = next_open
-                self._arrive(index, int(sizes[index]))
-                index += 1
+                index = self._arrive_open(index, min(next_done, next_timer))
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
@@ -229,11 +229,56 @@ class _Replay:
     def _arrive(self, request_id: int, size: int) -> None:
         now = self.now
         deadline = None if self.deadline_s is None else now + self.deadline_s
+        self._arrive_request(Request(request_id, now, size, deadline))
+
+    def _arrive_request(self, request: Request[int]) -> None:
         try:
-            if self.core.arrive(Request(request_id, now, size, deadline), now):
+            if self.core.arrive(request, self.now):
                 self.poll_pending = True
         except BatcherError:
-            self._finish(request_id, Outcome.REJECTED)
+            self._finish(request.handle, Outcome.REJECTED)
+
+    def _arrive_open(self, index: int, before_s: float) -> int:
+        """Queue the open-loop arrivals from ``index`` on, in bulk, as one-by-one arrivals would
+        be: those before ``before_s`` (the next completion or timer), or while a poll is pending
+        only those at this instant, up to the first that needs a poll. Returns the next index."""
+        times = self.state.arrival_s
+        if self.poll_pending:  # arrivals at the same instant join one batch; then the poll
+            stop = bisect_right(times, self.now, index)
+        else:
+            stop = bisect_left(times, before_s, index)
+        base = self.prepared_from
+        if index >= base + len(self.prepared):
+            base = self._prepare(index)
+        stop = min(stop, base + len(self.prepared))
+        end, poll = self.core.arrive_many(self.prepared, index - base, stop - base)
+        end += base
+        if end > index:
+            self.now = times[end - 1]
+        if poll:
+            self.poll_pending = True
+        elif end < stop:  # refused: the one-by-one path raises and counts it
+            self.now = times[end]
+            self._arrive_request(self.prepared[end - base])
+            end += 1
+        return end
+
+    def _prepare(self, index: int) -> int:
+        """Make the requests ``index`` onwards (up to _PREPARED of them); returns ``index``."""
+        state, deadline_s = self.state, self.deadline_s
+        stop = min(index + _PREPARED, self.open_count)
+        times, sizes = state.arrival_s[index:stop], state.size[index:stop]
+        if deadline_s is None:
+            self.prepared = [
+                Request(i, t, s) for i, t, s in zip(range(index, stop), times, sizes, strict=True)
+            ]
+        else:
+            self.prepared = [
+                Request(i, t, s, t + deadline_s)
+                for i, t, s in zip(range(index, stop), times, sizes, strict=True)
+            ]
+        self.prepared_from = index
+        return index
 
     def _poll(self) -> None:
         self.poll_pending = False
@@ -267,13 +312,28 @@ class _Replay:
 
     def _dispatch(self, batch: Batch[int]) -> None:
         parts: list[_Part] = []
-        end = self._execute([r.handle for r in batch.requests], self.now, parts)
+        requests = batch.requests
+        first, last = requests[0].handle, requests[-1].handle
+        ids: Sequence[int]
+        if last - first + 1 == len(requests):  # FIFO: request numbers increase in a batch
+            ids = range(first, last + 1)
+        else:
+            ids = [r.handle for r in requests]
+        end = self._execute(ids, self.now, parts, batch.units)
         self.running_units += batch.units
         heapq.heappush(self.completions, (end, next(self.sequence), batch, parts))
 
-    def _execute(self, ids: list[int], start: float, parts: list[_Part]) -> float:
-        """Schedule ``ids`` from ``start``, split on OOM; returns when the slot frees."""
-        units = sum(self.state.size[i] for i in ids)
+    def _execute(
+        self, ids: Sequence[int], start: float, parts: list[_Part], units: int | None = None
+    ) -> float:
+        """Schedule ``ids`` (``units`` in all, if known) from ``start``, split on OOM; returns
+        when the slot frees."""
+        if units is None:
+            size = self.state.size
+            if isinstance(ids, range):
+                units = sum(size[ids.start : ids.stop])
+            else:
+                units = sum(size[i] for i in ids)
         service = self.sim.service.service_s(units, self.rng)
         memory = self.sim.memory
         if memory is not None and memory.is_oom(self.sim.service, units, start):
@@ -298,8 +358,12 @@ class _Replay:
         idle = batch.window_idle_s  # counted once per dispatched batch
         for part in parts:
             state.calls.append((part.start_s, part.end_s, len(part.ids), part.units))
+            ids = part.ids
             if part.ok:
-                arrivals = [state.arrival_s[i] for i in part.ids]
+                if isinstance(ids, range):
+                    arrivals = state.arrival_s[ids.start : ids.stop]
+                else:
+                    arrivals = [state.arrival_s[i] for i in ids]
                 core.record_answers(arrivals, 0, part.end_s)
                 core.record_run(
                     part.end_s, len(part.ids), part.units, part.end_s - part.start_s, idle
@@ -312,10 +376,15 @@ class _Replay:
             outcome = Outcome.OK if part.ok else Outcome.FAILED
             if self.closed is None:  # the common, open-loop case, inlined
                 done_s, outcomes, end = state.done_s, state.outcome, part.end_s
-                for request_id in part.ids:
+                if isinstance(ids, range):
+                    done_s[ids.start : ids.stop] = [end] * len(ids)
+                    outcomes[ids.start : ids.stop] = [outcome] * len(ids)
+                    continue
+                for request_id in ids:
                     done_s[request_id] = end
                     outcomes[request_id] = outcome
                 continue
+
             for request_id in part.ids:
                 self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
