@@ -32,6 +32,7 @@ import heapq
 import itertools
 import math
 import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, NoReturn, TypeVar
@@ -231,6 +232,10 @@ class BatchingEngine(Generic[H]):
         # entries before _front were dispatched, stale entries after it are skipped lazily
         self._queue: list[Request[H]] = []
         self._front = 0
+        # deadlines, (deadline, arrival number, request): those that come in order (the usual
+        # case: a fixed time after arrival) in a FIFO, the others in a heap; the earliest is at
+        # the head of one of them. Stale entries (dispatched, cancelled) are skipped lazily.
+        self._deadline_fifo: deque[tuple[float, int, Request[H]]] = deque()
         self._deadlines: list[tuple[float, int, Request[H]]] = []
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -335,7 +340,12 @@ class BatchingEngine(Generic[H]):
         stop = len(requests) if stop is None else stop
         queue_append = self._queue.append
         admit_below, hard, wake = self._admit_below, self.hard_max_batch_size, self._wake_units
-        deadlines, seq, timer = self._deadlines, self._seq, self._timer_at
+        deadlines, fifo, seq, timer = (
+            self._deadlines,
+            self._deadline_fifo,
+            self._seq,
+            self._timer_at,
+        )
         queued, units = self._queued, self._queued_units
         index, poll = start, False
         while index < stop:
@@ -353,7 +363,10 @@ class BatchingEngine(Generic[H]):
             units += size
             index += 1
             if deadline is not None:  # as _track_deadline
-                heapq.heappush(deadlines, (deadline, next(seq), request))
+                if not fifo or deadline >= fifo[-1][0]:
+                    fifo.append((deadline, next(seq), request))
+                else:
+                    heapq.heappush(deadlines, (deadline, next(seq), request))
                 if timer is None or deadline < timer:
                     poll = True
                     break
@@ -367,7 +380,11 @@ class BatchingEngine(Generic[H]):
         """Put a new request's deadline on the heap; True if it comes before the timer."""
         deadline = request.deadline_s
         assert deadline is not None
-        heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
+        fifo = self._deadline_fifo
+        if not fifo or deadline >= fifo[-1][0]:
+            fifo.append((deadline, next(self._seq), request))
+        else:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
         return self._timer_at is None or deadline < self._timer_at
 
     def _update_wake_units(self) -> None:
@@ -447,6 +464,7 @@ class BatchingEngine(Generic[H]):
             request.state = RequestState.REJECTED
         self._clear_queue()
         self._deadlines.clear()
+        self._deadline_fifo.clear()
         self._queued = 0
         self._queued_units = 0
         return dropped
@@ -460,7 +478,7 @@ class BatchingEngine(Generic[H]):
             Expire actions first, then Dispatch actions in FIFO order, then exactly one SetTimer.
         """
         actions: list[Action] = []
-        if self._deadlines:
+        if self._deadlines or self._deadline_fifo:
             self._expire(now, actions)
         while self._in_flight < self._slots and self._queued:
             why = self._ready(now)
@@ -560,16 +578,27 @@ class BatchingEngine(Generic[H]):
         return taken, units
 
     def _expire(self, now: float, actions: list[Action]) -> None:
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            request = heapq.heappop(heap)[2]
+        """Expire the queued requests whose deadline is at or before ``now``, earliest first
+        (ties in arrival order), as one heap of all deadlines would pop them."""
+        heap, fifo = self._deadlines, self._deadline_fifo
+        while True:
+            if fifo and (not heap or fifo[0] < heap[0]):
+                if fifo[0][0] > now:
+                    break
+                request = fifo.popleft()[2]
+            elif heap and heap[0][0] <= now:
+                request = heapq.heappop(heap)[2]
+            else:
+                break
             if request.state == RequestState.QUEUED:
                 request.state = RequestState.EXPIRED
                 self._forget(request)
                 actions.append(Expire(request))
-        if len(heap) > 64 and len(heap) > 2 * self._queued:
-            self._deadlines = [e for e in heap if e[2].state == RequestState.QUEUED]
+        if len(heap) + len(fifo) > 64 and len(heap) + len(fifo) > 2 * self._queued:
+            queued = RequestState.QUEUED
+            self._deadlines = [e for e in heap if e[2].state == queued]
             heapq.heapify(self._deadlines)
+            self._deadline_fifo = deque(e for e in fifo if e[2].state == queued)
 
     def _forget(self, request: Request[H]) -> None:
         """Account for a queued request leaving the queue other than by dispatch (lazy removal)."""
@@ -588,9 +617,14 @@ class BatchingEngine(Generic[H]):
         wake: float | None = None
         if self._queued and self._in_flight < self._slots and self._window_s > 0.0:
             wake = self._window_start() + self._window_s
-        heap = self._deadlines
-        while heap and heap[0][2].state != RequestState.QUEUED:
+        heap, fifo = self._deadlines, self._deadline_fifo
+        queued = RequestState.QUEUED
+        while fifo and fifo[0][2].state != queued:
+            fifo.popleft()
+        while heap and heap[0][2].state != queued:
             heapq.heappop(heap)
+        if fifo and (wake is None or fifo[0][0] < wake):
+            wake = fifo[0][0]
         if heap and (wake is None or heap[0][0] < wake):
             wake = heap[0][0]
         return wake
