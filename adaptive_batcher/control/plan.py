@@ -180,20 +180,44 @@ class Plan:
         The iteration stops early once a step leaves ``n`` unchanged: every further step would
         compute the same value again.
         """
-        rate_per_ms = self.rate_units_per_s / 1e3
-        n = min(float(cap), 1.0 + rate_per_ms * window_ms)
-        for _ in range(_FIXED_POINT_STEPS):
-            cycle = max(window_ms, self._service(n) / self.slots)
-            previous, n = n, min(float(cap), 1.0 + rate_per_ms * cycle)
-            if n == previous:
-                break
-        return n
+        return self._batch_function(cap)(window_ms)
 
     def latency_ms(self, window_ms: float, cap: int) -> float:
         """Predicted tail latency (about the 99th percentile) inside the batcher, ms."""
-        n = self.batch_units(window_ms, cap)
-        n_high = min(float(cap), n + POISSON_Z * math.sqrt(n))
-        return max(window_ms, self._service_high(n) / self.slots) + self._service_high(n_high)
+        return self._latency_function(cap)(window_ms)
+
+    def _batch_function(self, cap: int) -> Callable[[float], float]:
+        """:meth:`batch_units` at ``cap``, as a function of the window (the plan's figures bound
+        once, for a search that evaluates it many times)."""
+        rate_per_ms, slots, service = self.rate_units_per_s / 1e3, self.slots, self.service_ms
+        top = float(cap)
+
+        def batch_units(window_ms: float) -> float:
+            n = min(top, 1.0 + rate_per_ms * window_ms)
+            for _ in range(_FIXED_POINT_STEPS):
+                cycle = max(window_ms, service(max(1, round(n))) / slots)  # self._service(n)
+                previous, n = n, min(top, 1.0 + rate_per_ms * cycle)
+                if n == previous:
+                    break
+            return n
+
+        return batch_units
+
+    def _latency_function(self, cap: int) -> Callable[[float], float]:
+        """:meth:`latency_ms` at ``cap``, as a function of the window."""
+        batch_units, high, slots, top = (
+            self._batch_function(cap),
+            self._service_high,
+            self.slots,
+            float(cap),
+        )
+
+        def latency_ms(window_ms: float) -> float:
+            n = batch_units(window_ms)
+            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            return max(window_ms, high(n) / slots) + high(n_high)
+
+        return latency_ms
 
     def cost_ms_per_unit(self, window_ms: float, cap: int) -> float:
         """Predicted device time per unit served, ms."""
@@ -211,13 +235,16 @@ class Plan:
 
     def _search_widest_ms(self, budget_ms: float, cap: int) -> float:
         low, high = self.min_window_ms, self.max_window_ms
-        if not self.ready or self.latency_ms(low, cap) > budget_ms:
+        if not self.ready:
             return low
-        if self.latency_ms(high, cap) <= budget_ms:
+        latency_ms = self._latency_function(cap)
+        if latency_ms(low) > budget_ms:
+            return low
+        if latency_ms(high) <= budget_ms:
             return high
         for _ in range(_BISECTION_STEPS):
             middle = (low + high) / 2.0
-            if self.latency_ms(middle, cap) <= budget_ms:
+            if latency_ms(middle) <= budget_ms:
                 low = middle
             else:
                 high = middle

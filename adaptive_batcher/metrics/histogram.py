@@ -155,16 +155,22 @@ class SlidingHistogram:
         if not end:
             return
         counts = self._counts[self._current]
-        lowest = index = _bucket(now - arrivals_s[-1])  # buckets are counted upwards from here
         log, top = math.log, _N_BUCKETS - 1
-        while end:
-            wait = now - arrivals_s[end - 1]  # _bucket(wait), inlined
-            index = 0 if wait <= MIN_S else min(int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA), top)
+        lowest = index = _bucket(now - arrivals_s[-1])  # buckets are counted upwards from here
+        while True:
             # the samples in this bucket are those below its upper bound: arrived after now - upper
-            start = min(bisect_right(arrivals_s, now - _UPPER_S[index], 0, end), end - 1)
+            # (at least the latest one); a bisection only when the one before it is among them
+            bound = now - _UPPER_S[index]
+            if end > 1 and arrivals_s[end - 2] > bound:
+                start = bisect_right(arrivals_s, bound, 0, end)
+            else:
+                start = end - 1
             counts[index] += end - start
             end = start
-
+            if not end:
+                break
+            wait = now - arrivals_s[end - 1]  # _bucket(wait), inlined
+            index = 0 if wait <= MIN_S else min(int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA), top)
         self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
         self._note_range(lowest, index)
 

@@ -62,16 +62,9 @@ class SimConfig(BatcherSettings):
     name: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class _Part:
-    """One model call within a dispatched batch (several when an OOM split it)."""
-
-    start_s: float
-    end_s: float
-    ids: Sequence[int]  # a range for a batch of consecutive requests (the common case)
-    units: int
-    ok: bool
-
+_Part = tuple[float, float, Sequence[int], int, bool]
+"""One model call within a dispatched batch (several when an OOM split it): ``(start_s, end_s,
+ids, units, ok)``; ``ids`` is a range for a batch of consecutive requests (the common case)."""
 
 _Completion = tuple[float, int, Batch[int], list[_Part]]
 
@@ -149,6 +142,7 @@ class _Replay:
         self.now = 0.0
         self.running_units = 0
         self.open_count = 0
+        self.open_workload: Arrivals | None = None
         self.prepared: list[Request[int]] = []  # requests open_from.. made ahead
         self.prepared_from = 0
         self.closed: ClosedLoop | None = None
@@ -160,6 +154,7 @@ class _Replay:
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
         else:
             count = self.open_count = len(workload)
+            self.open_workload = workload
             self.state.arrival_s = workload.times_s.tolist()
             self.state.size = workload.sizes.tolist()
             self.state.done_s = [math.nan] * count
@@ -179,11 +174,13 @@ class _Replay:
             next_closed = closed_heap[0][0] if closed_heap else inf
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
-            next_arrival = min(next_open, next_closed)
-            if self.poll_pending and min(next_arrival, next_done, next_timer) > self.now:
-                # like the runtime's pump: arrivals at the same instant join one batch
-                self._poll()
-                continue
+            next_arrival = next_open if next_open <= next_closed else next_closed
+            if self.poll_pending:
+                now = self.now
+                if next_arrival > now and next_done > now and next_timer > now:
+                    # like the runtime's pump: arrivals at the same instant join one batch
+                    self._poll()
+                    continue
             if next_done <= next_arrival and next_done <= next_timer:
                 if next_done == inf:
                     break
@@ -194,7 +191,9 @@ class _Replay:
                 self.timer_at = None
                 self._poll()
             elif next_open <= next_closed:
-                index = self._arrive_open(index, min(next_done, next_timer))
+                index = self._arrive_open(
+                    index, next_done if next_done < next_timer else next_timer
+                )
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
@@ -202,13 +201,17 @@ class _Replay:
         return self._result()
 
     def _result(self) -> SimResult:
-        state = self.state
+        state, workload = self.state, self.open_workload
+        if workload is not None:  # the same values as the lists, converted at C speed
+            arrival_s, sizes = np.array(workload.times_s), workload.sizes
+        else:
+            arrival_s, sizes = np.asarray(state.arrival_s), np.asarray(state.size, dtype=np.int64)
         return SimResult.build(
             name=self.config.name or self.name,
-            arrival_s=np.asarray(state.arrival_s),
+            arrival_s=arrival_s,
             done_s=np.asarray(state.done_s),
             outcome=np.asarray(state.outcome, dtype=np.int8),
-            sizes=np.asarray(state.size, dtype=np.int64),
+            sizes=sizes,
             slo=self.sim.judge_slo,
             recorder=self.recorder,
             busy_s=state.busy_s,
@@ -269,14 +272,11 @@ class _Replay:
         stop = min(index + _PREPARED, self.open_count)
         times, sizes = state.arrival_s[index:stop], state.size[index:stop]
         if deadline_s is None:
-            self.prepared = [
-                Request(i, t, s) for i, t, s in zip(range(index, stop), times, sizes, strict=True)
-            ]
+            self.prepared = list(map(Request, range(index, stop), times, sizes))
         else:
-            self.prepared = [
-                Request(i, t, s, t + deadline_s)
-                for i, t, s in zip(range(index, stop), times, sizes, strict=True)
-            ]
+            deadlines = [t + deadline_s for t in times]
+            self.prepared = list(map(Request, range(index, stop), times, sizes, deadlines))
+
         self.prepared_from = index
         return index
 
@@ -330,10 +330,11 @@ class _Replay:
         when the slot frees."""
         if units is None:
             size = self.state.size
-            if isinstance(ids, range):
-                units = sum(size[ids.start : ids.stop])
+            if type(ids) is range:
+                units = sum(size[ids[0] : ids[0] + len(ids)])
             else:
                 units = sum(size[i] for i in ids)
+
         service = self.sim.service.service_s(units, self.rng)
         memory = self.sim.memory
         if memory is not None and memory.is_oom(self.sim.service, units, start):
@@ -341,7 +342,7 @@ class _Replay:
             self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
             self.core.record_device_time(failed_at - start)
             self.state.busy_s += failed_at - start
-            parts.append(_Part(start, failed_at, ids, units, ok=False))
+            parts.append((start, failed_at, ids, units, False))
             if len(ids) == 1:
                 return failed_at
             middle = len(ids) // 2
@@ -349,44 +350,43 @@ class _Replay:
             return self._execute(ids[middle:], after_first, parts)
         self.core.record_device_time(service)
         self.state.busy_s += service
-        parts.append(_Part(start, start + service, ids, units, ok=True))
-        return start + service
+        end = start + service
+        parts.append((start, end, ids, units, True))
+        return end
 
     def _complete(self, event: _Completion) -> None:
         _, _, batch, parts = event
         state, core = self.state, self.core
         idle = batch.window_idle_s  # counted once per dispatched batch
-        for part in parts:
-            state.calls.append((part.start_s, part.end_s, len(part.ids), part.units))
-            ids = part.ids
-            if part.ok:
-                if isinstance(ids, range):
-                    arrivals = state.arrival_s[ids.start : ids.stop]
+        for start, end, ids, units, ok in parts:
+            count = len(ids)
+            state.calls.append((start, end, count, units))
+            consecutive = type(ids) is range
+            if ok:
+                if consecutive:
+                    arrivals = state.arrival_s[ids[0] : ids[0] + count]
                 else:
                     arrivals = [state.arrival_s[i] for i in ids]
-                core.record_answers(arrivals, 0, part.end_s)
-                core.record_run(
-                    part.end_s, len(part.ids), part.units, part.end_s - part.start_s, idle
-                )
+                core.record_answers(arrivals, 0, end)
+                core.record_run(end, count, units, end - start, idle)
                 idle = 0.0
-            elif len(part.ids) == 1:  # an OOM on a single item: it cannot be split further
+                outcome = Outcome.OK
+            elif count == 1:  # an OOM on a single item: it cannot be split further
                 self.recorder.failed += 1
+                outcome = Outcome.FAILED
             else:
                 continue  # split and re-run: the halves are parts of their own
-            outcome = Outcome.OK if part.ok else Outcome.FAILED
-            if self.closed is None:  # the common, open-loop case, inlined
-                done_s, outcomes, end = state.done_s, state.outcome, part.end_s
-                if isinstance(ids, range):
-                    done_s[ids.start : ids.stop] = [end] * len(ids)
-                    outcomes[ids.start : ids.stop] = [outcome] * len(ids)
-                    continue
+            if self.closed is not None:
+                for request_id in ids:
+                    self._finish(request_id, outcome, end)
+            elif consecutive:  # the common, open-loop case, inlined
+                state.done_s[ids[0] : ids[0] + count] = [end] * count
+                state.outcome[ids[0] : ids[0] + count] = [outcome] * count
+            else:
+                done_s, outcomes = state.done_s, state.outcome
                 for request_id in ids:
                     done_s[request_id] = end
                     outcomes[request_id] = outcome
-                continue
-
-            for request_id in part.ids:
-                self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
         core.complete(batch, self.now)
         self._poll()
