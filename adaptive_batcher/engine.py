@@ -23,6 +23,8 @@ Semantics (each learned from a bug in an earlier batcher; see docs/architecture.
   overtaken. A request larger than the current cap (possible only after the cap was lowered at run
   time) runs alone; one larger than the hard cap is rejected at arrival.
 * Per-request deadlines expire on a timer, not when the running batch ends (Triton #7512).
+* ``max_queue_size`` counts the requests waiting beyond what the free slots take next (a full
+  batch each): a request is never refused while a free slot could take it.
 * Cancelled requests are skipped lazily and never dispatched (Ray #50054).
 """
 
@@ -192,7 +194,10 @@ class BatchingEngine(Generic[H]):
         limits: the starting window, cap and slots (changeable with :meth:`set_limits`).
         hard_max_batch_size: the cap no setting may exceed and the largest request accepted, units.
             Defaults to ``limits.max_batch_size``.
-        max_queue_size: most requests queued (not counting running ones); None for unbounded.
+        max_queue_size: most requests *waiting*: queued beyond what the free execution slots
+            take next, a full batch each (up to ``max_batch_size`` requests per free slot; with
+            one unit per request, exactly the ones they take). A request is never refused
+            while a free slot could take it. None for unbounded.
         window_origin: ``"arrival"`` (default): the window counts from the oldest queued request's
             arrival. ``"slot_free"``: it counts from the later of that arrival and the moment a
             slot last freed up, TorchServe's behaviour (#2478), kept only as a baseline for
@@ -223,7 +228,7 @@ class BatchingEngine(Generic[H]):
             raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size!r}")
         self.hard_max_batch_size = hard
         self._max_queue_size = max_queue_size
-        self._admit_below = sys.maxsize if max_queue_size is None else max_queue_size
+        self._admit_below = sys.maxsize  # arrive() refuses once this many requests are queued
         self._limits = limits
         self._window_s = limits.window_s
         self._cap = limits.max_batch_size
@@ -248,6 +253,7 @@ class BatchingEngine(Generic[H]):
         self._draining = False
         self._from_slot_free = window_origin == "slot_free"
         self._slot_freed_s = -math.inf
+        self._update_admission()
 
     # -- read-only state -------------------------------------------------------------------
 
@@ -258,7 +264,7 @@ class BatchingEngine(Generic[H]):
 
     @property
     def max_queue_size(self) -> int | None:
-        """Most requests queued (not counting running ones); None for unbounded."""
+        """Most requests waiting beyond what the free slots take next; None for unbounded."""
         return self._max_queue_size
 
     @property
@@ -299,7 +305,8 @@ class BatchingEngine(Generic[H]):
 
         Raises:
             BatcherClosedError: after :meth:`close`.
-            QueueFullError: ``max_queue_size`` requests are already queued.
+            QueueFullError: ``max_queue_size`` requests are already waiting beyond what the
+                free slots take next (see the class).
             ItemTooLargeError: ``request.size`` exceeds the hard cap.
         """
         size = request.size
@@ -397,6 +404,14 @@ class BatchingEngine(Generic[H]):
         else:
             self._wake_units = self._cap
 
+    def _update_admission(self) -> None:
+        """The queue counts the requests waiting beyond the free slots' next batches: each free
+        slot takes up to a full batch (``cap`` requests at most), which the bound leaves out."""
+        if self._closed or self._max_queue_size is None:
+            return  # closed: refuse everything (set by close); unbounded: admit everything
+        free = self._slots - self._in_flight
+        self._admit_below = self._max_queue_size + (free * self._cap if free > 0 else 0)
+
     def _reject(self, request: Request[H]) -> NoReturn:
         request.state = RequestState.REJECTED
         if self._closed:
@@ -406,7 +421,7 @@ class BatchingEngine(Generic[H]):
                 f"item size {request.size} is outside 1..{self.hard_max_batch_size} "
                 "(the batch cap, in size units)"
             )
-        raise QueueFullError(f"queue is full ({self.max_queue_size} requests queued)")
+        raise QueueFullError(f"queue is full ({self.max_queue_size} requests waiting)")
 
     def cancel(self, request: Request[H]) -> bool:
         """Withdraw a queued request (its caller gave up). Returns True if it was still queued."""
@@ -428,6 +443,7 @@ class BatchingEngine(Generic[H]):
         if now is not None:
             self._slot_freed_s = now
         self._update_wake_units()
+        self._update_admission()
 
     def set_limits(self, limits: EngineLimits) -> None:
         """Change window, cap and slots; they apply from the next :meth:`poll`.
@@ -445,6 +461,7 @@ class BatchingEngine(Generic[H]):
         self._cap = limits.max_batch_size
         self._slots = limits.max_concurrent_batches
         self._update_wake_units()
+        self._update_admission()
 
     def close(self, *, drain: bool) -> list[Request[H]]:
         """Stop accepting arrivals.
@@ -488,6 +505,7 @@ class BatchingEngine(Generic[H]):
             actions.append(Dispatch(self._form_batch(now, window_end)))
         self._timer_at = self._next_wakeup()
         self._update_wake_units()
+        self._update_admission()
         actions.append(SetTimer(self._timer_at))
         return actions
 

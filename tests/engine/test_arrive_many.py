@@ -175,16 +175,19 @@ def test_bulk_arrivals_queue_what_single_arrivals_would(
 
 
 def test_the_requests_not_queued_are_left_untouched() -> None:
-    engine: BatchingEngine[int] = BatchingEngine(EngineLimits(0.002, 4), max_queue_size=2)
-    requests = [Request(i, 0.001 * i, 1, None) for i in range(4)]
+    engine: BatchingEngine[int] = BatchingEngine(EngineLimits(0.0, 1), max_queue_size=2)
+    requests = [Request(i, 0.001 * i, 1, None) for i in range(5)]
     end, poll = engine.arrive_many(requests, expire_after_s=0.01)
     assert (end, poll) == (1, True)  # the first arrival into an empty queue needs a poll
     assert requests[0].deadline_s == pytest.approx(0.01)
-    assert [r.deadline_s for r in requests[1:]] == [None, None, None]
-    engine.poll(0.0)
+    assert [r.deadline_s for r in requests[1:]] == [None] * 4
+    engine.poll(0.0)  # the first runs: the slot is busy
     end, poll = engine.arrive_many(requests, 1, expire_after_s=0.01)
-    assert (end, poll) == (2, False)  # the queue holds 2: the third would be refused
-    assert [r.deadline_s for r in requests[2:]] == [None, None]
+    assert (end, poll) == (2, True)  # its deadline comes before any timer: a poll is needed
+    engine.poll(0.001)
+    end, poll = engine.arrive_many(requests, 2, expire_after_s=0.01)
+    assert (end, poll) == (3, False)  # the queue holds 2 waiting: the next would be refused
+    assert [r.deadline_s for r in requests[3:]] == [None, None]
 
 
 @pytest.mark.parametrize("sizes", [[1] * 6, [2, 1, 1, 3, 1], [3, 3, 1]])
