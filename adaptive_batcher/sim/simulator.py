@@ -111,8 +111,9 @@ class Simulator:
         self.seed = seed
         self.judge_slo = judge_slo if judge_slo is not None else config.slo
 
-    def run(self, workload: Arrivals | tuple[ClosedLoop, float]) -> SimResult:
-        """Replay ``workload``: open-loop arrivals, or ``(ClosedLoop, duration_s)``.
+    def run(self, workload: Arrivals | ClosedLoop) -> SimResult:
+        """Replay ``workload``: open-loop :class:`Arrivals`, or :class:`ClosedLoop` clients (for
+        their ``duration_s``).
 
         Returns:
             The per-request outcomes and the summary metrics (see :class:`SimResult`).
@@ -123,7 +124,7 @@ class Simulator:
 class _Replay:
     """One replay: the event loop over arrivals, batch completions and the core's timer."""
 
-    def __init__(self, sim: Simulator, workload: Arrivals | tuple[ClosedLoop, float]) -> None:
+    def __init__(self, sim: Simulator, workload: Arrivals | ClosedLoop) -> None:
         config = sim.config
         self.sim = sim
         self.config = config
@@ -148,9 +149,9 @@ class _Replay:
         self.closed: ClosedLoop | None = None
         self.closed_heap: list[tuple[float, int, int]] = []
         self.end_s = math.inf
-        if isinstance(workload, tuple):
-            self.closed, self.end_s = workload
-            for client, at in enumerate(self.closed.first_arrivals(self.rng)):
+        if isinstance(workload, ClosedLoop):
+            self.closed, self.end_s = workload, workload.duration_s
+            for client, at in enumerate(workload.first_arrivals(self.rng)):
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
         else:
             count = self.open_count = len(workload)
@@ -159,7 +160,7 @@ class _Replay:
             self.state.size = workload.sizes.tolist()
             self.state.done_s = [math.nan] * count
             self.state.outcome = [Outcome.PENDING] * count
-        self.name = workload.name if isinstance(workload, Arrivals) else "closed_loop"
+        self.name = workload.name
         self.core.start(0.0)
 
     # -- the event loop ---------------------------------------------------------------------
@@ -197,7 +198,8 @@ class _Replay:
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
-                    self._arrive(self._add_closed_request(client), 1)
+                    request_id = self._add_closed_request(client)
+                    self._arrive(request_id, self.state.size[request_id])
         return self._result()
 
     def _result(self) -> SimResult:
@@ -221,9 +223,11 @@ class _Replay:
         )
 
     def _add_closed_request(self, client: int) -> int:
-        state = self.state
+        state, closed = self.state, self.closed
+        assert closed is not None
         state.arrival_s.append(self.now)
-        state.size.append(1)
+        # one unit each by default (drawing nothing), else one draw from the loop's sampler
+        state.size.append(1 if closed.sizes is None else int(closed.sample_sizes(1, self.rng)[0]))
         state.done_s.append(math.nan)
         state.outcome.append(Outcome.PENDING)
         state.client.append(client)

@@ -125,7 +125,7 @@ def _closed_loop() -> SimResult:
     scenario = SCENARIOS["poisson_30"]
     config = CONTENDERS["adaptive_pid"](scenario)
     simulator = Simulator(scenario.service(), config, seed=8, judge_slo=scenario.slo)
-    return simulator.run((ClosedLoop(clients=300, think_s=0.01), 2.0))
+    return simulator.run(ClosedLoop(clients=300, think_s=0.01, duration_s=2.0))
 
 
 CASES: dict[str, Callable[[], SimResult]] = {
