@@ -167,7 +167,7 @@ class SimResult:
         decisions: list[tuple[float, float, int]],
         slots: int,
         bin_s: float = 1.0,
-        calls: Sequence[tuple[float, float, int, int]] = (),
+        calls: Sequence[tuple[float, float, int, int]] | FloatArray = (),
     ) -> SimResult:
         """Compute the metrics from per-request arrays (index = request id)."""
         del sizes

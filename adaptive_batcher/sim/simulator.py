@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,16 +72,18 @@ _Completion = tuple[float, int, Batch[int], list[_Part]]
 
 @dataclass
 class _Run:
-    """Mutable per-run state."""
+    """Mutable per-run state. Per-request and per-call figures are typed arrays, not lists:
+    the garbage collector never walks their millions of entries, and numpy reads them as they
+    are."""
 
-    arrival_s: list[float] = field(default_factory=list)
-    size: list[int] = field(default_factory=list)
-    done_s: list[float] = field(default_factory=list)
-    outcome: list[int] = field(default_factory=list)
+    arrival_s: array[float] = field(default_factory=lambda: array("d"))
+    size: array[int] = field(default_factory=lambda: array("q"))
+    done_s: array[float] = field(default_factory=lambda: array("d"))
+    outcome: array[int] = field(default_factory=lambda: array("b"))
     client: list[int] = field(default_factory=list)
     busy_s: float = 0.0
     decisions: list[tuple[float, float, int]] = field(default_factory=list)
-    calls: list[tuple[float, float, int, int]] = field(default_factory=list)
+    calls: array[float] = field(default_factory=lambda: array("d"))  # start, end, items, units
 
 
 class Simulator:
@@ -156,10 +159,11 @@ class _Replay:
         else:
             count = self.open_count = len(workload)
             self.open_workload = workload
-            self.state.arrival_s = workload.times_s.tolist()
-            self.state.size = workload.sizes.tolist()
-            self.state.done_s = [math.nan] * count
-            self.state.outcome = [Outcome.PENDING] * count
+            state = self.state
+            state.arrival_s.frombytes(np.ascontiguousarray(workload.times_s).tobytes())
+            state.size.frombytes(np.ascontiguousarray(workload.sizes, dtype=np.int64).tobytes())
+            state.done_s = array("d", [math.nan]) * count
+            state.outcome = array("b", [Outcome.PENDING]) * count
         self.name = workload.name
         self.core.start(0.0)
 
@@ -207,19 +211,19 @@ class _Replay:
         if workload is not None:  # the same values as the lists, converted at C speed
             arrival_s, sizes = np.array(workload.times_s), workload.sizes
         else:
-            arrival_s, sizes = np.asarray(state.arrival_s), np.asarray(state.size, dtype=np.int64)
+            arrival_s, sizes = np.array(state.arrival_s), np.array(state.size)
         return SimResult.build(
             name=self.config.name or self.name,
             arrival_s=arrival_s,
-            done_s=np.asarray(state.done_s),
-            outcome=np.asarray(state.outcome, dtype=np.int8),
+            done_s=np.array(state.done_s),
+            outcome=np.array(state.outcome),
             sizes=sizes,
             slo=self.sim.judge_slo,
             recorder=self.recorder,
             busy_s=state.busy_s,
             decisions=state.decisions,
             slots=self.config.max_concurrent_batches,
-            calls=state.calls,
+            calls=np.array(state.calls).reshape(-1, 4),
         )
 
     def _add_closed_request(self, client: int) -> int:
@@ -364,11 +368,11 @@ class _Replay:
         idle = batch.window_idle_s  # counted once per dispatched batch
         for start, end, ids, units, ok in parts:
             count = len(ids)
-            state.calls.append((start, end, count, units))
+            state.calls.extend((start, end, count, units))
             consecutive = type(ids) is range
             if ok:
                 if consecutive:
-                    arrivals = state.arrival_s[ids[0] : ids[0] + count]
+                    arrivals = state.arrival_s[ids[0] : ids[0] + count].tolist()
                 else:
                     arrivals = [state.arrival_s[i] for i in ids]
                 core.record_answers(arrivals, 0, end)
@@ -384,8 +388,8 @@ class _Replay:
                 for request_id in ids:
                     self._finish(request_id, outcome, end)
             elif consecutive:  # the common, open-loop case, inlined
-                state.done_s[ids[0] : ids[0] + count] = [end] * count
-                state.outcome[ids[0] : ids[0] + count] = [outcome] * count
+                state.done_s[ids[0] : ids[0] + count] = array("d", [end]) * count
+                state.outcome[ids[0] : ids[0] + count] = array("b", [outcome]) * count
             else:
                 done_s, outcomes = state.done_s, state.outcome
                 for request_id in ids:
