@@ -43,6 +43,7 @@ _INV_MIN_S = 1.0 / MIN_S
 _N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
 _UPPER_S = [MIN_S * GAMMA ** (i + 1) for i in range(_N_BUCKETS)]  # bucket i is below _UPPER_S[i]
 _REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
+_LISTED = np.array([0.5, 0.9, 0.95, 0.99, 1.0])  # the quantiles a Quantiles reading holds
 
 LATENCY_BOUNDS_S: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
@@ -95,6 +96,7 @@ class SlidingHistogram:
     __slots__ = (
         "_counts",
         "_current",
+        "_frozen",
         "_high",
         "_low",
         "_slice_end",
@@ -117,6 +119,8 @@ class SlidingHistogram:
         # the lowest and highest bucket each slice holds (_N_BUCKETS and -1 when empty)
         self._low = [_N_BUCKETS] * slices
         self._high = [-1] * slices
+        # the counts of a slice the ring has moved past, as an array (None: not frozen)
+        self._frozen: list[np.ndarray[Any, np.dtype[np.int64]] | None] = [None] * slices
         self._current = 0
         self._slice_end: float | None = None
 
@@ -174,6 +178,13 @@ class SlidingHistogram:
         self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
         self._note_range(lowest, index)
 
+    def _freeze(self, index: int) -> None:
+        """Slice ``index`` takes no more samples: keep its counts of buckets low..high as an
+        array, so readings add it up without converting it again."""
+        first, last = self._low[index], self._high[index]
+        counts = self._counts[index][first : last + 1] if last >= first else []
+        self._frozen[index] = np.asarray(counts, dtype=np.int64)
+
     def _note_range(self, low: int, high: int) -> None:
         """The current slice now holds buckets ``low..high`` too."""
         current = self._current
@@ -189,16 +200,16 @@ class SlidingHistogram:
         seconds (the controller looks at the last ~2 s; ``stats()`` at the whole window).
         """
         counts, low, slices = self._window_counts(now, span_s)
-        total = int(counts.sum())
+        cumulative = np.cumsum(counts)
+        total = int(cumulative[-1]) if cumulative.size else 0
         if total == 0:
             nan = math.nan
             return Quantiles(0, nan, nan, nan, nan, nan, nan)
-        cumulative = np.cumsum(counts)
-        ranks = np.ceil(np.array([0.5, 0.9, 0.95, 0.99, 1.0]) * total)
+        ranks = np.ceil(_LISTED * total)
         indexes = np.searchsorted(cumulative, ranks, side="left")
         values_ms = _REPRESENTATIVE[indexes + low] * 1e3
         mean_ms = sum(self._sums[i] for i in slices) / total * 1e3
-        p50, p90, p95, p99, top = (float(v) for v in values_ms)
+        p50, p90, p95, p99, top = values_ms.tolist()
         return Quantiles(total, p50, p90, p95, p99, top, mean_ms)
 
     def quantile_ms(self, q: float, now: float, span_s: float | None = None) -> float:
@@ -238,6 +249,7 @@ class SlidingHistogram:
         self._sums = [0.0] * self.slices
         self._low = [_N_BUCKETS] * self.slices
         self._high = [-1] * self.slices
+        self._frozen = [None] * self.slices
         self._slice_end = None
 
     def _live_slices(self, now: float, span_s: float | None) -> list[int]:
@@ -272,9 +284,16 @@ class SlidingHistogram:
         high = max((self._high[i] for i in slices), default=-1)
         if high < low:
             return np.zeros(0, dtype=np.int64), 0, slices
-        rows = [self._counts[i][low : high + 1] for i in slices]
-        counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(rows, dtype=np.int64)
-        total: np.ndarray[Any, np.dtype[np.int64]] = counts.sum(axis=0)
+        total: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(high - low + 1, dtype=np.int64)
+        current = self._current
+        for i in slices:
+            first, last = self._low[i], self._high[i]
+            if last < first:
+                continue
+            part = self._frozen[i] if i != current else None
+            if part is None:
+                part = np.asarray(self._counts[i][first : last + 1], dtype=np.int64)
+            total[first - low : last - low + 1] += part
         return total, low, slices
 
     def _advance(self, now: float) -> None:
@@ -283,7 +302,9 @@ class SlidingHistogram:
             return
         steps = 0
         while now >= self._slice_end and steps < self.slices:
+            self._freeze(self._current)
             self._current = (self._current + 1) % self.slices
+            self._frozen[self._current] = None
             self._counts[self._current] = [0] * _N_BUCKETS
             self._sums[self._current] = 0.0
             self._low[self._current] = _N_BUCKETS

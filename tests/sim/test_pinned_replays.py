@@ -6,7 +6,8 @@ sizes of several units, TorchServe's window origin), the PID controller with and
 SLO-aware shedding, a bandit, deadlines with a bounded queue, an out-of-memory squeeze under a
 :class:`MemoryLimit`, and closed-loop clients. Counts, ``device_busy_s`` and the checksums must
 match exactly; p99 and mean latency to 1e-9 ms. A change that moves a float legitimately (a sum
-taken in another order) must say so where it updates a pin.
+taken in another order) must say so where it updates a pin. ``series_sha`` (the per-second
+series) was added later, computed with the simulator of that same commit.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def figures(result: SimResult) -> dict[str, Any]:
         "decisions_sha": _digest(result.series.decisions),
         "requests_sha": _digest(result.arrival_s, result.done_s, result.outcome),
         "calls_sha": _digest(result.calls),
+        "series_sha": _digest(
+            result.series.start_s,
+            result.series.arrivals_rps,
+            result.series.p99_ms,
+            result.series.goodput_rps,
+        ),
     }
 
 
@@ -156,6 +163,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "e3b0c44298fc1c14",
         "requests_sha": "ef14d7ed85cfc4e0",
         "calls_sha": "6ba016a3e3e5f966",
+        "series_sha": "6a9df16cd98a982a",
     },
     "static_sizes_slot_free": {
         "requests": 3133,
@@ -172,6 +180,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "e3b0c44298fc1c14",
         "requests_sha": "77e6a6b904a0dd5c",
         "calls_sha": "4bf8c873bb4fb250",
+        "series_sha": "16416670df9a371d",
     },
     "pid": {
         "requests": 36799,
@@ -188,6 +197,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "74a0a6e1875f54a4",
         "requests_sha": "315ff821cd5d21be",
         "calls_sha": "543a81e49d5c146d",
+        "series_sha": "054296c82f0d17ba",
     },
     "pid_shed": {
         "requests": 32383,
@@ -204,6 +214,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "ffdad3538c659eef",
         "requests_sha": "883ee25016a3cd26",
         "calls_sha": "3bdf87e845c76519",
+        "series_sha": "cdce5f60f73f3d9e",
     },
     "bandit": {
         "requests": 39550,
@@ -220,6 +231,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "00cc3828a0488902",
         "requests_sha": "f1824efcc727a8df",
         "calls_sha": "ca91bba29d530ac1",
+        "series_sha": "4ed21f5c80f5f523",
     },
     "deadlines_bounded_queue": {
         "requests": 30031,
@@ -236,6 +248,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "e3b0c44298fc1c14",
         "requests_sha": "b3dced9dd7f69da0",
         "calls_sha": "d4fe470d82f305b9",
+        "series_sha": "f03aa5f61d458bcf",
     },
     "oom_squeeze_static": {
         "requests": 22041,
@@ -252,6 +265,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "e3b0c44298fc1c14",
         "requests_sha": "1eebf467d14b4bcd",
         "calls_sha": "e866d45a13dd607c",
+        "series_sha": "b13f08b2ec7407ea",
     },
     "oom_squeeze_pid_shed": {
         "requests": 22041,
@@ -268,6 +282,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "9aaeb86f212f53c9",
         "requests_sha": "372736b9ec5211fa",
         "calls_sha": "0e5b2a4fc0a04026",
+        "series_sha": "ca0fcb80c9bd5d0e",
     },
     "closed_loop": {
         "requests": 20173,
@@ -284,6 +299,7 @@ PINS: dict[str, dict[str, Any]] = {
         "decisions_sha": "05a7922062143eb8",
         "requests_sha": "c7e57be8902fd325",
         "calls_sha": "c54ee4b760a5757c",
+        "series_sha": "d02dffc88ba894ba",
     },
 }
 
