@@ -119,8 +119,10 @@ class SlidingHistogram:
         # the lowest and highest bucket each slice holds (_N_BUCKETS and -1 when empty)
         self._low = [_N_BUCKETS] * slices
         self._high = [-1] * slices
-        # the counts of a slice the ring has moved past, as an array (None: not frozen)
-        self._frozen: list[np.ndarray[Any, np.dtype[np.int64]] | None] = [None] * slices
+        # a slice the ring has moved past: (its lowest bucket, its counts from there, as an
+        # array); None while it is not frozen
+        self._frozen: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None]
+        self._frozen = [None] * slices
         self._current = 0
         self._slice_end: float | None = None
 
@@ -183,7 +185,7 @@ class SlidingHistogram:
         array, so readings add it up without converting it again."""
         first, last = self._low[index], self._high[index]
         counts = self._counts[index][first : last + 1] if last >= first else []
-        self._frozen[index] = np.asarray(counts, dtype=np.int64)
+        self._frozen[index] = (first, np.asarray(counts, dtype=np.int64))
 
     def _note_range(self, low: int, high: int) -> None:
         """The current slice now holds buckets ``low..high`` too."""
@@ -280,20 +282,25 @@ class SlidingHistogram:
         """The counts of buckets ``low..high`` summed over the window's slices, ``low``, and the
         slices; every bucket outside that range is empty (all are when the array is empty)."""
         slices = self._live_slices(now, span_s)
-        low = min((self._low[i] for i in slices), default=_N_BUCKETS)
-        high = max((self._high[i] for i in slices), default=-1)
-        if high < low:
-            return np.zeros(0, dtype=np.int64), 0, slices
-        total: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(high - low + 1, dtype=np.int64)
+        # each slice's range is read once, with its counts: another thread may be recording
+        parts: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]]] = []
         current = self._current
         for i in slices:
-            first, last = self._low[i], self._high[i]
-            if last < first:
-                continue
-            part = self._frozen[i] if i != current else None
-            if part is None:
-                part = np.asarray(self._counts[i][first : last + 1], dtype=np.int64)
-            total[first - low : last - low + 1] += part
+            frozen = self._frozen[i] if i != current else None
+            if frozen is None:
+                first, last = self._low[i], self._high[i]
+                if last < first:
+                    continue
+                frozen = (first, np.asarray(self._counts[i][first : last + 1], dtype=np.int64))
+            if frozen[1].size:
+                parts.append(frozen)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), 0, slices
+        low = min(first for first, _ in parts)
+        high = max(first + part.size for first, part in parts)
+        total: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(high - low, dtype=np.int64)
+        for first, part in parts:
+            total[first - low : first - low + part.size] += part
         return total, low, slices
 
     def _advance(self, now: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -249,3 +250,35 @@ def test_readings_from_the_bucket_range_equal_readings_from_every_bucket(
                 assert fraction == expected_fraction or (
                     math.isnan(fraction) and math.isnan(expected_fraction)
                 )
+
+
+def test_readings_on_another_thread_while_recording_never_fail() -> None:
+    """A metrics scrape reads on its own thread while the event loop records: readings may
+    miss the latest samples, never raise (each slice's bucket range is read once)."""
+    histogram = SlidingHistogram(window_s=1.0, slices=4)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                histogram.quantiles(now_box[0] + 0.01, span_s=0.5)
+                histogram.fraction_at_most(0.01, now_box[0])
+                histogram.count(now_box[0])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    now_box = [0.0]
+    rng = np.random.default_rng(0)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for step in range(30_000):
+            now_box[0] = step * 1e-4
+            waits = np.sort(rng.lognormal(-5.0, 2.0, 3))[::-1]  # ranges widen both ways
+            histogram.record_since((now_box[0] - waits).tolist(), now_box[0])
+            histogram.record(float(rng.lognormal(-5.0, 2.0)), now_box[0])
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors, errors[0]
