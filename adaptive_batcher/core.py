@@ -30,7 +30,7 @@ A shell's part, per event:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -157,6 +157,37 @@ class BatcherCore(Generic[H]):
                 queue_depth=self.engine.queue_depth,
             )
             raise
+
+    def arrive_many(
+        self, requests: Sequence[Request[H]], start: int = 0, stop: int | None = None
+    ) -> tuple[int, bool]:
+        """Queue ``requests[start:stop]``, each arriving at its ``arrival_s``, exactly as
+        :meth:`arrive` would one by one (shedding deadlines included), up to the first that
+        needs a poll or would be refused (see :meth:`BatchingEngine.arrive_many`).
+
+        Returns:
+            ``(end, poll)``: ``requests[start:end]`` were queued and counted as submitted;
+            ``poll``: call :meth:`poll` before anything else happens. Otherwise, if ``end`` <
+            ``stop``, ``requests[end]`` would be refused: call :meth:`arrive` with it.
+        """
+        engine = self.engine
+        stop = len(requests) if stop is None else stop
+        shed_after = self.shed_after_s
+        if shed_after is None:
+            end, poll = engine.arrive_many(requests, start, stop)
+        else:
+            # a request that joins a queue holding less than a full batch gets the short
+            # shed_after: the leading ones, until the queue (all of them queued) holds a batch
+            short_stop, units, cap = start, engine.queued_units, engine.limits.max_batch_size
+            while short_stop < stop and units < cap:
+                units += requests[short_stop].size
+                short_stop += 1
+            short = self.shed_after_short_s or shed_after
+            end, poll = engine.arrive_many(requests, start, short_stop, expire_after_s=short)
+            if end == short_stop and not poll:
+                end, poll = engine.arrive_many(requests, end, stop, expire_after_s=shed_after)
+        self.recorder.submitted += end - start
+        return end, poll
 
     def poll(self, now: float) -> list[Action]:
         """Tick the controller if due (or forced by an OOM), then poll the engine at ``now``.

@@ -4,9 +4,10 @@ The asyncio runtime (:mod:`adaptive_batcher.runtime`) and the simulator
 (:mod:`adaptive_batcher.sim`) drive this same object; every time is a ``now`` argument in seconds
 on the caller's clock.
 
-Events: :meth:`BatchingEngine.arrive`, :meth:`~BatchingEngine.cancel`,
-:meth:`~BatchingEngine.complete`, :meth:`~BatchingEngine.close` and, for time passing (a timer
-fired), :meth:`~BatchingEngine.poll`.
+Events: :meth:`BatchingEngine.arrive` (or :meth:`~BatchingEngine.arrive_many` for a run of
+arrivals, as a replay has), :meth:`~BatchingEngine.cancel`, :meth:`~BatchingEngine.complete`,
+:meth:`~BatchingEngine.close` and, for time passing (a timer fired), :meth:`~BatchingEngine.poll`.
+
 Actions, returned by ``poll``: :class:`Dispatch` (start this batch now), :class:`Expire` (fail this
 request with a deadline error now) and :class:`SetTimer` (call ``poll`` again at this time).
 
@@ -22,6 +23,8 @@ Semantics (each learned from a bug in an earlier batcher; see docs/architecture.
   overtaken. A request larger than the current cap (possible only after the cap was lowered at run
   time) runs alone; one larger than the hard cap is rejected at arrival.
 * Per-request deadlines expire on a timer, not when the running batch ends (Triton #7512).
+* ``max_queue_size`` counts the requests waiting beyond what the free slots take next (a full
+  batch each): a request is never refused while a free slot could take it.
 * Cancelled requests are skipped lazily and never dispatched (Ray #50054).
 """
 
@@ -31,6 +34,8 @@ import heapq
 import itertools
 import math
 import sys
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
@@ -189,7 +194,10 @@ class BatchingEngine(Generic[H]):
         limits: the starting window, cap and slots (changeable with :meth:`set_limits`).
         hard_max_batch_size: the cap no setting may exceed and the largest request accepted, units.
             Defaults to ``limits.max_batch_size``.
-        max_queue_size: most requests queued (not counting running ones); None for unbounded.
+        max_queue_size: most requests *waiting*: queued beyond what the free execution slots
+            take next, a full batch each (up to ``max_batch_size`` requests per free slot; with
+            one unit per request, exactly the ones they take). A request is never refused
+            while a free slot could take it. None for unbounded.
         window_origin: ``"arrival"`` (default): the window counts from the oldest queued request's
             arrival. ``"slot_free"``: it counts from the later of that arrival and the moment a
             slot last freed up, TorchServe's behaviour (#2478), kept only as a baseline for
@@ -220,7 +228,7 @@ class BatchingEngine(Generic[H]):
             raise ValueError(f"max_queue_size must be >= 1 or None, got {max_queue_size!r}")
         self.hard_max_batch_size = hard
         self._max_queue_size = max_queue_size
-        self._admit_below = sys.maxsize if max_queue_size is None else max_queue_size
+        self._admit_below = sys.maxsize  # arrive() refuses once this many requests are queued
         self._limits = limits
         self._window_s = limits.window_s
         self._cap = limits.max_batch_size
@@ -229,6 +237,10 @@ class BatchingEngine(Generic[H]):
         # entries before _front were dispatched, stale entries after it are skipped lazily
         self._queue: list[Request[H]] = []
         self._front = 0
+        # deadlines, (deadline, arrival number, request): those that come in order (the usual
+        # case: a fixed time after arrival) in a FIFO, the others in a heap; the earliest is at
+        # the head of one of them. Stale entries (dispatched, cancelled) are skipped lazily.
+        self._deadline_fifo: deque[tuple[float, int, Request[H]]] = deque()
         self._deadlines: list[tuple[float, int, Request[H]]] = []
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -242,6 +254,7 @@ class BatchingEngine(Generic[H]):
         self._draining = False
         self._from_slot_free = window_origin == "slot_free"
         self._slot_freed_s = -math.inf
+        self._update_admission()
 
     # -- read-only state -------------------------------------------------------------------
 
@@ -252,7 +265,7 @@ class BatchingEngine(Generic[H]):
 
     @property
     def max_queue_size(self) -> int | None:
-        """Most requests queued (not counting running ones); None for unbounded."""
+        """Most requests waiting beyond what the free slots take next; None for unbounded."""
         return self._max_queue_size
 
     @property
@@ -293,7 +306,8 @@ class BatchingEngine(Generic[H]):
 
         Raises:
             BatcherClosedError: after :meth:`close`.
-            QueueFullError: ``max_queue_size`` requests are already queued.
+            QueueFullError: ``max_queue_size`` requests are already waiting beyond what the
+                free slots take next (see the class).
             ItemTooLargeError: ``request.size`` exceeds the hard cap.
         """
         size = request.size
@@ -306,11 +320,79 @@ class BatchingEngine(Generic[H]):
             return True
         return self._queued_units >= self._wake_units
 
+    def arrive_many(
+        self,
+        requests: Sequence[Request[H]],
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        expire_after_s: float | None = None,
+    ) -> tuple[int, bool]:
+        """Queue ``requests[start:stop]`` in order, exactly as :meth:`arrive` would one by one,
+        up to the first that needs a poll or would be refused; for a caller with many arrivals
+        (a replay) that would otherwise pay a call per request.
+
+        Args:
+            requests: requests in arrival order (non-decreasing ``arrival_s``).
+            start, stop: the range of ``requests`` to queue (``stop`` None: to the end).
+            expire_after_s: if given, each request's deadline becomes the earlier of its own
+                and ``arrival_s + expire_after_s`` (seconds) as it is queued; the requests not
+                queued are left untouched.
+
+        Returns:
+            ``(end, poll)``: ``requests[start:end]`` were queued. ``poll`` is True when the last
+            of them needs :meth:`poll` (as :meth:`arrive` returning True); otherwise, if ``end``
+            < ``stop``, ``requests[end]`` would be refused: call :meth:`arrive` with it to get
+            the error.
+        """
+        stop = len(requests) if stop is None else stop
+        queue_append = self._queue.append
+        admit_below, hard, wake = self._admit_below, self.hard_max_batch_size, self._wake_units
+        deadlines, fifo, seq, timer = (
+            self._deadlines,
+            self._deadline_fifo,
+            self._seq,
+            self._timer_at,
+        )
+        queued, units = self._queued, self._queued_units
+        index, poll = start, False
+        while index < stop:
+            request = requests[index]
+            size = request.size
+            if queued >= admit_below or not 0 < size <= hard:
+                break
+            deadline = request.deadline_s
+            if expire_after_s is not None:
+                shed_at = request.arrival_s + expire_after_s
+                if deadline is None or shed_at < deadline:
+                    request.deadline_s = deadline = shed_at
+            queue_append(request)
+            queued += 1
+            units += size
+            index += 1
+            if deadline is not None:  # as _track_deadline
+                if not fifo or deadline >= fifo[-1][0]:
+                    fifo.append((deadline, next(seq), request))
+                else:
+                    heapq.heappush(deadlines, (deadline, next(seq), request))
+                if timer is None or deadline < timer:
+                    poll = True
+                    break
+            if units >= wake:
+                poll = True
+                break
+        self._queued, self._queued_units = queued, units
+        return index, poll
+
     def _track_deadline(self, request: Request[H]) -> bool:
         """Put a new request's deadline on the heap; True if it comes before the timer."""
         deadline = request.deadline_s
         assert deadline is not None
-        heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
+        fifo = self._deadline_fifo
+        if not fifo or deadline >= fifo[-1][0]:
+            fifo.append((deadline, next(self._seq), request))
+        else:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), request))
         return self._timer_at is None or deadline < self._timer_at
 
     def _update_wake_units(self) -> None:
@@ -323,6 +405,14 @@ class BatchingEngine(Generic[H]):
         else:
             self._wake_units = self._cap
 
+    def _update_admission(self) -> None:
+        """The queue counts the requests waiting beyond the free slots' next batches: each free
+        slot takes up to a full batch (``cap`` requests at most), which the bound leaves out."""
+        if self._closed or self._max_queue_size is None:
+            return  # closed: refuse everything (set by close); unbounded: admit everything
+        free = self._slots - self._in_flight
+        self._admit_below = self._max_queue_size + (free * self._cap if free > 0 else 0)
+
     def _reject(self, request: Request[H]) -> NoReturn:
         request.state = RequestState.REJECTED
         if self._closed:
@@ -332,7 +422,7 @@ class BatchingEngine(Generic[H]):
                 f"item size {request.size} is outside 1..{self.hard_max_batch_size} "
                 "(the batch cap, in size units)"
             )
-        raise QueueFullError(f"queue is full ({self.max_queue_size} requests queued)")
+        raise QueueFullError(f"queue is full ({self.max_queue_size} requests waiting)")
 
     def cancel(self, request: Request[H]) -> bool:
         """Withdraw a queued request (its caller gave up). Returns True if it was still queued."""
@@ -354,6 +444,7 @@ class BatchingEngine(Generic[H]):
         if now is not None:
             self._slot_freed_s = now
         self._update_wake_units()
+        self._update_admission()
 
     def set_limits(self, limits: EngineLimits) -> None:
         """Change window, cap and slots; they apply from the next :meth:`poll`.
@@ -371,6 +462,7 @@ class BatchingEngine(Generic[H]):
         self._cap = limits.max_batch_size
         self._slots = limits.max_concurrent_batches
         self._update_wake_units()
+        self._update_admission()
 
     def close(self, *, drain: bool) -> list[Request[H]]:
         """Stop accepting arrivals.
@@ -390,6 +482,7 @@ class BatchingEngine(Generic[H]):
             request.state = RequestState.REJECTED
         self._clear_queue()
         self._deadlines.clear()
+        self._deadline_fifo.clear()
         self._queued = 0
         self._queued_units = 0
         return dropped
@@ -403,7 +496,7 @@ class BatchingEngine(Generic[H]):
             Expire actions first, then Dispatch actions in FIFO order, then exactly one SetTimer.
         """
         actions: list[Action] = []
-        if self._deadlines:
+        if self._deadlines or self._deadline_fifo:
             self._expire(now, actions)
         while self._in_flight < self._slots and self._queued:
             why = self._ready(now)
@@ -413,6 +506,7 @@ class BatchingEngine(Generic[H]):
             actions.append(Dispatch(self._form_batch(now, window_end)))
         self._timer_at = self._next_wakeup()
         self._update_wake_units()
+        self._update_admission()
         if self._set_timer.at_s != self._timer_at:
             self._set_timer = SetTimer(self._timer_at)
         actions.append(self._set_timer)
@@ -505,16 +599,27 @@ class BatchingEngine(Generic[H]):
         return taken, units
 
     def _expire(self, now: float, actions: list[Action]) -> None:
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            request = heapq.heappop(heap)[2]
+        """Expire the queued requests whose deadline is at or before ``now``, earliest first
+        (ties in arrival order), as one heap of all deadlines would pop them."""
+        heap, fifo = self._deadlines, self._deadline_fifo
+        while True:
+            if fifo and (not heap or fifo[0] < heap[0]):
+                if fifo[0][0] > now:
+                    break
+                request = fifo.popleft()[2]
+            elif heap and heap[0][0] <= now:
+                request = heapq.heappop(heap)[2]
+            else:
+                break
             if request.state == RequestState.QUEUED:
                 request.state = RequestState.EXPIRED
                 self._forget(request)
                 actions.append(Expire(request))
-        if len(heap) > 64 and len(heap) > 2 * self._queued:
-            self._deadlines = [e for e in heap if e[2].state == RequestState.QUEUED]
+        if len(heap) + len(fifo) > 64 and len(heap) + len(fifo) > 2 * self._queued:
+            queued = RequestState.QUEUED
+            self._deadlines = [e for e in heap if e[2].state == queued]
             heapq.heapify(self._deadlines)
+            self._deadline_fifo = deque(e for e in fifo if e[2].state == queued)
 
     def _forget(self, request: Request[H]) -> None:
         """Account for a queued request leaving the queue other than by dispatch (lazy removal)."""
@@ -533,9 +638,14 @@ class BatchingEngine(Generic[H]):
         wake: float | None = None
         if self._queued and self._in_flight < self._slots and self._window_s > 0.0:
             wake = self._window_start() + self._window_s
-        heap = self._deadlines
-        while heap and heap[0][2].state != RequestState.QUEUED:
+        heap, fifo = self._deadlines, self._deadline_fifo
+        queued = RequestState.QUEUED
+        while fifo and fifo[0][2].state != queued:
+            fifo.popleft()
+        while heap and heap[0][2].state != queued:
             heapq.heappop(heap)
+        if fifo and (wake is None or fifo[0][0] < wake):
+            wake = fifo[0][0]
         if heap and (wake is None or heap[0][0] < wake):
             wake = heap[0][0]
         return wake

@@ -35,7 +35,8 @@ class BatcherError(Exception):
 
 
 class QueueFullError(BatcherError):
-    """The queue already holds ``max_queue_size`` requests; the request was rejected at once."""
+    """``max_queue_size`` requests are already waiting (beyond what the idle execution slots
+    take next); the request was rejected at once."""
 
 
 class DeadlineExceededError(BatcherError, TimeoutError):

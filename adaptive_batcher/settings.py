@@ -81,7 +81,8 @@ class BatcherSettings:
         max_batch_size: the hard cap, and the starting cap, in size units (>= 1).
         window_ms: the starting window, ms (>= 0).
         max_concurrent_batches: execution slots (>= 1).
-        max_queue_size: most queued requests (>= 1); None: unbounded.
+        max_queue_size: most requests waiting beyond what the idle slots take next, a full
+            batch each (>= 1); None: unbounded (see ``BatchingEngine``).
         batch_sizes: allowed batch sizes ("buckets"), strictly increasing, units; empty: any.
         slo: the latency objective (None: none; no controller unless a ``policy`` is given).
         policy: the control law (None: PID when an ``slo`` is set, else fixed settings).

@@ -20,10 +20,6 @@ OUTSIDE = ("shared/profiles", "DESIGN.md", "shared/traces")
 # where ../shared/traces is the path the code reads, told to the user (an instruction, not a source)
 READS_THE_TRACES = {"adaptive_batcher/sim/traces.py", "adaptive_batcher/sim/scenarios.py"}
 
-# still to fix at a merge: ClosedLoop's docstring cites "DESIGN.md section 3" for MLServer #777;
-# the branch that rewrites ClosedLoop (sim-speed) owns those lines. Remove this entry then.
-NOT_YET = {("adaptive_batcher/sim/workloads.py", "DESIGN.md")}
-
 
 def _texts() -> list[Path]:
     files = [*(ROOT / "adaptive_batcher").rglob("*.py"), *(ROOT / "adaptive_batcher").rglob("*.md")]
@@ -37,7 +33,7 @@ def test_no_source_is_cited_by_a_path_outside_the_repository(path: Path) -> None
     text = path.read_text(encoding="utf-8")
     found = []
     for marker in OUTSIDE:
-        if marker not in text or (relative, marker) in NOT_YET:
+        if marker not in text:
             continue
         if marker == "shared/traces" and relative in READS_THE_TRACES:
             continue
@@ -50,7 +46,5 @@ def test_no_source_is_cited_by_a_path_outside_the_repository(path: Path) -> None
 
 
 def test_the_exemptions_are_still_needed() -> None:
-    for relative, marker in NOT_YET:
-        assert marker in (ROOT / relative).read_text(encoding="utf-8"), (relative, marker)
     for relative in READS_THE_TRACES:
         assert "shared/traces" in (ROOT / relative).read_text(encoding="utf-8"), relative

@@ -34,6 +34,7 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 __all__ = ["Controller", "GuardFactory", "default_guards"]
 
 _log = get_logger()
+_LISTED_QUANTILES = (0.5, 0.9, 0.95, 0.99)  # those a Quantiles reading holds
 
 
 def default_guards(
@@ -237,7 +238,10 @@ class Controller:
         model = self.service_model
         quantile = self.slo.quantile if self.slo is not None else 0.99
         recent = recorder.latency.quantiles(now, span_s=self.latency_span_s)
-        latency = recorder.latency.quantile_ms(quantile, now, span_s=self.latency_span_s)
+        if quantile in _LISTED_QUANTILES:  # the same reading, already taken
+            latency = recent.quantile_ms(quantile)
+        else:
+            latency = recorder.latency.quantile_ms(quantile, now, span_s=self.latency_span_s)
         return Observation(
             now_s=now,
             interval_s=interval,

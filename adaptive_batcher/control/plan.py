@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["POISSON_Z", "STABILITY_HEADROOM", "Plan"]
 
@@ -63,6 +63,11 @@ class Plan:
             (what latency promises use; default: ``service_ms``).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
+
+    A plan is made for one tick: the service functions must not change while it is in use, as
+    it remembers the caps, tail service times and widest windows it has computed (a policy and
+    the guards ask for the same ones).
+
     """
 
     rate_units_per_s: float
@@ -74,6 +79,16 @@ class Plan:
     min_window_ms: float = 0.0
     max_window_ms: float = 100.0
     service_upper_ms: Callable[[int], float] | None = None
+    _high_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _stable: dict[tuple[float, float], int | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _fits: dict[float, list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _widest_ms: dict[tuple[float, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def ready(self) -> bool:
@@ -99,6 +114,12 @@ class Plan:
     def stable_cap(self, budget_ms: float, headroom: float = STABILITY_HEADROOM) -> int | None:
         """The smallest cap that keeps up with the demand with ``headroom`` (else without it);
         None when none keeps up (overload) or the model is not ready."""
+        key = (budget_ms, headroom)
+        if key not in self._stable:
+            self._stable[key] = self._search_stable_cap(budget_ms, headroom)
+        return self._stable[key]
+
+    def _search_stable_cap(self, budget_ms: float, headroom: float) -> int | None:
         if not self.ready:
             return None
         demand = self.demand_units_per_s(budget_ms)
@@ -127,8 +148,13 @@ class Plan:
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
         sizes the model knows)."""
-        upper = self.service_upper_ms or self.service_ms
-        return [cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms]
+        fitting = self._fits.get(budget_ms)
+        if fitting is None:
+            upper = self.service_upper_ms or self.service_ms
+            fitting = self._fits[budget_ms] = [
+                cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms
+            ]
+        return fitting
 
     def overloaded(self, budget_ms: float) -> bool:
         """True when no cap keeps up with the demand (the model being ready)."""
@@ -153,19 +179,49 @@ class Plan:
     # -- windows -----------------------------------------------------------------------------
 
     def batch_units(self, window_ms: float, cap: int) -> float:
-        """The batch that forms with this window and cap, units (see the module docstring)."""
-        rate_per_ms = self.rate_units_per_s / 1e3
-        n = min(float(cap), 1.0 + rate_per_ms * window_ms)
-        for _ in range(_FIXED_POINT_STEPS):
-            cycle = max(window_ms, self._service(n) / self.slots)
-            n = min(float(cap), 1.0 + rate_per_ms * cycle)
-        return n
+        """The batch that forms with this window and cap, units (see the module docstring).
+
+        The iteration stops early once a step leaves ``n`` unchanged: every further step would
+        compute the same value again.
+        """
+        return self._batch_function(cap)(window_ms)
 
     def latency_ms(self, window_ms: float, cap: int) -> float:
         """Predicted tail latency (about the 99th percentile) inside the batcher, ms."""
-        n = self.batch_units(window_ms, cap)
-        n_high = min(float(cap), n + POISSON_Z * math.sqrt(n))
-        return max(window_ms, self._service_high(n) / self.slots) + self._service_high(n_high)
+        return self._latency_function(cap)(window_ms)
+
+    def _batch_function(self, cap: int) -> Callable[[float], float]:
+        """:meth:`batch_units` at ``cap``, as a function of the window (the plan's figures bound
+        once, for a search that evaluates it many times)."""
+        rate_per_ms, slots, service = self.rate_units_per_s / 1e3, self.slots, self.service_ms
+        top = float(cap)
+
+        def batch_units(window_ms: float) -> float:
+            n = min(top, 1.0 + rate_per_ms * window_ms)
+            for _ in range(_FIXED_POINT_STEPS):
+                cycle = max(window_ms, service(max(1, round(n))) / slots)  # self._service(n)
+                previous, n = n, min(top, 1.0 + rate_per_ms * cycle)
+                if n == previous:
+                    break
+            return n
+
+        return batch_units
+
+    def _latency_function(self, cap: int) -> Callable[[float], float]:
+        """:meth:`latency_ms` at ``cap``, as a function of the window."""
+        batch_units, high, slots, top = (
+            self._batch_function(cap),
+            self._service_high,
+            self.slots,
+            float(cap),
+        )
+
+        def latency_ms(window_ms: float) -> float:
+            n = batch_units(window_ms)
+            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            return max(window_ms, high(n) / slots) + high(n_high)
+
+        return latency_ms
 
     def cost_ms_per_unit(self, window_ms: float, cap: int) -> float:
         """Predicted device time per unit served, ms."""
@@ -175,14 +231,24 @@ class Plan:
     def widest_window_ms(self, budget_ms: float, cap: int) -> float:
         """The widest window in range whose predicted tail latency fits ``budget_ms`` (the
         smallest window of the range if none does), ms."""
+        key = (budget_ms, cap)
+        widest = self._widest_ms.get(key)
+        if widest is None:
+            widest = self._widest_ms[key] = self._search_widest_ms(budget_ms, cap)
+        return widest
+
+    def _search_widest_ms(self, budget_ms: float, cap: int) -> float:
         low, high = self.min_window_ms, self.max_window_ms
-        if not self.ready or self.latency_ms(low, cap) > budget_ms:
+        if not self.ready:
             return low
-        if self.latency_ms(high, cap) <= budget_ms:
+        latency_ms = self._latency_function(cap)
+        if latency_ms(low) > budget_ms:
+            return low
+        if latency_ms(high) <= budget_ms:
             return high
         for _ in range(_BISECTION_STEPS):
             middle = (low + high) / 2.0
-            if self.latency_ms(middle, cap) <= budget_ms:
+            if latency_ms(middle) <= budget_ms:
                 low = middle
             else:
                 high = middle
@@ -192,4 +258,8 @@ class Plan:
         return self.service_ms(max(1, round(units)))
 
     def _service_high(self, units: float) -> float:
-        return self.service_high_ms(max(1, round(units)))
+        n = max(1, round(units))
+        high = self._high_ms.get(n)
+        if high is None:
+            high = self._high_ms[n] = self.service_high_ms(n)
+        return high

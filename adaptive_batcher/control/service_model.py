@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
+_TABLE_SIZES = 4096  # at most this many sizes predicted at once after a refit
 
 OUTLIER_FACTOR = 3.0
 """A batch measured above ``OUTLIER_FACTOR * spread`` times its prediction is an outlier: with
@@ -104,6 +106,8 @@ class ServiceTimeModel:
         self.refit_every = refit_every
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
+        self._kept = 0  # samples in all the reservoirs
+        self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
         self._seed = sorted((int(n), float(ms)) for n, ms in seed)
         self._seen_total = 0
@@ -137,16 +141,16 @@ class ServiceTimeModel:
         self._seen_total = total_seen
         # the error bars as last read (reading them here would move when they are recomputed)
         outlier_ratio = OUTLIER_FACTOR * self._spread if self._sizes.size > 0 else math.inf
-        for sample in list(batches)[len(batches) - new :] if new > 0 else ():
+        for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.units > 0:
                 self._take(sample.units, sample.service_s * 1e3, outlier_ratio)
-        count = sum(len(r) for r in self._reservoir.values())
+        count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
         self._fitted_at = total_seen
         self.samples = count
         sizes = sorted(self._reservoir)
-        medians = [_median(self._reservoir[n]) for n in sizes]
+        medians = [self._median_at(n) for n in sizes]
         counts = [float(len(self._reservoir[n])) for n in sizes]
         for n, ms in self._seed:  # prior points for sizes outside the observed range
             if n < sizes[0] or n > sizes[-1]:
@@ -191,7 +195,10 @@ class ServiceTimeModel:
         reservoir = self._reservoir.get(units)
         if reservoir is None:
             reservoir = self._reservoir[units] = deque(maxlen=self.per_size)
+        if len(reservoir) < self.per_size:
+            self._kept += 1
         reservoir.append(measured_ms)
+        self._median_of.pop(units, None)
 
     @property
     def spread(self) -> float:
@@ -239,6 +246,13 @@ class ServiceTimeModel:
             cached = self._cache[batch_size] = self._predict(batch_size)
         return cached
 
+    def _median_at(self, size: int) -> float:
+        """The median of the reservoir of ``size`` (kept until the reservoir changes)."""
+        median = self._median_of.get(size)
+        if median is None:
+            median = self._median_of[size] = _median(self._reservoir[size])
+        return median
+
     def _predict(self, batch_size: int) -> float:
         sizes = self._sizes
         if sizes.size == 0:
@@ -266,6 +280,21 @@ class ServiceTimeModel:
         x = np.asarray(sizes, dtype=float)
         y = np.asarray(isotonic_fit(medians, weights), dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
+        self._predict_inside()
+
+    def _predict_inside(self) -> None:
+        """Predict every integer size strictly inside the fitted range in one call: ``np.interp``
+        on an array gives the values one call per size gives, and a controller tick asks for
+        many sizes right after a refit (ranges wider than _TABLE_SIZES stay lazy)."""
+        x = self._sizes
+        if x.size < 2:
+            return
+        first, last = math.floor(x[0]) + 1, math.ceil(x[-1]) - 1
+        if last < first or last - first >= _TABLE_SIZES:
+            return
+        inside = np.arange(first, last + 1)
+        values = np.interp(inside, x, self._medians)
+        self._cache = dict(zip(inside.tolist(), values.tolist(), strict=True))
 
 
 def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
@@ -275,19 +304,24 @@ def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None
     scikit-learn's ``isotonic_regression``), in pure Python: the controller fits a few dozen
     points per refit, where a library call's argument checks would cost more than the fit.
     """
-    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    # the blocks so far, as three stacks: weighted mean, weight, number of values
+    means: list[float] = []
+    totals: list[float] = []
+    counts: list[int] = []
     for value, weight in zip(values, weights or [1.0] * len(values), strict=True):
-        blocks.append([float(value), float(weight), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, total, count = blocks.pop()
-            previous = blocks[-1]
-            combined = previous[1] + total
-            previous[0] = (previous[0] * previous[1] + mean * total) / combined
-            previous[1] = combined
-            previous[2] += count
+        mean, total, count = float(value), float(weight), 1
+        while means and means[-1] > mean:  # pool with the block before, which is above it
+            before, before_total = means.pop(), totals.pop()
+            combined = before_total + total
+            mean = (before * before_total + mean * total) / combined
+            total = combined
+            count += counts.pop()
+        means.append(mean)
+        totals.append(total)
+        counts.append(count)
     fitted: list[float] = []
-    for mean, _, count in blocks:
-        fitted.extend([mean] * int(count))
+    for mean, count in zip(means, counts, strict=True):
+        fitted.extend([mean] * count)
     return fitted
 
 

@@ -225,6 +225,7 @@ class Observation:
     device_ms_per_request: float = math.nan
     device_busy_fraction: float = math.nan
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
+    _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def co_tenant_fraction(self) -> float | None:
@@ -245,7 +246,14 @@ class Observation:
         return self.arrival_rate_rps if math.isnan(peak) else max(peak, self.arrival_rate_rps)
 
     def plan(self) -> Plan:
-        """Predictions for this tick (see :class:`~adaptive_batcher.control.plan.Plan`)."""
+        """Predictions for this tick (see :class:`~adaptive_batcher.control.plan.Plan`); made
+        once per observation, so the policy and the guards share what it computes."""
+        if self._plan is None:
+            _set(self, "_plan", self._make_plan())
+        assert self._plan is not None
+        return self._plan
+
+    def _make_plan(self) -> Plan:
         bounds = self.bounds
         return Plan(
             rate_units_per_s=self.planning_rate_rps * self.mean_request_units,

@@ -4,8 +4,10 @@ A value ``x`` (seconds) lands in bucket ``floor(log(x / MIN_S) / log(GAMMA))``; 
 by the value ``2 * lower * GAMMA / (1 + GAMMA)``, whose relative error is at most
 ``(GAMMA - 1) / (GAMMA + 1)``, 0.99 % for ``GAMMA = 1.02`` (the bucket scheme of DDSketch,
 Masson et al., VLDB 2019). Recording is O(1): one log, one list increment. Old samples leave the
-window a whole slice at a time (``window_s / slices`` granularity). Reading (quantiles, counts)
-never changes the ring, so another thread (a metrics scrape) may read while the event loop records.
+window a whole slice at a time (``window_s / slices`` granularity). Each slice also keeps the lowest
+and highest bucket it holds, so a reading converts only that range (a few hundred buckets, not all
+~1300). Reading (quantiles, counts) never changes the ring, so another thread (a metrics scrape)
+may read while the event loop records.
 
 :class:`CumulativeHistogram` is the other kind: counts since creation at fixed bounds, exact, the
 shape of a Prometheus or OpenTelemetry explicit-bucket histogram.
@@ -41,6 +43,7 @@ _INV_MIN_S = 1.0 / MIN_S
 _N_BUCKETS = math.ceil(math.log(MAX_S / MIN_S) / _LOG_GAMMA) + 1
 _UPPER_S = [MIN_S * GAMMA ** (i + 1) for i in range(_N_BUCKETS)]  # bucket i is below _UPPER_S[i]
 _REPRESENTATIVE = MIN_S * 2.0 * GAMMA ** (np.arange(_N_BUCKETS) + 1.0) / (1.0 + GAMMA)
+_LISTED = np.array([0.5, 0.9, 0.95, 0.99, 1.0])  # the quantiles a Quantiles reading holds
 
 LATENCY_BOUNDS_S: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
@@ -90,7 +93,18 @@ class SlidingHistogram:
         ValueError: on a non-positive window or slice count.
     """
 
-    __slots__ = ("_counts", "_current", "_slice_end", "_slice_s", "_sums", "slices", "window_s")
+    __slots__ = (
+        "_counts",
+        "_current",
+        "_frozen",
+        "_high",
+        "_low",
+        "_slice_end",
+        "_slice_s",
+        "_sums",
+        "slices",
+        "window_s",
+    )
 
     def __init__(self, window_s: float = 10.0, slices: int = 10) -> None:
         if not window_s > 0:
@@ -102,6 +116,13 @@ class SlidingHistogram:
         self._slice_s = window_s / slices
         self._counts = [[0] * _N_BUCKETS for _ in range(slices)]
         self._sums = [0.0] * slices
+        # the lowest and highest bucket each slice holds (_N_BUCKETS and -1 when empty)
+        self._low = [_N_BUCKETS] * slices
+        self._high = [-1] * slices
+        # a slice the ring has moved past: (its lowest bucket, its counts from there, as an
+        # array); None while it is not frozen
+        self._frozen: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None]
+        self._frozen = [None] * slices
         self._current = 0
         self._slice_end: float | None = None
 
@@ -109,17 +130,23 @@ class SlidingHistogram:
         """Add one latency sample ``value_s`` (seconds) observed at ``now`` (seconds)."""
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
-        self._counts[self._current][_bucket(value_s)] += 1
+        index = _bucket(value_s)
+        self._counts[self._current][index] += 1
         self._sums[self._current] += value_s
+        self._note_range(index, index)
 
     def record_many(self, values_s: list[float], now: float) -> None:
         """Add several samples observed at ``now`` (one slice check for all of them)."""
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
+        if not values_s:
+            return
         counts = self._counts[self._current]
-        for value in values_s:
-            counts[_bucket(value)] += 1
+        indexes = [_bucket(value) for value in values_s]
+        for index in indexes:
+            counts[index] += 1
         self._sums[self._current] += sum(values_s)
+        self._note_range(min(indexes), max(indexes))
 
     def record_since(self, arrivals_s: list[float], now: float) -> None:
         """Add the latencies ``now - a`` for the arrival times ``arrivals_s`` (seconds), which
@@ -130,15 +157,43 @@ class SlidingHistogram:
         """
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
-        counts = self._counts[self._current]
         end = len(arrivals_s)  # arrivals_s[:end] are still to count; the latest has the least wait
-        while end:
-            index = _bucket(now - arrivals_s[end - 1])
+        if not end:
+            return
+        counts = self._counts[self._current]
+        log, top = math.log, _N_BUCKETS - 1
+        lowest = index = _bucket(now - arrivals_s[-1])  # buckets are counted upwards from here
+        while True:
             # the samples in this bucket are those below its upper bound: arrived after now - upper
-            start = min(bisect_right(arrivals_s, now - _UPPER_S[index], 0, end), end - 1)
+            # (at least the latest one); a bisection only when the one before it is among them
+            bound = now - _UPPER_S[index]
+            if end > 1 and arrivals_s[end - 2] > bound:
+                start = bisect_right(arrivals_s, bound, 0, end)
+            else:
+                start = end - 1
             counts[index] += end - start
             end = start
+            if not end:
+                break
+            wait = now - arrivals_s[end - 1]  # _bucket(wait), inlined
+            index = 0 if wait <= MIN_S else min(int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA), top)
         self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
+        self._note_range(lowest, index)
+
+    def _freeze(self, index: int) -> None:
+        """Slice ``index`` takes no more samples: keep its counts of buckets low..high as an
+        array, so readings add it up without converting it again."""
+        first, last = self._low[index], self._high[index]
+        counts = self._counts[index][first : last + 1] if last >= first else []
+        self._frozen[index] = (first, np.asarray(counts, dtype=np.int64))
+
+    def _note_range(self, low: int, high: int) -> None:
+        """The current slice now holds buckets ``low..high`` too."""
+        current = self._current
+        if low < self._low[current]:
+            self._low[current] = low
+        if high > self._high[current]:
+            self._high[current] = high
 
     def quantiles(self, now: float, span_s: float | None = None) -> Quantiles:
         """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``.
@@ -146,33 +201,33 @@ class SlidingHistogram:
         ``span_s`` narrows the window to the most recent slices covering at least that many
         seconds (the controller looks at the last ~2 s; ``stats()`` at the whole window).
         """
-        counts, slices = self._window_counts(now, span_s)
-        total = int(counts.sum())
+        counts, low, slices = self._window_counts(now, span_s)
+        cumulative = np.cumsum(counts)
+        total = int(cumulative[-1]) if cumulative.size else 0
         if total == 0:
             nan = math.nan
             return Quantiles(0, nan, nan, nan, nan, nan, nan)
-        cumulative = np.cumsum(counts)
-        ranks = np.ceil(np.array([0.5, 0.9, 0.95, 0.99, 1.0]) * total)
+        ranks = np.ceil(_LISTED * total)
         indexes = np.searchsorted(cumulative, ranks, side="left")
-        values_ms = _REPRESENTATIVE[indexes] * 1e3
+        values_ms = _REPRESENTATIVE[indexes + low] * 1e3
         mean_ms = sum(self._sums[i] for i in slices) / total * 1e3
-        p50, p90, p95, p99, top = (float(v) for v in values_ms)
+        p50, p90, p95, p99, top = values_ms.tolist()
         return Quantiles(total, p50, p90, p95, p99, top, mean_ms)
 
     def quantile_ms(self, q: float, now: float, span_s: float | None = None) -> float:
         """Any quantile ``q`` in (0, 1] of the window (or its last ``span_s``), ms; NaN if empty."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"q must be in (0, 1], got {q!r}")
-        counts, _ = self._window_counts(now, span_s)
+        counts, low, _ = self._window_counts(now, span_s)
         total = int(counts.sum())
         if total == 0:
             return math.nan
         index = int(np.searchsorted(np.cumsum(counts), math.ceil(q * total), side="left"))
-        return float(_REPRESENTATIVE[index] * 1e3)
+        return float(_REPRESENTATIVE[index + low] * 1e3)
 
     def count(self, now: float) -> int:
         """Samples in the window ending at ``now``."""
-        counts, _ = self._window_counts(now, None)
+        counts, _, _ = self._window_counts(now, None)
         return int(counts.sum())
 
     def fraction_at_most(self, limit_s: float, now: float, span_s: float | None = None) -> float:
@@ -182,18 +237,21 @@ class SlidingHistogram:
         A sample counts as at most the limit when its bucket's reported value is: the answer
         is exact for samples more than 1 % (the bucket width, see the module) from the limit.
         """
-        counts, _ = self._window_counts(now, span_s)
+        counts, low, _ = self._window_counts(now, span_s)
         total = int(counts.sum())
         if total == 0:
             return math.nan
         within = int(np.searchsorted(_REPRESENTATIVE, limit_s, side="right"))
-        return float(counts[:within].sum()) / total
+        return float(counts[: max(0, within - low)].sum()) / total
 
     def clear(self) -> None:
         """Drop every sample."""
         for counts in self._counts:
             counts[:] = [0] * _N_BUCKETS
         self._sums = [0.0] * self.slices
+        self._low = [_N_BUCKETS] * self.slices
+        self._high = [-1] * self.slices
+        self._frozen = [None] * self.slices
         self._slice_end = None
 
     def _live_slices(self, now: float, span_s: float | None) -> list[int]:
@@ -220,14 +278,30 @@ class SlidingHistogram:
 
     def _window_counts(
         self, now: float, span_s: float | None
-    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], list[int]]:
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int, list[int]]:
+        """The counts of buckets ``low..high`` summed over the window's slices, ``low``, and the
+        slices; every bucket outside that range is empty (all are when the array is empty)."""
         slices = self._live_slices(now, span_s)
-        if not slices:
-            return np.zeros(_N_BUCKETS, dtype=np.int64), slices
-        rows = [self._counts[i] for i in slices]
-        counts: np.ndarray[Any, np.dtype[np.int64]] = np.asarray(rows, dtype=np.int64)
-        total: np.ndarray[Any, np.dtype[np.int64]] = counts.sum(axis=0)
-        return total, slices
+        # each slice's range is read once, with its counts: another thread may be recording
+        parts: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]]] = []
+        current = self._current
+        for i in slices:
+            frozen = self._frozen[i] if i != current else None
+            if frozen is None:
+                first, last = self._low[i], self._high[i]
+                if last < first:
+                    continue
+                frozen = (first, np.asarray(self._counts[i][first : last + 1], dtype=np.int64))
+            if frozen[1].size:
+                parts.append(frozen)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), 0, slices
+        low = min(first for first, _ in parts)
+        high = max(first + part.size for first, part in parts)
+        total: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(high - low, dtype=np.int64)
+        for first, part in parts:
+            total[first - low : first - low + part.size] += part
+        return total, low, slices
 
     def _advance(self, now: float) -> None:
         if self._slice_end is None:
@@ -235,9 +309,14 @@ class SlidingHistogram:
             return
         steps = 0
         while now >= self._slice_end and steps < self.slices:
+            self._freeze(self._current)
             self._current = (self._current + 1) % self.slices
+            self._frozen[self._current] = None
             self._counts[self._current] = [0] * _N_BUCKETS
             self._sums[self._current] = 0.0
+            self._low[self._current] = _N_BUCKETS
+            self._high[self._current] = -1
+
             self._slice_end += self._slice_s
             steps += 1
         if now >= self._slice_end:

@@ -148,8 +148,11 @@ class AdaptiveBatcher(Generic[X, Y]):
         window_ms: longest wait of the oldest queued request for company, ms. 0 sends what is
             queued as soon as a slot is free ("natural batching"). Default 5.0.
         max_concurrent_batches: batches that may run at once (execution slots). Default 1.
-        max_queue_size: most queued requests; a further ``submit`` raises ``QueueFullError`` at
-            once. None (default): unbounded.
+        max_queue_size: most requests *waiting*: queued beyond what the idle execution slots
+            take next, a full batch each (up to ``max_batch_size`` requests per idle slot). A
+            further ``submit`` raises ``QueueFullError`` at once; a request that an idle slot
+            could take is never refused (with one slot, cap 1 and a bound of 2, an idle
+            batcher accepts 3 requests at once: 1 runs, 2 wait). None (default): unbounded.
         size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens); any
             integral (numpy integers too) >= 1, else ``submit`` raises TypeError or ValueError.
             Default: 1 per item. A request larger than ``max_batch_size`` raises
@@ -360,7 +363,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 ``DeadlineExceededError`` at that moment (a timer, not the end of a running batch).
 
         Raises:
-            QueueFullError: the queue holds ``max_queue_size`` requests (raised at once).
+            QueueFullError: ``max_queue_size`` requests are waiting (raised at once).
             ItemTooLargeError: the item is larger than the batch cap.
             BatcherClosedError: the batcher is closed, or closed without draining meanwhile.
             DeadlineExceededError: the deadline passed before the request started.

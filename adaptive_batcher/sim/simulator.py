@@ -17,6 +17,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +38,7 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 __all__ = ["OOM_DETECT_FRACTION", "SimConfig", "Simulator"]
 
 OOM_DETECT_FRACTION = 0.25  # an OOM batch fails a quarter of the way through its service time
+_PREPARED = 512  # open-loop requests made ahead, to be queued in bulk
 
 
 @dataclass(frozen=True)
@@ -59,32 +63,27 @@ class SimConfig(BatcherSettings):
     name: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class _Part:
-    """One model call within a dispatched batch (several when an OOM split it)."""
-
-    start_s: float
-    end_s: float
-    ids: list[int]
-    units: int
-    ok: bool
-
+_Part = tuple[float, float, Sequence[int], int, bool]
+"""One model call within a dispatched batch (several when an OOM split it): ``(start_s, end_s,
+ids, units, ok)``; ``ids`` is a range for a batch of consecutive requests (the common case)."""
 
 _Completion = tuple[float, int, Batch[int], list[_Part]]
 
 
 @dataclass
 class _Run:
-    """Mutable per-run state."""
+    """Mutable per-run state. Per-request and per-call figures are typed arrays, not lists:
+    the garbage collector never walks their millions of entries, and numpy reads them as they
+    are."""
 
-    arrival_s: list[float] = field(default_factory=list)
-    size: list[int] = field(default_factory=list)
-    done_s: list[float] = field(default_factory=list)
-    outcome: list[int] = field(default_factory=list)
+    arrival_s: array[float] = field(default_factory=lambda: array("d"))
+    size: array[int] = field(default_factory=lambda: array("q"))
+    done_s: array[float] = field(default_factory=lambda: array("d"))
+    outcome: array[int] = field(default_factory=lambda: array("b"))
     client: list[int] = field(default_factory=list)
     busy_s: float = 0.0
     decisions: list[tuple[float, float, int]] = field(default_factory=list)
-    calls: list[tuple[float, float, int, int]] = field(default_factory=list)
+    calls: array[float] = field(default_factory=lambda: array("d"))  # start, end, items, units
 
 
 class Simulator:
@@ -115,8 +114,9 @@ class Simulator:
         self.seed = seed
         self.judge_slo = judge_slo if judge_slo is not None else config.slo
 
-    def run(self, workload: Arrivals | tuple[ClosedLoop, float]) -> SimResult:
-        """Replay ``workload``: open-loop arrivals, or ``(ClosedLoop, duration_s)``.
+    def run(self, workload: Arrivals | ClosedLoop) -> SimResult:
+        """Replay ``workload``: open-loop :class:`Arrivals`, or :class:`ClosedLoop` clients (for
+        their ``duration_s``).
 
         Returns:
             The per-request outcomes and the summary metrics (see :class:`SimResult`).
@@ -127,7 +127,7 @@ class Simulator:
 class _Replay:
     """One replay: the event loop over arrivals, batch completions and the core's timer."""
 
-    def __init__(self, sim: Simulator, workload: Arrivals | tuple[ClosedLoop, float]) -> None:
+    def __init__(self, sim: Simulator, workload: Arrivals | ClosedLoop) -> None:
         config = sim.config
         self.sim = sim
         self.config = config
@@ -145,43 +145,47 @@ class _Replay:
         self.poll_pending = False
         self.now = 0.0
         self.running_units = 0
-        self.open_times: np.ndarray = np.empty(0)
-        self.open_sizes: np.ndarray = np.empty(0, dtype=np.int64)
+        self.open_count = 0
+        self.open_workload: Arrivals | None = None
+        self.prepared: list[Request[int]] = []  # requests open_from.. made ahead
+        self.prepared_from = 0
         self.closed: ClosedLoop | None = None
         self.closed_heap: list[tuple[float, int, int]] = []
         self.end_s = math.inf
-        if isinstance(workload, tuple):
-            self.closed, self.end_s = workload
-            for client, at in enumerate(self.closed.first_arrivals(self.rng)):
+        if isinstance(workload, ClosedLoop):
+            self.closed, self.end_s = workload, workload.duration_s
+            for client, at in enumerate(workload.first_arrivals(self.rng)):
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
         else:
-            self.open_times, self.open_sizes = workload.times_s, workload.sizes
-            count = len(workload)
-            self.state.arrival_s = workload.times_s.tolist()
-            self.state.size = workload.sizes.tolist()
-            self.state.done_s = [math.nan] * count
-            self.state.outcome = [Outcome.PENDING] * count
-        self.name = workload.name if isinstance(workload, Arrivals) else "closed_loop"
+            count = self.open_count = len(workload)
+            self.open_workload = workload
+            state = self.state
+            state.arrival_s.frombytes(np.ascontiguousarray(workload.times_s).tobytes())
+            state.size.frombytes(np.ascontiguousarray(workload.sizes, dtype=np.int64).tobytes())
+            state.done_s = array("d", [math.nan]) * count
+            state.outcome = array("b", [Outcome.PENDING]) * count
+        self.name = workload.name
         self.core.start(0.0)
 
     # -- the event loop ---------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        times, sizes = self.open_times, self.open_sizes
-        count = len(times)
+        times, count = self.state.arrival_s, self.open_count
         index = 0
         completions, closed_heap = self.completions, self.closed_heap
         inf = math.inf
         while True:
-            next_open = float(times[index]) if index < count else inf
+            next_open = times[index] if index < count else inf
             next_closed = closed_heap[0][0] if closed_heap else inf
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
-            next_arrival = min(next_open, next_closed)
-            if self.poll_pending and min(next_arrival, next_done, next_timer) > self.now:
-                # like the runtime's pump: arrivals at the same instant join one batch
-                self._poll()
-                continue
+            next_arrival = next_open if next_open <= next_closed else next_closed
+            if self.poll_pending:
+                now = self.now
+                if next_arrival > now and next_done > now and next_timer > now:
+                    # like the runtime's pump: arrivals at the same instant join one batch
+                    self._poll()
+                    continue
             if next_done <= next_arrival and next_done <= next_timer:
                 if next_done == inf:
                     break
@@ -192,35 +196,42 @@ class _Replay:
                 self.timer_at = None
                 self._poll()
             elif next_open <= next_closed:
-                self.now = next_open
-                self._arrive(index, int(sizes[index]))
-                index += 1
+                index = self._arrive_open(
+                    index, next_done if next_done < next_timer else next_timer
+                )
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
-                    self._arrive(self._add_closed_request(client), 1)
+                    request_id = self._add_closed_request(client)
+                    self._arrive(request_id, self.state.size[request_id])
         return self._result()
 
     def _result(self) -> SimResult:
-        state = self.state
+        state, workload = self.state, self.open_workload
+        if workload is not None:  # the same values as the lists, converted at C speed
+            arrival_s, sizes = np.array(workload.times_s), workload.sizes
+        else:
+            arrival_s, sizes = np.array(state.arrival_s), np.array(state.size)
         return SimResult.build(
             name=self.config.name or self.name,
-            arrival_s=np.asarray(state.arrival_s),
-            done_s=np.asarray(state.done_s),
-            outcome=np.asarray(state.outcome, dtype=np.int8),
-            sizes=np.asarray(state.size, dtype=np.int64),
+            arrival_s=arrival_s,
+            done_s=np.array(state.done_s),
+            outcome=np.array(state.outcome),
+            sizes=sizes,
             slo=self.sim.judge_slo,
             recorder=self.recorder,
             busy_s=state.busy_s,
             decisions=state.decisions,
             slots=self.config.max_concurrent_batches,
-            calls=state.calls,
+            calls=np.array(state.calls).reshape(-1, 4),
         )
 
     def _add_closed_request(self, client: int) -> int:
-        state = self.state
+        state, closed = self.state, self.closed
+        assert closed is not None
         state.arrival_s.append(self.now)
-        state.size.append(1)
+        # one unit each by default (drawing nothing), else one draw from the loop's sampler
+        state.size.append(1 if closed.sizes is None else int(closed.sample_sizes(1, self.rng)[0]))
         state.done_s.append(math.nan)
         state.outcome.append(Outcome.PENDING)
         state.client.append(client)
@@ -229,11 +240,53 @@ class _Replay:
     def _arrive(self, request_id: int, size: int) -> None:
         now = self.now
         deadline = None if self.deadline_s is None else now + self.deadline_s
+        self._arrive_request(Request(request_id, now, size, deadline))
+
+    def _arrive_request(self, request: Request[int]) -> None:
         try:
-            if self.core.arrive(Request(request_id, now, size, deadline), now):
+            if self.core.arrive(request, self.now):
                 self.poll_pending = True
         except BatcherError:
-            self._finish(request_id, Outcome.REJECTED)
+            self._finish(request.handle, Outcome.REJECTED)
+
+    def _arrive_open(self, index: int, before_s: float) -> int:
+        """Queue the open-loop arrivals from ``index`` on, in bulk, as one-by-one arrivals would
+        be: those before ``before_s`` (the next completion or timer), or while a poll is pending
+        only those at this instant, up to the first that needs a poll. Returns the next index."""
+        times = self.state.arrival_s
+        if self.poll_pending:  # arrivals at the same instant join one batch; then the poll
+            stop = bisect_right(times, self.now, index)
+        else:
+            stop = bisect_left(times, before_s, index)
+        base = self.prepared_from
+        if index >= base + len(self.prepared):
+            base = self._prepare(index)
+        stop = min(stop, base + len(self.prepared))
+        end, poll = self.core.arrive_many(self.prepared, index - base, stop - base)
+        end += base
+        if end > index:
+            self.now = times[end - 1]
+        if poll:
+            self.poll_pending = True
+        elif end < stop:  # refused: the one-by-one path raises and counts it
+            self.now = times[end]
+            self._arrive_request(self.prepared[end - base])
+            end += 1
+        return end
+
+    def _prepare(self, index: int) -> int:
+        """Make the requests ``index`` onwards (up to _PREPARED of them); returns ``index``."""
+        state, deadline_s = self.state, self.deadline_s
+        stop = min(index + _PREPARED, self.open_count)
+        times, sizes = state.arrival_s[index:stop], state.size[index:stop]
+        if deadline_s is None:
+            self.prepared = list(map(Request, range(index, stop), times, sizes))
+        else:
+            deadlines = [t + deadline_s for t in times]
+            self.prepared = list(map(Request, range(index, stop), times, sizes, deadlines))
+
+        self.prepared_from = index
+        return index
 
     def _poll(self) -> None:
         self.poll_pending = False
@@ -267,13 +320,29 @@ class _Replay:
 
     def _dispatch(self, batch: Batch[int]) -> None:
         parts: list[_Part] = []
-        end = self._execute([r.handle for r in batch.requests], self.now, parts)
+        requests = batch.requests
+        first, last = requests[0].handle, requests[-1].handle
+        ids: Sequence[int]
+        if last - first + 1 == len(requests):  # FIFO: request numbers increase in a batch
+            ids = range(first, last + 1)
+        else:
+            ids = [r.handle for r in requests]
+        end = self._execute(ids, self.now, parts, batch.units)
         self.running_units += batch.units
         heapq.heappush(self.completions, (end, next(self.sequence), batch, parts))
 
-    def _execute(self, ids: list[int], start: float, parts: list[_Part]) -> float:
-        """Schedule ``ids`` from ``start``, split on OOM; returns when the slot frees."""
-        units = sum(self.state.size[i] for i in ids)
+    def _execute(
+        self, ids: Sequence[int], start: float, parts: list[_Part], units: int | None = None
+    ) -> float:
+        """Schedule ``ids`` (``units`` in all, if known) from ``start``, split on OOM; returns
+        when the slot frees."""
+        if units is None:
+            size = self.state.size
+            if type(ids) is range:
+                units = sum(size[ids[0] : ids[0] + len(ids)])
+            else:
+                units = sum(size[i] for i in ids)
+
         service = self.sim.service.service_s(units, self.rng)
         memory = self.sim.memory
         if memory is not None and memory.is_oom(self.sim.service, units, start):
@@ -281,7 +350,7 @@ class _Replay:
             self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
             self.core.record_device_time(failed_at - start)
             self.state.busy_s += failed_at - start
-            parts.append(_Part(start, failed_at, ids, units, ok=False))
+            parts.append((start, failed_at, ids, units, False))
             if len(ids) == 1:
                 return failed_at
             middle = len(ids) // 2
@@ -289,35 +358,43 @@ class _Replay:
             return self._execute(ids[middle:], after_first, parts)
         self.core.record_device_time(service)
         self.state.busy_s += service
-        parts.append(_Part(start, start + service, ids, units, ok=True))
-        return start + service
+        end = start + service
+        parts.append((start, end, ids, units, True))
+        return end
 
     def _complete(self, event: _Completion) -> None:
         _, _, batch, parts = event
         state, core = self.state, self.core
         idle = batch.window_idle_s  # counted once per dispatched batch
-        for part in parts:
-            state.calls.append((part.start_s, part.end_s, len(part.ids), part.units))
-            if part.ok:
-                arrivals = [state.arrival_s[i] for i in part.ids]
-                core.record_answers(arrivals, 0, part.end_s)
-                core.record_run(
-                    part.end_s, len(part.ids), part.units, part.end_s - part.start_s, idle
-                )
+        for start, end, ids, units, ok in parts:
+            count = len(ids)
+            state.calls.extend((start, end, count, units))
+            consecutive = type(ids) is range
+            if ok:
+                if consecutive:
+                    arrivals = state.arrival_s[ids[0] : ids[0] + count].tolist()
+                else:
+                    arrivals = [state.arrival_s[i] for i in ids]
+                core.record_answers(arrivals, 0, end)
+                core.record_run(end, count, units, end - start, idle)
                 idle = 0.0
-            elif len(part.ids) == 1:  # an OOM on a single item: it cannot be split further
+                outcome = Outcome.OK
+            elif count == 1:  # an OOM on a single item: it cannot be split further
                 self.recorder.failed += 1
+                outcome = Outcome.FAILED
             else:
                 continue  # split and re-run: the halves are parts of their own
-            outcome = Outcome.OK if part.ok else Outcome.FAILED
-            if self.closed is None:  # the common, open-loop case, inlined
-                done_s, outcomes, end = state.done_s, state.outcome, part.end_s
-                for request_id in part.ids:
+            if self.closed is not None:
+                for request_id in ids:
+                    self._finish(request_id, outcome, end)
+            elif consecutive:  # the common, open-loop case, inlined
+                state.done_s[ids[0] : ids[0] + count] = array("d", [end]) * count
+                state.outcome[ids[0] : ids[0] + count] = array("b", [outcome]) * count
+            else:
+                done_s, outcomes = state.done_s, state.outcome
+                for request_id in ids:
                     done_s[request_id] = end
                     outcomes[request_id] = outcome
-                continue
-            for request_id in part.ids:
-                self._finish(request_id, outcome, part.end_s)
         self.running_units -= batch.units
         core.complete(batch, self.now)
         self._poll()

@@ -1,24 +1,25 @@
 """Arrival processes for the simulator: when requests arrive and how many units each carries.
 
-Every open-loop workload is a small frozen dataclass with ``generate(duration_s, rng)`` that
-returns :class:`Arrivals` on ``[0, duration_s)``; the lowercase factories (:func:`poisson`,
-:func:`gamma`, :func:`mmpp_bursts`, :func:`diurnal`, :func:`steps`) build them. All randomness
-comes from the passed :class:`numpy.random.Generator` (same seed, same arrays) and generation is
-vectorised: one hour of Poisson arrivals at 5000 req/s (18 M requests) takes a fraction of a
-second. Arrival times are drawn first, then sizes.
+Every open-loop workload (:class:`Poisson`, :class:`Gamma`, :class:`MMPPBursts`,
+:class:`Diurnal`, :class:`Steps`) is a small frozen dataclass with ``generate(duration_s, rng)``
+that returns :class:`Arrivals` on ``[0, duration_s)``, what ``Simulator.run`` replays. All
+randomness comes from the passed :class:`numpy.random.Generator` (same seed, same arrays) and
+generation is vectorised: one hour of Poisson arrivals at 5000 req/s (18 M requests) takes a
+fraction of a second. Arrival times are drawn first, then sizes.
 
 Request sizes come from a *size sampler*, any callable ``(n, rng) -> array of n ints >= 1``;
-:func:`fixed_size` and :func:`lognormal_sizes` build the usual ones, and the default is one unit
+:class:`FixedSize` and :class:`LognormalSizes` are the usual ones, and the default is one unit
 per request.
 
 :class:`ClosedLoop` describes closed-loop clients (one request in flight each, exponential think
-time) for the simulator to drive, since their arrivals depend on completions.
+time) for a duration; ``Simulator.run`` takes it as it takes :class:`Arrivals` and drives the
+clients itself, since their arrivals depend on completions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -39,13 +40,6 @@ __all__ = [
     "SizeSampler",
     "Steps",
     "Workload",
-    "diurnal",
-    "fixed_size",
-    "gamma",
-    "lognormal_sizes",
-    "mmpp_bursts",
-    "poisson",
-    "steps",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -60,7 +54,7 @@ class Arrivals:
     """Open-loop requests: arrival times and sizes.
 
     Arrays are stored as read-only views (a generator's arrays are not copied); constant sizes
-    (the default one unit, :func:`fixed_size`) are a zero-stride broadcast view, so an hour of
+    (the default one unit, :class:`FixedSize`) are a zero-stride broadcast view, so an hour of
     requests costs no memory for them. Copy an array (``np.array(a.sizes)``) to modify it.
 
     Args:
@@ -219,16 +213,6 @@ class LognormalSizes:
         np.rint(draws, out=draws)
         np.clip(draws, 1, int(self.max_units), out=draws)
         return draws.astype(np.int64)
-
-
-def fixed_size(k: int) -> FixedSize:
-    """A sampler giving every request ``k`` units (ValueError unless ``k`` is an int >= 1)."""
-    return FixedSize(k)
-
-
-def lognormal_sizes(median: float, sigma: float, max_units: int) -> LognormalSizes:
-    """A lognormal size sampler (see :class:`LognormalSizes`; ValueError on bad parameters)."""
-    return LognormalSizes(median, sigma, max_units)
 
 
 # --- shared machinery --------------------------------------------------------------------------
@@ -551,7 +535,7 @@ class Steps:
     """Poisson arrivals with a piecewise-constant rate: ``rates_rps[i]`` on ``[i, i+1) * step_s``.
 
     The last rate holds from ``(len - 1) * step_s`` to the end of the run; e.g.
-    ``steps([1000, 3000], 60)`` is 1000 req/s for a minute, then 3000 req/s. Exact for each
+    ``Steps((1000, 3000), 60)`` is 1000 req/s for a minute, then 3000 req/s. Exact for each
     segment (a Poisson process by time change).
 
     Raises:
@@ -591,45 +575,6 @@ class Steps:
         return Arrivals(times, _sample_sizes(self.sizes, times.size, rng), self.name, horizon)
 
 
-def poisson(rate_rps: float, *, sizes: SizeSampler | None = None) -> Poisson:
-    """Poisson arrivals at ``rate_rps`` requests/s (see :class:`Poisson`)."""
-    return Poisson(rate_rps, sizes)
-
-
-def gamma(rate_rps: float, cv: float, *, sizes: SizeSampler | None = None) -> Gamma:
-    """Gamma renewal arrivals, mean rate ``rate_rps``, gap CV ``cv`` (see :class:`Gamma`)."""
-    return Gamma(rate_rps, cv, sizes)
-
-
-def mmpp_bursts(
-    base_rps: float,
-    burst_rps: float,
-    mean_on_s: float,
-    mean_off_s: float,
-    *,
-    sizes: SizeSampler | None = None,
-) -> MMPPBursts:
-    """Two-state Markov-modulated Poisson bursts (see :class:`MMPPBursts`)."""
-    return MMPPBursts(base_rps, burst_rps, mean_on_s, mean_off_s, sizes)
-
-
-def diurnal(
-    mean_rps: float,
-    amplitude: float,
-    period_s: float,
-    *,
-    phase_s: float = 0.0,
-    sizes: SizeSampler | None = None,
-) -> Diurnal:
-    """Sinusoidal-rate Poisson arrivals by thinning (see :class:`Diurnal`)."""
-    return Diurnal(mean_rps, amplitude, period_s, phase_s, sizes)
-
-
-def steps(rates_rps: Sequence[float], step_s: float, *, sizes: SizeSampler | None = None) -> Steps:
-    """Piecewise-constant-rate Poisson arrivals (see :class:`Steps`)."""
-    return Steps(tuple(rates_rps), step_s, sizes)
-
-
 # --- closed loop -------------------------------------------------------------------------------
 
 
@@ -638,30 +583,38 @@ class ClosedLoop:
     """Closed-loop clients: each has one request in flight and thinks between requests.
 
     A client sends, waits for its response, thinks for an exponential time of mean ``think_s``,
-    and sends again (the interactive model of queueing theory). The simulator drives it: it
-    seeds the queue with :meth:`first_arrivals` and, on each completion at ``done_at_s``,
-    schedules :meth:`next_arrival`. Clients are interchangeable, so no client ids are kept.
-    With ``clients == 1`` and ``think_s == 0`` batches never fill, and the window should fall
-    toward 0 (MLServer #777, DESIGN.md section 3).
+    and sends again (the interactive model of queueing theory), until ``duration_s``: a request
+    due later is not sent. ``Simulator.run(closed_loop)`` drives it: it seeds the queue with
+    :meth:`first_arrivals` and, on each completion at ``done_at_s``, schedules
+    :meth:`next_arrival`; each request's size comes from :meth:`sample_sizes`. With
+    ``clients == 1`` and ``think_s == 0`` batches never fill, and the window should fall toward
+    0 (MLServer #777).
 
     Args:
         clients: number of clients (an integer >= 1).
         think_s: mean think time, seconds (>= 0; 0 sends again at once, drawing nothing).
-        sizes: size sampler for the requests (default one unit each).
+        sizes: size sampler for the requests (default one unit each, drawing nothing).
+        duration_s: how long the clients send, seconds from 0 (a finite number >= 0);
+            keyword only.
 
     Raises:
-        ValueError: ``clients`` not an integer >= 1, ``think_s`` < 0 or not finite.
+        ValueError: ``clients`` not an integer >= 1, ``think_s`` or ``duration_s`` < 0 or not
+            finite.
+        TypeError: ``duration_s`` not a real number.
     """
 
     clients: int
     think_s: float
     sizes: SizeSampler | None = None
+    duration_s: float = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if isinstance(self.clients, bool) or int(self.clients) != self.clients or self.clients < 1:
             raise ValueError(f"clients must be an integer >= 1, got {self.clients!r}")
         if not math.isfinite(self.think_s) or self.think_s < 0:
             raise ValueError(f"think_s must be finite and >= 0, got {self.think_s!r}")
+        duration = check_number("duration_s", self.duration_s, 0.0)
+        object.__setattr__(self, "duration_s", duration)
 
     @property
     def name(self) -> str:

@@ -72,7 +72,7 @@ def test_slo_change_is_followed() -> None:
 
 def test_window_goes_to_zero_for_a_lone_closed_loop_client() -> None:
     config = SimConfig(max_batch_size=64, window_ms=20.0, slo=SLO(p99_ms=100), policy=PID())
-    result = Simulator(LinearService(0.004, 0.0), config).run((ClosedLoop(1, 0.0), 20.0))
+    result = Simulator(LinearService(0.004, 0.0), config).run(ClosedLoop(1, 0.0, duration_s=20.0))
     windows = result.series.decisions[:, 1]
     assert windows[-1] == 0.0
     assert result.p50_ms < 5.0  # latency is the model's, not the window's
@@ -94,9 +94,9 @@ def test_window_closes_for_closed_loop_clients_fewer_than_the_cap() -> None:
     """8 clients, no think time, 2 ms batches, cap 64: all 8 wait in the queue and nobody else
     can come, so any window is pure latency; the controller must close it."""
     config = SimConfig(max_batch_size=64, window_ms=5.0, slo=SLO(p99_ms=50), policy=PID())
-    adaptive = Simulator(LinearService(0.002, 0.0), config).run((ClosedLoop(8, 0.0), 20.0))
+    adaptive = Simulator(LinearService(0.002, 0.0), config).run(ClosedLoop(8, 0.0, duration_s=20.0))
     natural = Simulator(LinearService(0.002, 0.0), SimConfig(64, 0.0)).run(
-        (ClosedLoop(8, 0.0), 20.0)
+        ClosedLoop(8, 0.0, duration_s=20.0)
     )
     assert adaptive.series.decisions[-1, 1] == 0.0
     assert adaptive.throughput_rps > 0.8 * natural.throughput_rps

@@ -5,9 +5,17 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from adaptive_batcher.control.service_model import OPTIMISM, OUTLIER_FACTOR, ServiceTimeModel
+from adaptive_batcher.control.service_model import (
+    OPTIMISM,
+    OUTLIER_FACTOR,
+    ServiceTimeModel,
+    isotonic_fit,
+)
 from adaptive_batcher.metrics.recorder import BatchSample
 
 # resnet50 on an H200, adaptive_batcher/data/h200/batch_profile.csv (median ms)
@@ -143,3 +151,64 @@ def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
     assert model.spread == 1.0
     model.update([BatchSample(0.0, 4, 4, 0.008)] * 16, total_seen=33)  # twice the fit
     assert model.spread == pytest.approx(2.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    points=st.dictionaries(st.integers(1, 600), st.floats(0.5, 50.0), min_size=2, max_size=40),
+    refits=st.integers(1, 3),
+)
+def test_predictions_made_at_a_refit_equal_one_call_per_size(
+    points: dict[int, float], refits: int
+) -> None:
+    """A refit predicts every size inside the fitted range at once (one np.interp on an array);
+    each value must be the one a call for that size alone gives, or decisions would change."""
+    model = ServiceTimeModel(refit_every=1, min_samples=1)
+    batch = samples(points, repeat=2)
+    for k in range(refits):
+        model.update(batch, total_seen=(k + 1) * len(batch))
+    sizes, medians = model._sizes, model._medians
+    for n in range(1, 650):
+        if sizes[0] < n < sizes[-1]:
+            assert model.predict_ms(n) == float(np.interp(n, sizes, medians))
+
+
+def test_reservoir_medians_follow_new_samples() -> None:
+    """Medians are kept between refits, and dropped when their size gets a new sample."""
+    model = ServiceTimeModel(refit_every=1, min_samples=1)
+    model.update([BatchSample(0.0, 8, 8, 0.004)] * 3, total_seen=3)
+    assert model.predict_ms(8) == pytest.approx(4.0)
+    model.update([BatchSample(0.0, 8, 8, 0.010)] * 5, total_seen=8)
+    assert model.predict_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
+
+
+def _pooled_blocks_reference(values: list[float], weights: list[float]) -> list[float]:
+    """Pool adjacent violators as the first implementation did (a list per block)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for value, weight in zip(values, weights, strict=True):
+        blocks.append([float(value), float(weight), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, total, count = blocks.pop()
+            previous = blocks[-1]
+            combined = previous[1] + total
+            previous[0] = (previous[0] * previous[1] + mean * total) / combined
+            previous[1] = combined
+            previous[2] += count
+    fitted: list[float] = []
+    for mean, _, count in blocks:
+        fitted.extend([mean] * int(count))
+    return fitted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.floats(0.0, 100.0), st.floats(0.5, 32.0)), max_size=80),
+)
+def test_isotonic_fit_is_non_decreasing_and_pools_as_the_reference(
+    pairs: list[tuple[float, float]],
+) -> None:
+    values, weights = [v for v, _ in pairs], [w for _, w in pairs]
+    fitted = isotonic_fit(values, weights)
+    assert fitted == _pooled_blocks_reference(values, weights)  # the same floats, exactly
+    assert all(b >= a for a, b in itertools.pairwise(fitted))
+    assert isotonic_fit(values) == _pooled_blocks_reference(values, [1.0] * len(values))

@@ -121,10 +121,46 @@ def test_queue_full_rejects_at_once_and_counts_only_queued() -> None:
     engine.arrive(Request(1, 0.01), 0.01)
     engine.arrive(Request(2, 0.02), 0.02)
     rejected = Request(3, 0.03)
-    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests queued\)"):
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests waiting\)"):
         engine.arrive(rejected, 0.03)
     assert rejected.state == RequestState.REJECTED
     assert engine.queue_depth == 2
+
+
+def test_requests_a_free_slot_takes_next_are_not_counted_as_queued() -> None:
+    """Cap 1, window 0, one idle slot, max_queue_size 2: at one instant three arrivals are
+    accepted (the free slot takes the first at the next poll, two wait) and a fourth is refused;
+    once the first runs, the two waiting fill the queue until the slot frees again."""
+    engine = make_engine(window_s=0.0, cap=1, max_queue_size=2)
+    for i in range(3):
+        engine.arrive(Request(i, 0.0), 0.0)
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests waiting\)"):
+        engine.arrive(Request(3, 0.0), 0.0)
+    actions = engine.poll(0.0)
+    assert dispatched(actions) == [[0]]
+    with pytest.raises(QueueFullError):
+        engine.arrive(Request(4, 0.01), 0.01)
+    running = next(a.batch for a in actions if isinstance(a, Dispatch))
+    engine.complete(running, 0.02)  # the slot is free: it will take the oldest waiting one
+    engine.arrive(Request(5, 0.02), 0.02)
+    with pytest.raises(QueueFullError):
+        engine.arrive(Request(6, 0.02), 0.02)
+    assert dispatched(engine.poll(0.02)) == [[1]]
+    assert engine.queue_depth == 2
+
+
+def test_free_slots_take_a_full_batch_each_before_the_queue_counts() -> None:
+    """Cap 4, window 5 ms, two idle slots, max_queue_size 3: 2 x 4 requests for the free slots
+    plus 3 waiting are accepted, the twelfth is refused, also while the window runs."""
+    engine = make_engine(window_s=0.005, cap=4, slots=2, max_queue_size=3)
+    for i in range(11):
+        engine.arrive(Request(i, 0.0), 0.0)
+    with pytest.raises(QueueFullError):
+        engine.arrive(Request(11, 0.0), 0.0)
+    assert dispatched(engine.poll(0.0)) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # full batches go
+    with pytest.raises(QueueFullError):  # both slots busy: the 3 waiting fill the queue
+        engine.arrive(Request(12, 0.001), 0.001)
+    assert engine.queue_depth == 3
 
 
 def test_deadline_expires_on_timer_while_slot_is_busy() -> None:

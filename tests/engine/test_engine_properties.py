@@ -55,7 +55,11 @@ class Harness:
 
     def poll(self) -> None:
         cap = self.engine.limits.max_batch_size
-        for action in self.engine.poll(self.now):
+        actions = self.engine.poll(self.now)
+        # expirations come earliest deadline first, ties in arrival order (one heap's order)
+        expired = [(a.request.deadline_s, a.request.handle) for a in actions if type(a) is Expire]
+        assert expired == sorted(expired)  # type: ignore[type-var]
+        for action in actions:
             if isinstance(action, Dispatch):
                 batch = action.batch
                 assert batch.requests, "empty batch dispatched"

@@ -36,7 +36,8 @@ async def mixed_traffic(batcher: AdaptiveBatcher[float, Any]) -> None:
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     await asyncio.sleep(0.05)
-    burst = [asyncio.ensure_future(batcher.submit(1.0)) for _ in range(6)]  # queue holds 4
+    # the idle model takes a full batch of 4, the queue holds 4 more: 2 of 10 are refused
+    burst = [asyncio.ensure_future(batcher.submit(1.0)) for _ in range(10)]
     outcomes = await asyncio.gather(*burst, return_exceptions=True)
     assert sum(isinstance(o, QueueFullError) for o in outcomes) == 2
     await asyncio.sleep(0.05)

@@ -39,13 +39,13 @@ def test_a_scrape_shows_the_batchers_counts_and_histograms() -> None:
 
     stats, samples = run_in_virtual_time(main())
     counts = stats.counts
-    assert (counts.completed, counts.failed, counts.expired) == (14, 1, 1)
-    assert (counts.cancelled, counts.rejected, counts.submitted) == (1, 2, 19)
+    assert (counts.completed, counts.failed, counts.expired) == (18, 1, 1)
+    assert (counts.cancelled, counts.rejected, counts.submitted) == (1, 2, 23)
     for outcome in ("completed", "failed", "rejected", "expired", "cancelled"):
         got = value(samples, "adaptive_batcher_requests_total", batcher="mlp", outcome=outcome)
         assert got == getattr(counts, outcome), outcome
-    assert value(samples, "adaptive_batcher_requests_submitted_total", batcher="mlp") == 19
-    assert value(samples, "adaptive_batcher_requests_within_slo_total", batcher="mlp") == 14
+    assert value(samples, "adaptive_batcher_requests_submitted_total", batcher="mlp") == 23
+    assert value(samples, "adaptive_batcher_requests_within_slo_total", batcher="mlp") == 18
     assert value(samples, "adaptive_batcher_oom_errors_total", batcher="mlp") == 0
     # the latency histogram holds the answered requests: the completed and the per-item error
     latency_count = value(samples, "adaptive_batcher_request_latency_seconds_count", batcher="mlp")
@@ -54,23 +54,26 @@ def test_a_scrape_shows_the_batchers_counts_and_histograms() -> None:
     cumulative = [buckets[(("batcher", "mlp"), ("le", str(b)))] for b in LATENCY_BOUNDS_S]
     assert cumulative == sorted(cumulative)
     assert buckets[(("batcher", "mlp"), ("le", "+Inf"))] == latency_count
-    # every answer took the 4 ms model call, at most the 2 ms window more
+    # every answer took the 4 ms model call, at most the 2 ms window more, but the burst's
+    # second batch, which waited for the first one's 4 ms call (8 ms in all)
     assert buckets[(("batcher", "mlp"), ("le", "0.003"))] == 0
-    assert buckets[(("batcher", "mlp"), ("le", "0.0075"))] == latency_count
-    # per batch: sizes 1, 3, 4, 3, 4; each ran SERVICE_S
-    assert value(samples, "adaptive_batcher_batch_size_count", batcher="mlp") == 5
-    assert value(samples, "adaptive_batcher_batch_size_sum", batcher="mlp") == 15
+    assert buckets[(("batcher", "mlp"), ("le", "0.0075"))] == latency_count - 4
+    assert buckets[(("batcher", "mlp"), ("le", "0.01"))] == latency_count
+    # per batch: sizes 1, 3, 4, 3, 4, 4; each ran SERVICE_S
+    assert value(samples, "adaptive_batcher_batch_size_count", batcher="mlp") == 6
+    assert value(samples, "adaptive_batcher_batch_size_sum", batcher="mlp") == 19
     assert value(samples, "adaptive_batcher_batch_size_bucket", batcher="mlp", le="2.0") == 1
-    assert value(samples, "adaptive_batcher_batch_size_bucket", batcher="mlp", le="4.0") == 5
-    assert value(samples, "adaptive_batcher_batch_execution_seconds_count", batcher="mlp") == 5
+    assert value(samples, "adaptive_batcher_batch_size_bucket", batcher="mlp", le="4.0") == 6
+    assert value(samples, "adaptive_batcher_batch_execution_seconds_count", batcher="mlp") == 6
     busy = value(samples, "adaptive_batcher_device_busy_seconds_total", batcher="mlp")
-    assert busy == pytest.approx(5 * SERVICE_S)
+    assert busy == pytest.approx(6 * SERVICE_S)
     assert value(samples, "adaptive_batcher_batch_execution_seconds_sum", batcher="mlp") == busy
     waits = "adaptive_batcher_batch_queue_wait_seconds"
-    assert value(samples, f"{waits}_count", batcher="mlp") == 5
-    # full batches leave at once; the other three wait out the 2 ms window
+    assert value(samples, f"{waits}_count", batcher="mlp") == 6
+    # full batches leave at once when the model is idle; three wait out the 2 ms window, the
+    # burst's second batch the first one's 4 ms call
     assert value(samples, f"{waits}_bucket", batcher="mlp", le="0.0001") == 2
-    assert value(samples, f"{waits}_sum", batcher="mlp") == pytest.approx(3 * 0.002)
+    assert value(samples, f"{waits}_sum", batcher="mlp") == pytest.approx(3 * 0.002 + SERVICE_S)
 
 
 def test_gauges_show_the_queue_and_the_settings_in_force() -> None:

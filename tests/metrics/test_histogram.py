@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_batcher.metrics import SlidingHistogram
-from adaptive_batcher.metrics.histogram import GAMMA
+from adaptive_batcher.metrics.histogram import _REPRESENTATIVE, GAMMA
 
 BOUND = (GAMMA - 1) / (GAMMA + 1) + 1e-9
 
@@ -176,3 +177,108 @@ def test_fraction_at_most_counts_the_window_against_a_limit() -> None:
     histogram.record(1.0, now=5.0)
     assert histogram.fraction_at_most(0.1, now=5.0, span_s=1.0) == 0.0
     assert histogram.fraction_at_most(0.1, now=10.5) == 0.0  # the first four have left
+
+
+def _full_window_quantile_ms(
+    histogram: SlidingHistogram, q: float, now: float, span: float
+) -> float:
+    """The quantile from every bucket of the window's slices (no bucket range): the reference
+    the range each slice keeps must reproduce exactly."""
+    slices = histogram._live_slices(now, span)
+    if not slices:
+        return math.nan
+    totals = np.asarray([histogram._counts[i] for i in slices], dtype=np.int64).sum(axis=0)
+    total = int(totals.sum())
+    if total == 0:
+        return math.nan
+    index = int(np.searchsorted(np.cumsum(totals), math.ceil(q * total), side="left"))
+    return float(_REPRESENTATIVE[index] * 1e3)
+
+
+def _full_window_fraction(
+    histogram: SlidingHistogram, limit_s: float, now: float, span: float
+) -> float:
+    slices = histogram._live_slices(now, span)
+    if not slices:
+        return math.nan
+    totals = np.asarray([histogram._counts[i] for i in slices], dtype=np.int64).sum(axis=0)
+    total = int(totals.sum())
+    if total == 0:
+        return math.nan
+    within = int(np.searchsorted(_REPRESENTATIVE, limit_s, side="right"))
+    return float(totals[:within].sum()) / total
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.floats(0.0, 1.5),
+            st.lists(st.floats(1e-7, 50.0), min_size=1, max_size=8),
+            st.sampled_from(["record", "record_many", "record_since"]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    span=st.floats(0.1, 5.0),
+)
+def test_readings_from_the_bucket_range_equal_readings_from_every_bucket(
+    steps: list[tuple[float, list[float], str]], span: float
+) -> None:
+    histogram = SlidingHistogram(window_s=4.0, slices=8)
+    now = 0.0
+    for gap, values, how in steps:
+        now += gap
+        if how == "record":
+            histogram.record(values[0], now)
+        elif how == "record_many":
+            histogram.record_many(values, now)
+        else:
+            histogram.record_since(sorted(now - v for v in values), now)
+        for at in (now, now + span):
+            summary = histogram.quantiles(at, span_s=span)
+            for q in (0.5, 0.9, 0.99, 1.0):
+                expected = _full_window_quantile_ms(histogram, q, at, span)
+                got = histogram.quantile_ms(q, at, span_s=span)
+                assert got == expected or (math.isnan(got) and math.isnan(expected))
+                if q in (0.5, 0.99):
+                    listed = summary.quantile_ms(q)
+                    assert listed == expected or (math.isnan(listed) and math.isnan(expected))
+            for limit_s in (1e-6, 0.01, values[0], 100.0):
+                fraction = histogram.fraction_at_most(limit_s, at, span_s=span)
+                expected_fraction = _full_window_fraction(histogram, limit_s, at, span)
+                assert fraction == expected_fraction or (
+                    math.isnan(fraction) and math.isnan(expected_fraction)
+                )
+
+
+def test_readings_on_another_thread_while_recording_never_fail() -> None:
+    """A metrics scrape reads on its own thread while the event loop records: readings may
+    miss the latest samples, never raise (each slice's bucket range is read once)."""
+    histogram = SlidingHistogram(window_s=1.0, slices=4)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                histogram.quantiles(now_box[0] + 0.01, span_s=0.5)
+                histogram.fraction_at_most(0.01, now_box[0])
+                histogram.count(now_box[0])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    now_box = [0.0]
+    rng = np.random.default_rng(0)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for step in range(30_000):
+            now_box[0] = step * 1e-4
+            waits = np.sort(rng.lognormal(-5.0, 2.0, 3))[::-1]  # ranges widen both ways
+            histogram.record_since((now_box[0] - waits).tolist(), now_box[0])
+            histogram.record(float(rng.lognormal(-5.0, 2.0)), now_box[0])
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors, errors[0]

@@ -68,20 +68,21 @@ def test_refusals_count_as_ended_but_not_answered() -> None:
             sleepy_model, max_batch_size=1, window_ms=0.0, max_queue_size=2
         ) as batcher:
             report(batcher.stats())
-            # two queue (and run one after the other), two are refused at once (queue full)
+            # the idle model takes one, two queue (all run one after the other), two are
+            # refused at once (queue full)
             results = await asyncio.gather(
-                *(batcher.submit(i) for i in range(4)), return_exceptions=True
+                *(batcher.submit(i) for i in range(5)), return_exceptions=True
             )
             assert sum(isinstance(x, Exception) for x in results) == 2
-            await asyncio.sleep(1.0 - 2 * SERVICE_S)
+            await asyncio.sleep(1.0 - 3 * SERVICE_S)
             return report(batcher.stats())
 
     readings = run_in_virtual_time(main())
-    assert readings[r.ARRIVAL_RPS] == pytest.approx(4.0)
-    assert readings[r.ANSWERED_RPS] == pytest.approx(2.0)
-    assert readings[r.ENDED_RPS] == pytest.approx(4.0)
+    assert readings[r.ARRIVAL_RPS] == pytest.approx(5.0)
+    assert readings[r.ANSWERED_RPS] == pytest.approx(3.0)
+    assert readings[r.ENDED_RPS] == pytest.approx(5.0)
     assert r.SLO_QUANTILE not in readings  # no SLO
-    assert readings[r.WITHIN_SLO_RPS] == pytest.approx(2.0)  # without an SLO every answer
+    assert readings[r.WITHIN_SLO_RPS] == pytest.approx(3.0)  # without an SLO every answer
 
 
 def replica(

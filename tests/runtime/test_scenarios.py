@@ -15,7 +15,7 @@ from adaptive_batcher import (
     concat_rows,
     row_count,
 )
-from adaptive_batcher.testing import EchoModel
+from adaptive_batcher.testing import EchoModel, run_in_virtual_time
 
 
 def now() -> float:
@@ -167,3 +167,24 @@ async def test_8_each_caller_gets_exactly_its_rows() -> None:
     assert [o.shape[0] for o in outputs] == [1, 2, 1]
     for x, y in zip(inputs, outputs, strict=True):
         np.testing.assert_array_equal(y, x + 0.5)
+
+
+def test_a_full_queue_does_not_refuse_what_an_idle_model_takes() -> None:
+    """Cap 1, window 0, one slot, max_queue_size 2, nothing running: three requests submitted
+    in one loop iteration are all served (the idle model takes the first, two wait); a fourth
+    in the same iteration is the first refused."""
+
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.010)
+        return batch
+
+    async def main() -> list[object]:
+        async with AdaptiveBatcher(
+            model, max_batch_size=1, window_ms=0, max_queue_size=2, executor="async"
+        ) as batcher:
+            submits = [asyncio.ensure_future(batcher.submit(i)) for i in range(4)]
+            return await asyncio.gather(*submits, return_exceptions=True)
+
+    outcomes = run_in_virtual_time(main())
+    assert outcomes[:3] == [0, 1, 2]
+    assert isinstance(outcomes[3], QueueFullError)

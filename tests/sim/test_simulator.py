@@ -9,7 +9,7 @@ from adaptive_batcher.sim.result import Outcome
 from adaptive_batcher.sim.service import LinearService, MemoryLimit
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.traces import load_trace
-from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, Poisson
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, FixedSize, Poisson
 from adaptive_batcher.slo import SLO
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
@@ -138,9 +138,28 @@ def test_queue_limit_and_deadlines_are_explicit_outcomes() -> None:
 def test_closed_loop_clients() -> None:
     """4 clients, no think time, 4 ms batches: all four arrive at 0 and ride together for ever."""
     service = LinearService(0.004, 0.0)
-    result = Simulator(service, SimConfig(8, 0.0)).run((ClosedLoop(clients=4, think_s=0.0), 2.0))
+    result = Simulator(service, SimConfig(8, 0.0)).run(ClosedLoop(4, 0.0, duration_s=2.0))
     assert result.mean_batch_size == pytest.approx(4.0, rel=0.05)
     assert result.throughput_rps == pytest.approx(1000.0, rel=0.05)
+
+
+def test_closed_loop_clients_send_until_their_duration() -> None:
+    """2 clients thinking 10 ms on average, for 0.5 s: no request arrives after 0.5 s, every
+    request ends, and the result is named after the workload."""
+    loop = ClosedLoop(2, 0.010, duration_s=0.5)
+    result = Simulator(LinearService(0.001, 0.0), SimConfig(8, 0.0)).run(loop)
+    assert result.requests > 20 and result.lost == 0
+    assert result.arrival_s.max() <= 0.5
+    assert result.name == loop.name
+
+
+def test_closed_loop_requests_take_their_sizes_from_the_loops_sampler() -> None:
+    """3 units per request, 1 ms + 1 ms per unit: every model call has 3 units per item."""
+    loop = ClosedLoop(4, 0.0, sizes=FixedSize(3), duration_s=0.2)
+    result = Simulator(LinearService(0.001, 0.001), SimConfig(16, 0.0)).run(loop)
+    items, units = result.calls[:, 2], result.calls[:, 3]
+    assert len(items) > 5
+    np.testing.assert_array_equal(units, 3 * items)
 
 
 def test_trace_replay_from_fixture() -> None:

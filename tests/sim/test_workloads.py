@@ -23,13 +23,6 @@ from adaptive_batcher.sim.workloads import (
     Poisson,
     Steps,
     Workload,
-    diurnal,
-    fixed_size,
-    gamma,
-    lognormal_sizes,
-    mmpp_bursts,
-    poisson,
-    steps,
 )
 
 
@@ -38,12 +31,12 @@ def _rng(seed: int = 0) -> np.random.Generator:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "poisson": poisson(500.0),
-    "gamma": gamma(500.0, 2.0),
-    "mmpp": mmpp_bursts(100.0, 2000.0, 0.2, 1.0),
-    "diurnal": diurnal(500.0, 0.8, 3.0),
-    "steps": steps([100.0, 0.0, 1500.0], 2.0),
-    "sized": poisson(300.0, sizes=lognormal_sizes(40.0, 1.0, 512)),
+    "poisson": Poisson(500.0),
+    "gamma": Gamma(500.0, 2.0),
+    "mmpp": MMPPBursts(100.0, 2000.0, 0.2, 1.0),
+    "diurnal": Diurnal(500.0, 0.8, 3.0),
+    "steps": Steps((100.0, 0.0, 1500.0), 2.0),
+    "sized": Poisson(300.0, sizes=LognormalSizes(40.0, 1.0, 512)),
 }
 
 
@@ -178,7 +171,7 @@ def test_any_parameters_give_sorted_in_range_times(
 
 
 def test_poisson_rate_and_exponential_gaps() -> None:
-    arrivals = poisson(2000.0).generate(100.0, _rng(5))
+    arrivals = Poisson(2000.0).generate(100.0, _rng(5))
     assert arrivals.rate_rps == pytest.approx(2000.0, rel=0.02)
     gaps = np.diff(arrivals.times_s)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.03)
@@ -186,19 +179,19 @@ def test_poisson_rate_and_exponential_gaps() -> None:
 
 
 def test_poisson_zero_rate_is_empty() -> None:
-    assert len(poisson(0.0).generate(10.0, _rng())) == 0
+    assert len(Poisson(0.0).generate(10.0, _rng())) == 0
 
 
 @pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
 def test_gamma_rate_and_cv(cv: float) -> None:
-    arrivals = gamma(1000.0, cv).generate(200.0, _rng(11))
+    arrivals = Gamma(1000.0, cv).generate(200.0, _rng(11))
     assert arrivals.rate_rps == pytest.approx(1000.0, rel=0.03)
     gaps = np.diff(arrivals.times_s)
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05)
 
 
 def test_mmpp_time_average_rate_and_burstiness() -> None:
-    workload = mmpp_bursts(20.0, 200.0, mean_on_s=0.5, mean_off_s=2.0)
+    workload = MMPPBursts(20.0, 200.0, mean_on_s=0.5, mean_off_s=2.0)
     assert workload.on_fraction == pytest.approx(0.2)
     assert workload.mean_rate_rps == pytest.approx(20.0 * 0.8 + 200.0 * 0.2)  # 56 req/s
     arrivals = workload.generate(20_000.0, _rng(3))
@@ -208,7 +201,7 @@ def test_mmpp_time_average_rate_and_burstiness() -> None:
 
 
 def test_mmpp_sojourns_match_generate_and_the_on_fraction() -> None:
-    workload = mmpp_bursts(0.0, 1000.0, mean_on_s=1.0, mean_off_s=3.0)
+    workload = MMPPBursts(0.0, 1000.0, mean_on_s=1.0, mean_off_s=3.0)
     starts, on = workload.sojourns(4000.0, _rng(9))
     assert starts[0] == 0.0 and np.all(np.diff(starts) > 0) and starts[-1] < 4000.0
     assert np.all(on[1:] != on[:-1])  # states alternate
@@ -220,7 +213,7 @@ def test_mmpp_sojourns_match_generate_and_the_on_fraction() -> None:
 
 
 def test_many_short_segments_map_like_few(monkeypatch: pytest.MonkeyPatch) -> None:
-    workload = mmpp_bursts(200.0, 2000.0, mean_on_s=0.05, mean_off_s=0.2)
+    workload = MMPPBursts(200.0, 2000.0, mean_on_s=0.05, mean_off_s=0.2)
     looped = workload.generate(100.0, _rng(5))
     assert len(workload.sojourns(100.0, _rng(5))[0]) > 500
     monkeypatch.setattr(workloads, "_LOOP_SEGMENTS", 0)  # force the np.repeat path
@@ -230,7 +223,7 @@ def test_many_short_segments_map_like_few(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_diurnal_peak_and_trough() -> None:
-    workload = diurnal(2000.0, 0.5, period_s=100.0)
+    workload = Diurnal(2000.0, 0.5, period_s=100.0)
     arrivals = workload.generate(1000.0, _rng(2))
     assert arrivals.rate_rps == pytest.approx(2000.0, rel=0.02)
     phase = arrivals.times_s % 100.0
@@ -249,12 +242,12 @@ def test_diurnal_peak_and_trough() -> None:
 
 
 def test_diurnal_phase_shift() -> None:
-    workload = diurnal(100.0, 1.0, period_s=40.0, phase_s=10.0)
+    workload = Diurnal(100.0, 1.0, period_s=40.0, phase_s=10.0)
     assert float(workload.rate_at(0.0)) == pytest.approx(200.0)  # starts at the peak
 
 
 def test_steps_rate_per_segment() -> None:
-    workload = steps([1000.0, 3000.0, 0.0, 500.0], step_s=50.0)
+    workload = Steps((1000.0, 3000.0, 0.0, 500.0), step_s=50.0)
     arrivals = workload.generate(250.0, _rng(8))
     edges = [0.0, 50.0, 100.0, 150.0, 250.0]  # the last rate holds to the end
     counts = np.histogram(arrivals.times_s, bins=edges)[0]
@@ -273,26 +266,26 @@ def test_steps_rate_per_segment() -> None:
 
 
 def test_names() -> None:
-    assert poisson(1000).name == "poisson(1000 rps)"
-    assert gamma(10, 2.5).name == "gamma(10 rps, cv=2.5)"
-    assert mmpp_bursts(1, 2, 3, 4).name == "mmpp(1/2 rps, on 3 s/off 4 s)"
-    assert diurnal(5, 0.5, 60).name == "diurnal(5 rps +-0.5, period 60 s)"
-    assert steps([1000, 3000], 60).name == "steps(1000/3000 rps every 60 s)"
+    assert Poisson(1000).name == "poisson(1000 rps)"
+    assert Gamma(10, 2.5).name == "gamma(10 rps, cv=2.5)"
+    assert MMPPBursts(1, 2, 3, 4).name == "mmpp(1/2 rps, on 3 s/off 4 s)"
+    assert Diurnal(5, 0.5, 60).name == "diurnal(5 rps +-0.5, period 60 s)"
+    assert Steps((1000, 3000), 60).name == "steps(1000/3000 rps every 60 s)"
 
 
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: poisson(-1.0), "rate_rps must be a finite number >= 0"),
-        (lambda: poisson(math.nan), "rate_rps must be a finite number >= 0"),
-        (lambda: gamma(10.0, 0.0), "cv must be a finite number > 0"),
-        (lambda: mmpp_bursts(1.0, 2.0, 0.0, 1.0), "mean_on_s must be a finite number > 0"),
-        (lambda: mmpp_bursts(1.0, -2.0, 1.0, 1.0), "burst_rps must be a finite number >= 0"),
-        (lambda: diurnal(10.0, 1.5, 60.0), r"amplitude must be in \[0, 1\]"),
-        (lambda: diurnal(10.0, 0.5, 0.0), "period_s must be a finite number > 0"),
-        (lambda: steps([], 1.0), "rates_rps must hold at least one rate"),
-        (lambda: steps([1.0, -1.0], 1.0), r"rates_rps\[1\] must be a finite number >= 0"),
-        (lambda: steps([1.0], 0.0), "step_s must be a finite number > 0"),
+        (lambda: Poisson(-1.0), "rate_rps must be a finite number >= 0"),
+        (lambda: Poisson(math.nan), "rate_rps must be a finite number >= 0"),
+        (lambda: Gamma(10.0, 0.0), "cv must be a finite number > 0"),
+        (lambda: MMPPBursts(1.0, 2.0, 0.0, 1.0), "mean_on_s must be a finite number > 0"),
+        (lambda: MMPPBursts(1.0, -2.0, 1.0, 1.0), "burst_rps must be a finite number >= 0"),
+        (lambda: Diurnal(10.0, 1.5, 60.0), r"amplitude must be in \[0, 1\]"),
+        (lambda: Diurnal(10.0, 0.5, 0.0), "period_s must be a finite number > 0"),
+        (lambda: Steps((), 1.0), "rates_rps must hold at least one rate"),
+        (lambda: Steps((1.0, -1.0), 1.0), r"rates_rps\[1\] must be a finite number >= 0"),
+        (lambda: Steps((1.0,), 0.0), "step_s must be a finite number > 0"),
     ],
 )
 def test_parameter_validation(build: Callable[[], object], message: str) -> None:
@@ -303,7 +296,7 @@ def test_parameter_validation(build: Callable[[], object], message: str) -> None
 def test_an_hour_at_thousands_per_second_is_fast() -> None:
     # 10 minutes at 5000 req/s (3 M arrivals) takes ~0.1 s; the bound leaves room for slow CI.
     start = time.perf_counter()
-    arrivals = poisson(5000.0).generate(600.0, _rng())
+    arrivals = Poisson(5000.0).generate(600.0, _rng())
     elapsed = time.perf_counter() - start
     assert len(arrivals) == pytest.approx(3_000_000, rel=0.01)
     assert elapsed < 1.5
@@ -313,20 +306,19 @@ def test_an_hour_at_thousands_per_second_is_fast() -> None:
 
 
 def test_fixed_size() -> None:
-    arrivals = poisson(100.0, sizes=fixed_size(4)).generate(10.0, _rng())
+    arrivals = Poisson(100.0, sizes=FixedSize(4)).generate(10.0, _rng())
     assert np.all(arrivals.sizes == 4) and arrivals.total_units == 4 * len(arrivals)
-    assert fixed_size(3) == FixedSize(3)
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
-        fixed_size(0)
+        FixedSize(0)
 
 
 def test_lognormal_sizes_median_and_clipping() -> None:
-    sampler = lognormal_sizes(200.0, 1.0, max_units=1000)
+    sampler = LognormalSizes(200.0, 1.0, max_units=1000)
     sizes = np.asarray(sampler(50_000, _rng(4)))
     assert sizes.dtype == np.int64
     assert np.median(sizes) == pytest.approx(200.0, rel=0.03)
     assert sizes.min() >= 1 and sizes.max() == 1000
-    tiny = np.asarray(lognormal_sizes(0.2, 0.1, 10)(100, _rng()))
+    tiny = np.asarray(LognormalSizes(0.2, 0.1, 10)(100, _rng()))
     assert np.all(tiny == 1)
     assert sampler == LognormalSizes(200.0, 1.0, 1000)
 
@@ -346,8 +338,8 @@ def test_lognormal_validation(args: tuple[float, float, float], message: str) ->
 
 
 def test_sizes_drawn_after_times() -> None:
-    plain = poisson(100.0).generate(5.0, _rng(6))
-    sized = poisson(100.0, sizes=lognormal_sizes(8.0, 0.5, 64)).generate(5.0, _rng(6))
+    plain = Poisson(100.0).generate(5.0, _rng(6))
+    sized = Poisson(100.0, sizes=LognormalSizes(8.0, 0.5, 64)).generate(5.0, _rng(6))
     np.testing.assert_array_equal(plain.times_s, sized.times_s)
 
 
@@ -359,16 +351,16 @@ def test_bad_sampler_output() -> None:
         return np.zeros(n, dtype=np.int64)
 
     with pytest.raises(ValueError, match=r"must have shape"):
-        poisson(100.0, sizes=wrong_shape).generate(1.0, _rng())
+        Poisson(100.0, sizes=wrong_shape).generate(1.0, _rng())
     with pytest.raises(ValueError, match=r"must be integers >= 1, got a minimum of 0"):
-        poisson(100.0, sizes=zeros).generate(1.0, _rng())
+        Poisson(100.0, sizes=zeros).generate(1.0, _rng())
 
 
 # --- closed loop --------------------------------------------------------------------------------
 
 
 def test_closed_loop_first_arrivals() -> None:
-    loop = ClosedLoop(clients=2000, think_s=0.05)
+    loop = ClosedLoop(clients=2000, think_s=0.05, duration_s=1.0)
     first = loop.first_arrivals(_rng(1))
     assert first.shape == (2000,) and first.dtype == np.float64
     assert np.all(np.diff(first) >= 0) and first[0] >= 0
@@ -377,7 +369,7 @@ def test_closed_loop_first_arrivals() -> None:
 
 
 def test_closed_loop_next_arrival() -> None:
-    loop = ClosedLoop(clients=4, think_s=0.02)
+    loop = ClosedLoop(clients=4, think_s=0.02, duration_s=1.0)
     rng = _rng(2)
     waits = np.array([loop.next_arrival(10.0, rng) - 10.0 for _ in range(20_000)])
     assert np.all(waits >= 0)
@@ -386,7 +378,7 @@ def test_closed_loop_next_arrival() -> None:
 
 
 def test_closed_loop_without_think_time() -> None:
-    loop = ClosedLoop(clients=1, think_s=0.0)
+    loop = ClosedLoop(clients=1, think_s=0.0, duration_s=1.0)
     rng = _rng(3)
     np.testing.assert_array_equal(loop.first_arrivals(rng), [0.0])
     assert loop.next_arrival(1.25, rng) == 1.25
@@ -395,10 +387,21 @@ def test_closed_loop_without_think_time() -> None:
 
 
 def test_closed_loop_sizes_and_validation() -> None:
-    loop = ClosedLoop(3, 0.01, sizes=fixed_size(7))
+    loop = ClosedLoop(3, 0.01, sizes=FixedSize(7), duration_s=1.0)
     np.testing.assert_array_equal(loop.sample_sizes(3, _rng()), [7, 7, 7])
-    np.testing.assert_array_equal(ClosedLoop(3, 0.01).sample_sizes(2, _rng()), [1, 1])
+    np.testing.assert_array_equal(
+        ClosedLoop(3, 0.01, duration_s=1.0).sample_sizes(2, _rng()), [1, 1]
+    )
     with pytest.raises(ValueError, match="clients must be an integer >= 1"):
-        ClosedLoop(0, 0.01)
+        ClosedLoop(0, 0.01, duration_s=1.0)
     with pytest.raises(ValueError, match="think_s must be finite and >= 0"):
-        ClosedLoop(1, -0.01)
+        ClosedLoop(1, -0.01, duration_s=1.0)
+    with pytest.raises(ValueError, match=r"duration_s must be a finite number >= 0, got -1"):
+        ClosedLoop(1, 0.01, duration_s=-1)
+    with pytest.raises(ValueError, match="duration_s must be a finite number >= 0, got inf"):
+        ClosedLoop(1, 0.01, duration_s=math.inf)
+    with pytest.raises(TypeError, match="duration_s"):
+        ClosedLoop(1, 0.01, duration_s="10")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="duration_s"):
+        ClosedLoop(1, 0.01)  # type: ignore[call-arg]  # a closed loop needs an end
+    assert ClosedLoop(2, 0.0, duration_s=3).duration_s == 3.0

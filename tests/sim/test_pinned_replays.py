@@ -1,0 +1,318 @@
+"""Pinned replays: exact figures of a few short replays, computed on the simulator before it was
+optimised (commit 74703d2), so that a faster simulator is known to give the same results.
+
+Each case covers one path of the event loop: a static batcher (window and natural batching,
+sizes of several units, TorchServe's window origin), the PID controller with and without
+SLO-aware shedding, a bandit, deadlines with a bounded queue, an out-of-memory squeeze under a
+:class:`MemoryLimit`, and closed-loop clients. Counts, ``device_busy_s`` and the checksums must
+match exactly; p99 and mean latency to 1e-9 ms. A change that moves a float legitimately (a sum
+taken in another order) must say so where it updates a pin. ``series_sha`` (the per-second
+series) was added later, computed with the simulator of that same commit.
+
+The controller changed after that commit (the second-generation controller's later fixes), so
+the adaptive cases were recomputed on commit 4c8edc8, the controller as it is, with the
+simulator before it was optimised; the optimised simulator matches those figures exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adaptive_batcher.sim.result import SimResult
+from adaptive_batcher.sim.scenarios import CAPACITY, CONTENDERS, SCENARIOS, Scenario, run
+from adaptive_batcher.sim.service import MemoryLimit, Noisy, Stalls, TableService
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, LognormalSizes, Poisson, Steps
+
+
+def _digest(*arrays: Any) -> str:
+    """SHA-256 (first 16 hex digits) of the arrays' float64 bytes: equal only if every value is."""
+    sha = hashlib.sha256()
+    for array in arrays:
+        sha.update(np.ascontiguousarray(np.asarray(array, dtype=np.float64)).tobytes())
+    return sha.hexdigest()[:16]
+
+
+def figures(result: SimResult) -> dict[str, Any]:
+    """What a pin compares: counts, latency figures, device cost and checksums."""
+    return {
+        "requests": result.requests,
+        "completed": result.completed,
+        "expired": result.expired,
+        "rejected": result.rejected,
+        "failed": result.failed,
+        "oom_errors": result.oom_errors,
+        "p99_ms": result.p99_ms,
+        "mean_ms": result.mean_ms,
+        "mean_batch_size": result.mean_batch_size,
+        "device_busy_s": result.device_busy_s,
+        "decisions": len(result.series.decisions),
+        "decisions_sha": _digest(result.series.decisions),
+        "requests_sha": _digest(result.arrival_s, result.done_s, result.outcome),
+        "calls_sha": _digest(result.calls),
+        "series_sha": _digest(
+            result.series.start_s,
+            result.series.arrivals_rps,
+            result.series.p99_ms,
+            result.series.goodput_rps,
+        ),
+    }
+
+
+def _short(name: str, arrivals: Callable[[int], Arrivals], **changes: Any) -> Scenario:
+    return replace(SCENARIOS[name], arrivals=arrivals, **changes)
+
+
+def _poisson(rate_rps: float, duration_s: float, **kwargs: Any) -> Callable[[int], Arrivals]:
+    return lambda seed: Poisson(rate_rps, **kwargs).generate(
+        duration_s, np.random.default_rng(seed)
+    )
+
+
+def _steps(rates: tuple[float, ...], step_s: float, duration_s: float) -> Callable[[int], Arrivals]:
+    return lambda seed: Steps(rates, step_s).generate(duration_s, np.random.default_rng(seed))
+
+
+def _static() -> SimResult:
+    scenario = _short("poisson_30", _poisson(0.3 * CAPACITY, 2.0))
+    return run(scenario, SimConfig(128, 2.0), seed=1)
+
+
+def _static_sizes_slot_free() -> SimResult:
+    sizes = LognormalSizes(median=3.0, sigma=0.8, max_units=64)
+    scenario = _short("poisson_30", _poisson(0.1 * CAPACITY, 2.0, sizes=sizes))
+    config = SimConfig(256, 3.0, max_concurrent_batches=2, window_origin="slot_free")
+    return run(scenario, config, seed=2)
+
+
+def _pid() -> SimResult:
+    scenario = _short("step_3x", _steps((0.3 * CAPACITY, 0.9 * CAPACITY), 2.0, 4.0))
+    return run(scenario, CONTENDERS["adaptive_pid"](scenario), seed=3)
+
+
+def _pid_shed() -> SimResult:
+    rates = (0.3 * CAPACITY, 1.5 * CAPACITY, 0.3 * CAPACITY)
+    scenario = _short("steps", _steps(rates, 1.0, 3.0))
+    return run(scenario, CONTENDERS["adaptive_pid_shed"](scenario), seed=4)
+
+
+def _bandit() -> SimResult:
+    rates = (0.4 * CAPACITY, 2.0 * CAPACITY, 0.4 * CAPACITY, 0.6 * CAPACITY)
+    scenario = _short("bursts", _steps(rates, 0.75, 3.0))
+    return run(scenario, CONTENDERS["bandit_thompson_shed"](scenario), seed=5)
+
+
+def _deadlines_bounded_queue() -> SimResult:
+    table = TableService.from_h200("resnet50")
+    service = Stalls(Noisy(table, cv=0.05), probability=0.05, scale_s=0.005, alpha=1.5)
+    scenario = _short("stalls", _poisson(1.3 * CAPACITY, 1.5), service=lambda: service)
+    config = SimConfig(256, 1.0, max_queue_size=300, deadline_ms=30.0)
+    return run(scenario, config, seed=6)
+
+
+def _squeezed() -> Scenario:
+    mib = 2**20
+    # from 0.8 s to 1.6 s another tenant leaves 400 MiB: batches above ~16 run out of memory
+    memory = MemoryLimit(4000 * mib, squeezes=[(0.8, 400 * mib), (1.6, 4000 * mib)])
+    return _short("memory_squeeze", _poisson(0.6 * CAPACITY, 2.4), memory=memory)
+
+
+def _oom_squeeze_static() -> SimResult:
+    return run(_squeezed(), SimConfig(512, 2.0), seed=7)
+
+
+def _oom_squeeze_pid_shed() -> SimResult:
+    scenario = _squeezed()
+    return run(scenario, CONTENDERS["adaptive_pid_shed"](scenario), seed=7)
+
+
+def _closed_loop() -> SimResult:
+    scenario = SCENARIOS["poisson_30"]
+    config = CONTENDERS["adaptive_pid"](scenario)
+    simulator = Simulator(scenario.service(), config, seed=8, judge_slo=scenario.slo)
+    return simulator.run(ClosedLoop(clients=300, think_s=0.01, duration_s=2.0))
+
+
+CASES: dict[str, Callable[[], SimResult]] = {
+    "static": _static,
+    "static_sizes_slot_free": _static_sizes_slot_free,
+    "pid": _pid,
+    "pid_shed": _pid_shed,
+    "bandit": _bandit,
+    "deadlines_bounded_queue": _deadlines_bounded_queue,
+    "oom_squeeze_static": _oom_squeeze_static,
+    "oom_squeeze_pid_shed": _oom_squeeze_pid_shed,
+    "closed_loop": _closed_loop,
+}
+
+PINS: dict[str, dict[str, Any]] = {
+    "static": {
+        "requests": 9224,
+        "completed": 9224,
+        "expired": 0,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 8.072719470427929,
+        "mean_ms": 5.9090111469812605,
+        "mean_batch_size": 18.12180746561886,
+        "device_busy_s": 2.0038081674822257,
+        "decisions": 0,
+        "decisions_sha": "e3b0c44298fc1c14",
+        "requests_sha": "ef14d7ed85cfc4e0",
+        "calls_sha": "6ba016a3e3e5f966",
+        "series_sha": "6a9df16cd98a982a",
+    },
+    "static_sizes_slot_free": {
+        "requests": 3133,
+        "completed": 3133,
+        "expired": 0,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 14.172506475865221,
+        "mean_ms": 7.581574459939159,
+        "mean_batch_size": 7.6601466992665035,
+        "device_busy_s": 1.8955851713840939,
+        "decisions": 0,
+        "decisions_sha": "e3b0c44298fc1c14",
+        "requests_sha": "77e6a6b904a0dd5c",
+        "calls_sha": "4bf8c873bb4fb250",
+        "series_sha": "16416670df9a371d",
+    },
+    "pid": {
+        "requests": 36799,
+        "completed": 36799,
+        "expired": 0,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 35.71671951446691,
+        "mean_ms": 23.742965545056393,
+        "mean_batch_size": 148.9838056680162,
+        "device_busy_s": 2.657667166280027,
+        "decisions": 15,
+        "decisions_sha": "ea6c8f8850ea3fff",
+        "requests_sha": "041f3896bca9ab99",
+        "calls_sha": "47aa03dc3bdd281f",
+        "series_sha": "6a7d196983b07070",
+    },
+    "pid_shed": {
+        "requests": 32383,
+        "completed": 24206,
+        "expired": 8177,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 49.47708373685522,
+        "mean_ms": 32.73468327094812,
+        "mean_batch_size": 53.55309734513274,
+        "device_busy_s": 2.5041687969112547,
+        "decisions": 11,
+        "decisions_sha": "0da6cf4e08d53bea",
+        "requests_sha": "8f1c7bebf4a5da7f",
+        "calls_sha": "1dca1bd549755586",
+        "series_sha": "2ebe9b16bc9ec23f",
+    },
+    "bandit": {
+        "requests": 39550,
+        "completed": 28312,
+        "expired": 11238,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 49.765324472330605,
+        "mean_ms": 25.094189620661627,
+        "mean_batch_size": 67.73205741626795,
+        "device_busy_s": 2.720774199499353,
+        "decisions": 11,
+        "decisions_sha": "8252ac7967141b53",
+        "requests_sha": "8780c5f0155c1112",
+        "calls_sha": "ec267929882428ea",
+        "series_sha": "eb0dc743ba41c36c",
+    },
+    "deadlines_bounded_queue": {
+        "requests": 30031,
+        "completed": 23187,
+        "expired": 88,
+        "rejected": 6756,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 41.70606122565374,
+        "mean_ms": 29.434981471924267,
+        "mean_batch_size": 249.32258064516128,
+        "device_busy_s": 1.5214968677277654,
+        "decisions": 0,
+        "decisions_sha": "e3b0c44298fc1c14",
+        "requests_sha": "b3dced9dd7f69da0",
+        "calls_sha": "d4fe470d82f305b9",
+        "series_sha": "f03aa5f61d458bcf",
+    },
+    "oom_squeeze_static": {
+        "requests": 22041,
+        "completed": 22041,
+        "expired": 0,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 139,
+        "p99_ms": 574.267006971977,
+        "mean_ms": 203.27272120991893,
+        "mean_batch_size": 74.21212121212122,
+        "device_busy_s": 2.406736055297606,
+        "decisions": 0,
+        "decisions_sha": "e3b0c44298fc1c14",
+        "requests_sha": "1eebf467d14b4bcd",
+        "calls_sha": "e866d45a13dd607c",
+        "series_sha": "b13f08b2ec7407ea",
+    },
+    "oom_squeeze_pid_shed": {
+        "requests": 22041,
+        "completed": 11741,
+        "expired": 10300,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 26,
+        "p99_ms": 63.57857872752457,
+        "mean_ms": 30.683094452835125,
+        "mean_batch_size": 24.717894736842105,
+        "device_busy_s": 2.2224849011852887,
+        "decisions": 12,
+        "decisions_sha": "ac25a1735bedb2dd",
+        "requests_sha": "d9374816ece0bb0c",
+        "calls_sha": "14ce190ce0b9772c",
+        "series_sha": "a7308d9d6a4806b7",
+    },
+    "closed_loop": {
+        "requests": 19902,
+        "completed": 19902,
+        "expired": 0,
+        "rejected": 0,
+        "failed": 0,
+        "oom_errors": 0,
+        "p99_ms": 35.11333087866731,
+        "mean_ms": 20.262598936153363,
+        "mean_batch_size": 164.4793388429752,
+        "device_busy_s": 1.3701464258558453,
+        "decisions": 7,
+        "decisions_sha": "b72279b455ec1f7c",
+        "requests_sha": "48b694990c60f538",
+        "calls_sha": "5252814e36f7d613",
+        "series_sha": "51f95dfa14e0df43",
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_replay_gives_its_pinned_figures(case: str) -> None:
+    got = figures(CASES[case]())
+    pinned = PINS[case]
+    assert got.keys() == pinned.keys()
+    for key in ("p99_ms", "mean_ms"):
+        assert got.pop(key) == pytest.approx(pinned[key], abs=1e-9, rel=0), key
+    assert got == {k: v for k, v in pinned.items() if k not in ("p99_ms", "mean_ms")}
