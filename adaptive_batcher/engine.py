@@ -334,7 +334,8 @@ class BatchingEngine(Generic[H]):
 
         Args:
             requests: requests in arrival order (non-decreasing ``arrival_s``).
-            start, stop: the range of ``requests`` to queue (``stop`` None: to the end).
+            start: the first of ``requests`` to queue.
+            stop: the end of the range to queue, exclusive (None: to the end).
             expire_after_s: if given, each request's deadline becomes the earlier of its own
                 and ``arrival_s + expire_after_s`` (seconds) as it is queued; the requests not
                 queued are left untouched.

@@ -85,7 +85,8 @@ class BatcherSettings:
             batch each (>= 1); None: unbounded (see ``BatchingEngine``).
         batch_sizes: allowed batch sizes ("buckets"), strictly increasing, units; empty: any.
         slo: the latency objective (None: none; no controller unless a ``policy`` is given).
-        policy: the control law (None: PID when an ``slo`` is set, else fixed settings).
+        policy: the control law (None: PID when an ``slo`` is set, else fixed settings). It
+            holds its controller's state: give each batcher its own (a replay copies it).
         bounds: the controller's range (None: see the module docstring).
         guards: guard factories around the policy, innermost first (None: the default chain).
         control_interval_ms: time between controller decisions, ms (> 0).

@@ -173,7 +173,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         slo: the latency objective. With an SLO and no ``policy``, the batcher tunes itself with
             :class:`~adaptive_batcher.policies.PID`.
         policy: the control law that tunes window and cap online (see
-            :mod:`adaptive_batcher.policies`); None with no SLO keeps the settings static.
+            :mod:`adaptive_batcher.policies`); None with no SLO keeps the settings static. It
+            holds the controller's state (a PID's integrator, a bandit's statistics): give each
+            batcher its own instance.
         bounds: the range the controller keeps window and cap in. Default: window 0 to
             ``max(100, window_ms)`` ms, cap 1 to ``max_batch_size``, on ``batch_sizes`` if given.
         guards: guard factories around the policy, innermost first (default: unused-window,

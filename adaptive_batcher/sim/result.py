@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.slo import SLO
 
 __all__ = ["Outcome", "Phase", "SimResult", "TimeSeries"]
@@ -162,7 +162,7 @@ class SimResult:
         outcome: np.ndarray[Any, np.dtype[np.int8]],
         sizes: np.ndarray[Any, np.dtype[np.int64]],
         slo: SLO | None,
-        recorder: Recorder,
+        counts: Counts,
         busy_s: float,
         decisions: list[tuple[float, float, int]],
         slots: int,
@@ -181,7 +181,6 @@ class SimResult:
         p50, p95, p99 = _percentiles(latency_ms, (50, 95, 99))
         mean_ms = float(latency_ms.mean()) if latency_ms.size else math.nan
         throughput = completed / duration
-        counts = recorder.counts()
         return cls(
             name=name,
             requests=requests,

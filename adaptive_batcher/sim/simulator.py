@@ -14,13 +14,14 @@ lost unless a single item does not fit.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import math
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -124,17 +125,29 @@ class Simulator:
         return _Replay(self, workload).run()
 
 
+def _own_policy(config: SimConfig) -> SimConfig:
+    """``config`` with a copy of its policy: a policy holds its controller's state (a PID's
+    integrator, a bandit's arm statistics and generator), so a replay that used the configured
+    object itself would start where the last replay with that configuration stopped, and the
+    replicas of a cluster would share one controller's state."""
+    if config.policy is None:
+        return config
+    return replace(config, policy=copy.deepcopy(config.policy))
+
+
 class _Replay:
     """One replay: the event loop over arrivals, batch completions and the core's timer."""
 
-    def __init__(self, sim: Simulator, workload: Arrivals | ClosedLoop) -> None:
+    def __init__(self, sim: Simulator, workload: Arrivals | ClosedLoop | None) -> None:
+        """``workload`` None: the requests are offered one by one from outside (a replica
+        behind a router, see :mod:`adaptive_batcher.sim.cluster`)."""
         config = sim.config
         self.sim = sim
         self.config = config
         self.rng = np.random.default_rng(sim.seed)
         self.state = _Run()
         self.core: BatcherCore[int] = BatcherCore(
-            config, read_telemetry=self._telemetry, on_decision=self._note_decision
+            _own_policy(config), read_telemetry=self._telemetry, on_decision=self._note_decision
         )
         self.recorder = self.core.recorder
         self.deadline_s = None if config.deadline_ms is None else config.deadline_ms / 1e3
@@ -156,7 +169,7 @@ class _Replay:
             self.closed, self.end_s = workload, workload.duration_s
             for client, at in enumerate(workload.first_arrivals(self.rng)):
                 heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
-        else:
+        elif workload is not None:
             count = self.open_count = len(workload)
             self.open_workload = workload
             state = self.state
@@ -164,7 +177,7 @@ class _Replay:
             state.size.frombytes(np.ascontiguousarray(workload.sizes, dtype=np.int64).tobytes())
             state.done_s = array("d", [math.nan]) * count
             state.outcome = array("b", [Outcome.PENDING]) * count
-        self.name = workload.name
+        self.name = "replica" if workload is None else workload.name
         self.core.start(0.0)
 
     # -- the event loop ---------------------------------------------------------------------
@@ -206,6 +219,47 @@ class _Replay:
                     self._arrive(request_id, self.state.size[request_id])
         return self._result()
 
+    # -- driven from outside: a replica behind a router --------------------------------------
+
+    def advance_to(self, until_s: float) -> None:
+        """Carry out every completion, timer and pending poll due before an arrival at
+        ``until_s``, in the order :meth:`run` would (completions and timers at ``until_s`` come
+        first; a poll pending at ``until_s`` waits for the arrivals of that instant)."""
+        completions, inf = self.completions, math.inf
+        while True:
+            next_done = completions[0][0] if completions else inf
+            next_timer = self.timer_at if self.timer_at is not None else inf
+            now = self.now
+            if self.poll_pending and until_s > now and next_done > now and next_timer > now:
+                self._poll()
+            elif next_done <= until_s and next_done <= next_timer and next_done < inf:
+                self.now = next_done
+                self._complete(heapq.heappop(completions))
+            elif next_timer <= until_s and next_timer < inf:
+                self.now = next_timer
+                self.timer_at = None
+                self._poll()
+            else:
+                return
+
+    def offer(self, at_s: float, size: int) -> int:
+        """A request of ``size`` units arrives at ``at_s`` (after :meth:`advance_to` it);
+        returns its number in this replica."""
+        self.now = at_s
+        request_id = self._add_request(size, client=-1)
+        self._arrive(request_id, size)
+        return request_id
+
+    @property
+    def outstanding_units(self) -> int:
+        """Units queued or running: what a load-aware router compares."""
+        return self.core.engine.queued_units + self.running_units
+
+    def finish(self) -> SimResult:
+        """Run what is left to its end and return the result."""
+        self.advance_to(math.inf)
+        return self._result()
+
     def _result(self) -> SimResult:
         state, workload = self.state, self.open_workload
         if workload is not None:  # the same values as the lists, converted at C speed
@@ -219,7 +273,7 @@ class _Replay:
             outcome=np.array(state.outcome),
             sizes=sizes,
             slo=self.sim.judge_slo,
-            recorder=self.recorder,
+            counts=self.recorder.counts(),
             busy_s=state.busy_s,
             decisions=state.decisions,
             slots=self.config.max_concurrent_batches,
@@ -227,11 +281,17 @@ class _Replay:
         )
 
     def _add_closed_request(self, client: int) -> int:
-        state, closed = self.state, self.closed
+        closed = self.closed
         assert closed is not None
-        state.arrival_s.append(self.now)
         # one unit each by default (drawing nothing), else one draw from the loop's sampler
-        state.size.append(1 if closed.sizes is None else int(closed.sample_sizes(1, self.rng)[0]))
+        size = 1 if closed.sizes is None else int(closed.sample_sizes(1, self.rng)[0])
+        return self._add_request(size, client)
+
+    def _add_request(self, size: int, client: int) -> int:
+        """A request made during the run (closed loop, or offered): its number."""
+        state = self.state
+        state.arrival_s.append(self.now)
+        state.size.append(size)
         state.done_s.append(math.nan)
         state.outcome.append(Outcome.PENDING)
         state.client.append(client)

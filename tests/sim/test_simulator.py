@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptive_batcher.policies import PID, DiscountedThompson
 from adaptive_batcher.sim.result import Outcome
+from adaptive_batcher.sim.scenarios import CAPACITY, SCENARIOS
 from adaptive_batcher.sim.service import LinearService, MemoryLimit
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.traces import load_trace
-from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, FixedSize, Poisson
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, FixedSize, Poisson, Steps
 from adaptive_batcher.slo import SLO
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
@@ -172,3 +174,18 @@ def test_trace_replay_from_fixture() -> None:
 def test_outcome_codes_are_distinct() -> None:
     codes = {Outcome.PENDING, Outcome.OK, Outcome.EXPIRED, Outcome.REJECTED, Outcome.FAILED}
     assert len(codes) == 5
+
+
+@pytest.mark.parametrize("policy", ["pid", "thompson"])
+def test_a_configuration_replays_the_same_however_often_it_runs(policy: str) -> None:
+    """A policy object keeps its controller's state (the PID's last overload, a bandit's arm
+    statistics and generator): each replay must start from the policy as configured, not
+    where the previous replay with the same configuration left it."""
+    scenario = SCENARIOS["poisson_30"]
+    chosen = PID() if policy == "pid" else DiscountedThompson(seed=3)
+    config = SimConfig(256, 2.0, slo=scenario.slo, policy=chosen, shed_late=True)
+    rates = (0.3 * CAPACITY, 1.5 * CAPACITY, 0.3 * CAPACITY)
+    arrivals = Steps(rates, 1.0).generate(3.0, np.random.default_rng(4))
+    first, second = (Simulator(scenario.service(), config, seed=1).run(arrivals) for _ in "12")
+    assert np.array_equal(first.done_s, second.done_s)
+    assert np.array_equal(first.series.decisions, second.series.decisions)
