@@ -13,6 +13,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.guards import (
@@ -267,6 +268,7 @@ class Controller:
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,
             mean_request_units=units / items if items else 1.0,
             window_idle_fraction=_idle_fraction(before, counts, self.decision.window_ms),
+            largest_batch_size=_largest(recorder, batches),
             service_ms=model.predict_ms,
             service_samples=model.samples,
             service_high_ms=model.high_ms,
@@ -318,6 +320,14 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         co_tenant_fraction=observation.co_tenant_fraction,
         oom_errors=observation.oom_errors,
     )
+
+
+def _largest(recorder: Recorder, batches: int) -> int:
+    """The most items in one of the last ``batches`` batches (as far as the recorder keeps)."""
+    samples = recorder.batches
+    if batches <= 0 or not samples:
+        return 0
+    return max(sample.items for sample in islice(samples, max(0, len(samples) - batches), None))
 
 
 def _idle_fraction(before: Counts, after: Counts, window_ms: float) -> float:

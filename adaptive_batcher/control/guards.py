@@ -66,9 +66,14 @@ class UnusedWindowGuard(Guard):
       who all wait in the queue while nobody else can come.
 
     Thin open-loop traffic is not a sign: there a window still fills batches (and saves device
-    time), just slowly. When the guard fires it holds the window at 0 until the arrival rate
-    rises by ``rearm_factor`` over the highest rate seen with the window shut (closed-loop
-    clients come faster once the window is shut; that alone must not reopen it).
+    time), just slowly. Nor is bursty traffic, whose windows wait in vain between bursts: the
+    idle test applies only while the tick's batches are alike (the largest at most
+    ``alike_factor`` times the mean, plus one), as a fixed set of clients makes them; a burst
+    makes one batch far larger than the rest.
+
+    When the guard fires it holds the window at 0 until the arrival rate rises by
+    ``rearm_factor`` over the highest rate seen with the window shut (closed-loop clients come
+    faster once the window is shut; that alone must not reopen it).
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -77,6 +82,8 @@ class UnusedWindowGuard(Guard):
         idle_excess: how far beyond what Poisson arrivals leave the idle share must be.
         min_batches: batches a tick must have for its figures to count.
         rearm_factor: arrival-rate growth that lets the policy open the window again.
+        alike_factor: batches whose largest holds at most this many times their mean (plus
+            one) are alike.
     """
 
     def __init__(
@@ -87,8 +94,10 @@ class UnusedWindowGuard(Guard):
         idle_excess: float = 2.0,
         min_batches: int = 5,
         rearm_factor: float = 1.5,
+        alike_factor: float = 1.5,
     ) -> None:
         super().__init__(inner)
+        self.alike_factor = alike_factor
         self.min_company = min_company
         self.max_idle_fraction = max_idle_fraction
         self.idle_excess = idle_excess
@@ -107,7 +116,10 @@ class UnusedWindowGuard(Guard):
         )  # False for NaN
         poisson_idle = (1.0 - math.exp(-company)) / company if company > 0 else 1.0
         idle_limit = max(self.max_idle_fraction, self.idle_excess * poisson_idle)
-        return lonely or observation.window_idle_fraction > idle_limit  # False for NaN
+        alike = (
+            observation.largest_batch_size <= self.alike_factor * observation.mean_batch_size + 1
+        )
+        return lonely or (alike and observation.window_idle_fraction > idle_limit)  # NaN: False
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         unused = self._unused(observation)

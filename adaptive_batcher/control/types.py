@@ -173,6 +173,7 @@ class Observation:
         window_idle_fraction: of the batches released by their window in the tick, the mean
             share of the window spent waiting after their last arrival (NaN: no such batch).
             Near 1, the window collects no company: it only adds latency.
+        largest_batch_size: the most items in one of the tick's batches (0: none).
         service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
             enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeModel`.
         service_samples: batches behind the fit.
@@ -215,6 +216,7 @@ class Observation:
     fill_ratio: float = math.nan
     mean_request_units: float = 1.0
     window_idle_fraction: float = math.nan
+    largest_batch_size: int = 0
     service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
     service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)

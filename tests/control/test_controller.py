@@ -63,6 +63,10 @@ def test_observation_rates_come_from_counter_deltas() -> None:
     assert obs.queue_depth == 7
     assert obs.latency_samples == 450
     assert obs.latency_ms == pytest.approx(200, rel=0.01)  # p99 of 450 with 50 at 200 ms
+    assert obs.largest_batch_size == 30
+    recorder.record_batch(0.6, 12, 12, 0.004)  # the next tick sees only its own batches
+    controller.tick(1.0, recorder, queue_depth=0, queued_units=0, telemetry=UNKNOWN)
+    assert spy.seen[-1].largest_batch_size == 12
 
 
 def test_decision_is_returned_only_when_it_changes_and_is_clamped() -> None:

@@ -72,21 +72,29 @@ def test_unused_window_table(mean_batch: float, batches: int, window_after: floa
 
 
 @pytest.mark.parametrize(
-    ("rate_rps", "window_ms", "mean_batch", "idle", "window_after"),
+    ("rate_rps", "window_ms", "mean_batch", "largest", "idle", "window_after"),
     [
-        (300.0, 2.0, 1.6, 0.75, 2.0),  # thin open-loop traffic: company and idle as Poisson
-        (300.0, 25.0, 8.5, 0.13, 25.0),  # a wider window at the same load: still Poisson
-        (1140.0, 5.0, 8.0, 0.9, 0.0),  # 8 closed-loop clients: all in, then nobody comes
+        (300.0, 2.0, 1.6, 3, 0.75, 2.0),  # thin open-loop traffic: company and idle as Poisson
+        (300.0, 25.0, 8.5, 13, 0.13, 25.0),  # a wider window at the same load: still Poisson
+        (1140.0, 5.0, 8.0, 8, 0.9, 0.0),  # 8 closed-loop clients: all in, then nobody comes
+        # bursts (the Azure code trace): windows idle between bursts, but a burst fills a batch
+        (1467.0, 31.8, 74.8, 256, 0.62, 31.8),
     ],
 )
 def test_unused_window_tells_thin_open_loop_traffic_from_closed_loop_clients(
-    rate_rps: float, window_ms: float, mean_batch: float, idle: float, window_after: float
+    rate_rps: float,
+    window_ms: float,
+    mean_batch: float,
+    largest: int,
+    idle: float,
+    window_after: float,
 ) -> None:
-    guard = guarded(UnusedWindowGuard, Decision(window_ms, 64, "policy"))
+    guard = guarded(UnusedWindowGuard, Decision(window_ms, 256, "policy"))
     obs = observe(
-        current=Decision(window_ms, 64),
+        current=Decision(window_ms, 256),
         arrival_rate_rps=rate_rps,
         mean_batch_size=mean_batch,
+        largest_batch_size=largest,
         window_idle_fraction=idle,
         batches=20,
     )
