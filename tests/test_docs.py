@@ -39,7 +39,7 @@ NOT_IN_REFERENCE = {
     "adaptive_batcher.data": "package data (measured tables), read via adaptive_batcher.sim",
     "adaptive_batcher.examples": "the demo's example model",
     "adaptive_batcher.runtime.buckets": "AdaptiveBatcher's internal bucket arithmetic",
-    "adaptive_batcher.runtime.execution": "AdaptiveBatcher's internal batch runner",
+    "adaptive_batcher.runtime.batch_runner": "AdaptiveBatcher's internal batch runner",
 }
 
 

@@ -1,1 +1,1 @@
-"""The asyncio shell around the engine: batcher, executors, collate adapters, decorator."""
+"""The asyncio shell around the engine: batcher, batch runner, executors, collate, decorator."""

@@ -43,10 +43,10 @@ from adaptive_batcher.errors import (
     DeadlineExceededError,
     describe,
 )
+from adaptive_batcher.runtime.batch_runner import BatchRunner, fail_pending
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.collector import freeze_after_warmup
-from adaptive_batcher.runtime.execution import BatchRunner, fail_pending
 from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
 from adaptive_batcher.runtime.streaming import StreamRequest, StreamRunner, consume

@@ -35,8 +35,8 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher.engine import Request, RequestState
 from adaptive_batcher.errors import BatchFailedError, describe
 from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.buckets import pad_target
-from adaptive_batcher.runtime.execution import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
 __all__ = ["StreamRequest", "StreamRunner", "consume", "ends_stream"]
@@ -131,7 +131,7 @@ async def consume(
 class StreamRunner(BatchRunner):
     """Runs a batch through a streaming model and hands each caller its elements as they come.
 
-    Takes the arguments of :class:`~adaptive_batcher.runtime.execution.BatchRunner`; the
+    Takes the arguments of :class:`~adaptive_batcher.runtime.batch_runner.BatchRunner`; the
     executor must be a :class:`~adaptive_batcher.runtime.executors.StreamExecutor`. Callers of
     ``submit`` (plain requests) in a streaming batch get the list of their elements at the end.
 

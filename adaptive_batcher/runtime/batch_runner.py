@@ -3,7 +3,9 @@
 :meth:`BatchRunner.run` settles every request it is given, whatever happens: a result, the
 exception instance the model put in the request's slot, or a typed error. Nothing here can leave
 a caller waiting: even a failing ``is_oom`` hook or a logging processor that raises ends in
-:class:`~adaptive_batcher.errors.BatchFailedError` for the callers still pending.
+:class:`~adaptive_batcher.errors.BatchFailedError` for the callers still pending. Where the model
+call itself runs (on the loop, in a worker thread, inline, or launched on a CUDA stream) is the
+executor's business: :mod:`adaptive_batcher.runtime.executors`.
 
 What the model raises, by type:
 
