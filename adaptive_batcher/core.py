@@ -37,7 +37,7 @@ from typing import Generic, TypeVar
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.policy import Policy
-from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits, Request
 from adaptive_batcher.errors import BatcherError, describe
@@ -321,7 +321,7 @@ class BatcherCore(Generic[H]):
             interval_s=settings.control_interval_s,
             interval_batches=settings.control_interval_batches,
             guards=guards,
-            service_model=ServiceTimeModel(seed=self._service_seed),
+            service_estimator=ServiceTimeEstimator(seed=self._service_seed),
         )
 
     def _decision_in_force(self) -> Decision:

@@ -12,7 +12,7 @@ from adaptive_batcher.control.guards import (
     UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
-from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "Observation",
     "Policy",
     "PowerGuard",
-    "ServiceTimeModel",
+    "ServiceTimeEstimator",
     "ShedGuard",
     "StepGuard",
     "UnusedWindowGuard",

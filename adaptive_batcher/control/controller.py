@@ -26,7 +26,7 @@ from adaptive_batcher.control.guards import (
     UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
-from adaptive_batcher.control.service_model import ServiceTimeModel
+from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.metrics.recorder import Counts, Recorder
 from adaptive_batcher.slo import SLO
@@ -77,7 +77,8 @@ class Controller:
             only). Useful for slow models, where a quarter second holds few batches, or very
             fast traffic, to react within a few batches.
         guards: guard factories, innermost first (default :func:`default_guards`).
-        service_model: the service-time model to feed (default: a new one).
+        service_estimator: the controller's online estimate of batch service time, fed every
+            tick (default: a new one).
         latency_span_s: the span of recent latencies the observation reports.
 
     ``decisions`` counts the decisions taken, ``reasons`` the same by their ``reason`` tag.
@@ -95,7 +96,7 @@ class Controller:
         interval_s: float = 0.25,
         interval_batches: int | None = None,
         guards: Sequence[GuardFactory] | None = None,
-        service_model: ServiceTimeModel | None = None,
+        service_estimator: ServiceTimeEstimator | None = None,
         latency_span_s: float = 2.0,
     ) -> None:
         if not interval_s > 0 or not latency_span_s > 0:
@@ -107,7 +108,7 @@ class Controller:
         self.slo = slo
         self.interval_s = interval_s
         self.latency_span_s = latency_span_s
-        self.service_model = service_model or ServiceTimeModel()
+        self.service_estimator = service_estimator or ServiceTimeEstimator()
         self._guard_factories = list(default_guards() if guards is None else guards)
         self.policy = policy
         self.chain: Policy = self._wrap(policy)
@@ -171,7 +172,7 @@ class Controller:
         counts = recorder.counts()
         if self.decision is None or self._last is None:
             raise RuntimeError("Controller.start() must be called before tick()")
-        self.service_model.update(recorder.batches, counts.batches)
+        self.service_estimator.update(recorder.batches, counts.batches)
         observation = self._observe(
             now, recorder, counts, (queue_depth, queued_units, slots), telemetry
         )
@@ -236,7 +237,7 @@ class Controller:
         answered = (counts.completed - before.completed) + (counts.failed - before.failed)
         arrival_rate = (counts.submitted - before.submitted) / interval
         busy_s = counts.device_busy_s - before.device_busy_s
-        model = self.service_model
+        model = self.service_estimator
         quantile = self.slo.quantile if self.slo is not None else 0.99
         recent = recorder.latency.quantiles(now, span_s=self.latency_span_s)
         if quantile in _LISTED_QUANTILES:  # the same reading, already taken

@@ -366,7 +366,7 @@ class ShedGuard(Guard):
       answer at light load: a request is shed only if even a typical batch would finish late,
       however noisy the machine).
 
-    For the first, ``service_high`` carries the error bars the service model has observed:
+    For the first, ``service_high`` carries the error bars the service-time estimator has observed:
     under overload every batch is full and the most answers come from shedding early. With shedding,
     batches too slow to meet the SLO are pointless, so the cap is held at or below the
     highest-throughput cap whose two-batch latency fits the budget, and set to it under

@@ -15,7 +15,7 @@ The model (one tick's worth; the controller's feedback corrects what it misses):
 * **Tail latency.** The oldest request of a batch waits the whole cycle and then its batch runs:
   ``L = max(W, s_hi(n) / slots) + s_hi(n_hi)``, where ``n_hi`` adds 2.33 standard deviations of
   Poisson noise to ``n`` (its 99th percentile) and ``s_hi`` is the service time with the error
-  bars the service model has observed (see :meth:`ServiceTimeModel.high_ms`).
+  bars the service-time estimator has observed (see :meth:`ServiceTimeEstimator.high_ms`).
 * **Tail cap.** A burst queues a full batch behind a full batch: ``2 * s(cap)`` must fit the budget
   (the two-batch bound of Clockwork, Gujarati et al., OSDI 2020). The median fit is used here
   (growing in proportion beyond the sizes it knows), not the error bars: under CPU contention
@@ -56,7 +56,7 @@ class Plan:
         rate_units_per_s: the planning arrival rate (the recent peak), size units per second.
         backlog_units: units queued at the tick.
         caps: the caps allowed (bounds' candidates), increasing.
-        service_ms: median service time of a batch of n units, ms (NaN: no model yet).
+        service_ms: median service time of a batch of n units, ms (NaN: no estimate yet).
         service_high_ms: service time with the observed error bars, never optimistic beyond
             the sizes known, ms.
         service_upper_ms: median service time, never optimistic beyond the sizes known, ms
@@ -92,7 +92,7 @@ class Plan:
 
     @property
     def ready(self) -> bool:
-        """True once the service model predicts (before that, nothing here is known)."""
+        """True once the service-time estimator predicts (before that, nothing here is known)."""
         return bool(self.caps) and not math.isnan(self.service_ms(self.caps[0]))
 
     # -- caps --------------------------------------------------------------------------------

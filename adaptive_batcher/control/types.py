@@ -175,10 +175,10 @@ class Observation:
             Near 1, the window collects no company: it only adds latency.
         largest_batch_size: the most items in one of the tick's batches (0: none).
         service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
-            enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeModel`.
+            enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeEstimator`.
         service_samples: batches behind the fit.
         service_high_ms: the fitted service time with the error bars observed (noise, stalls,
-            contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeModel.high_ms`.
+            contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.high_ms`.
         service_upper_ms: the fitted service time, growing in proportion beyond the sizes the
             model knows (not optimistically), ms: what latency promises use.
         contention: the service-time fit's level over the fastest it has been (1: as fast as

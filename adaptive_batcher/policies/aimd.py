@@ -5,8 +5,8 @@ objective and cuts it by 10 % when it goes over. As in Clipper, the measured qua
 batch's own processing time: the fitted service time of a batch at the cap in force
 (``observation.service_ms(cap)``, medians of measured batches), compared with the SLO's
 ``p99_ms``. Queueing is not seen, exactly as in Clipper; that is its known weakness under
-overload, and why it is a baseline here. Before the service model has data, the end-to-end
-latency at the SLO percentile is compared with the target instead.
+overload, and why it is a baseline here. Before the service-time estimator has data, the
+end-to-end latency at the SLO percentile is compared with the target instead.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ class AIMD:
 
     Each tick, with an SLO and latency samples:
 
-    - batch latency over the SLO (``service_ms(cap) > slo.p99_ms``; before the service model
-      has data, ``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at least one unit
-      lower ("aimd.decrease");
+    - batch latency over the SLO (``service_ms(cap) > slo.p99_ms``; before the service-time
+      estimator has data, ``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at least
+      one unit lower ("aimd.decrease");
     - otherwise, if batches filled (``fill_ratio >= fill_threshold``): ``cap += step``
       ("aimd.increase"); raising a cap that is never reached teaches nothing;
     - otherwise, and without an SLO, latency samples or batches: the cap is held ("aimd.hold").

@@ -130,13 +130,14 @@ BANDIT_PARAMETERS: tuple[str, ...] = tuple(BanditOptions.__annotations__)
 class Bandit(ABC):
     """A discounted bandit over fractions of the planned window; subclasses supply the rule.
 
-    Each tick, with an SLO and a ready service model: the arm this policy played is credited
-    with :func:`tick_reward` (ticks without answers carry no information and do not count);
-    after ``dwell_ticks`` credited ticks the next arm is chosen by the rule; the decision is
-    the chosen fraction of the plan's widest window, at the plan's cap. Reasons:
-    ``bandit.hold`` (no SLO or no model yet), ``bandit.overload``, then ``bandit.exploit`` when
-    the arm in play has the best estimated reward and ``bandit.explore`` otherwise. Without an
-    SLO the window is the fraction of the bounds' widest window, at the cap in force.
+    Each tick, with an SLO and a ready service-time estimator: the arm this policy played is
+    credited with :func:`tick_reward` (ticks without answers carry no information and do not
+    count); after ``dwell_ticks`` credited ticks the next arm is chosen by the rule; the decision
+    is the chosen fraction of the plan's widest window, at the plan's cap. Reasons:
+    ``bandit.hold`` (no SLO or no service-time estimate yet), ``bandit.overload``, then
+    ``bandit.exploit`` when the arm in play has the best estimated reward and ``bandit.explore``
+    otherwise. Without an SLO the window is the fraction of the bounds' widest window, at the
+    cap in force.
 
     ``reset(current)`` keeps what was learnt and restarts from the arm with the best estimate
     (bumpless transfer).

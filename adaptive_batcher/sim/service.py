@@ -66,7 +66,10 @@ H200_MODELS: Final = ("resnet50", "bert_base_seq128", "llama_1b_decode", "llama_
 
 @runtime_checkable
 class ServiceModel(Protocol):
-    """What the simulator asks of a service-time model.
+    """The simulated device's true service time, s: what the simulator asks of a service model.
+
+    Not the controller's :class:`~adaptive_batcher.control.ServiceTimeEstimator` (its online
+    estimate, in ms, learnt from the batches it sees).
 
     ``name`` identifies the model in reports. ``service_s`` returns seconds (> 0 for every model
     here) for a batch of ``units`` >= 1 and raises ValueError for ``units`` < 1.

@@ -151,7 +151,7 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
 
 
 def unknown_ms(batch_size: int) -> float:
-    """A service model with no fit yet."""
+    """A service-time estimator with no fit yet."""
     del batch_size
     return math.nan
 

@@ -22,7 +22,7 @@ def service_ms(n: float) -> float:
     return 4.0 + 0.05 * round(n)
 
 
-def test_holds_without_slo_or_service_model() -> None:
+def test_holds_without_slo_or_service_estimator() -> None:
     assert PID().decide(observe(slo=None)).reason == "pid.hold"
     no_model = observe(service_ms=lambda n: math.nan)
     assert PID().decide(no_model) == no_model.current.with_(reason="pid.hold")

@@ -1,5 +1,5 @@
-"""The plan: caps from the service model (fits the budget, keeps up, throughput under overload)
-and what a window does (the batch that forms, the tail latency it gives, its cost).
+"""The plan: caps from the service-time estimator (fits the budget, keeps up, throughput under
+overload) and what a window does (the batch that forms, the tail latency it gives, its cost).
 
 Service 4 ms + 0.05 ms/item unless noted: 8 -> 4.4 ms (1.8k/s), 64 -> 7.2 ms (8.9k/s),
 128 -> 10.4 ms (12.3k/s), 256 -> 16.8 ms (15.2k/s).

@@ -229,7 +229,7 @@ def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], messa
 def test_clipper_rule_uses_batch_time_against_the_slo(
     cap: int, expected_cap: int, reason: str
 ) -> None:
-    """With a service model, Clipper's own quantity decides: the batch's processing time."""
+    """With a service-time estimate, Clipper's own quantity decides: the batch's processing time."""
     obs = Observation(
         now_s=1.0,
         interval_s=0.25,

@@ -96,7 +96,7 @@ def test_overload_holds_window_zero_at_the_highest_throughput_cap() -> None:
     assert all(policy.stats(arm) == ArmStats() for arm in policy.arms)  # nothing learnt
 
 
-def test_holds_until_the_service_model_is_ready() -> None:
+def test_holds_until_the_service_estimator_is_ready() -> None:
     hold = DiscountedUCB().decide(observe(service_ms=lambda n: math.nan))
     assert hold.reason == "bandit.hold"
 

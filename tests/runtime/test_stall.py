@@ -6,8 +6,8 @@ meanwhile measures the whole stall, and the requests that arrive during it wait 
 latency measure (p99 over the last 2 s) holds the stall for 2 s and the window narrows for that
 long, but the cap must not move (a stall is not a change of service time) and the window must
 come back once the stall has left the measure. With seed 1 the stalled batch is of a size the
-service model had seen once: taken as is, the stall became that size's median and the monotone
-fit carried it up to the cap, which halved for good.
+service-time estimator had seen once: taken as is, the stall became that size's median and the
+monotone fit carried it up to the cap, which halved for good.
 """
 
 from __future__ import annotations

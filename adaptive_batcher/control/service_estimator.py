@@ -1,4 +1,6 @@
-"""A service-time model fitted online: how long the model takes for a batch of n units.
+"""The controller's online estimate of batch service time, ms: how long the model takes for a
+batch of n units, fitted from the batches it has run. (The simulator's ground truth is
+:class:`adaptive_batcher.sim.service.ServiceModel`, in seconds.)
 
 Per-size medians of recent batches (medians: robust to stragglers) are fitted by isotonic
 regression (the pool-adjacent-violators algorithm: service time never falls as the batch grows)
@@ -12,16 +14,16 @@ uncertainty", as in UCB). A controller that only ever saw small batches must sti
 when load grows, and the first large batches correct the model; a pessimistic extrapolation
 (proportional to n, or the steep slope of a launch-bound knee) kept caps small forever in replays.
 Below the smallest observed size it is flat (conservative). Latency promises (the two-batch tail
-cap, the window plan, shedding deadlines) use :meth:`~ServiceTimeModel.upper_ms` instead, which
+cap, the window plan, shedding deadlines) use :meth:`~ServiceTimeEstimator.upper_ms` instead, which
 grows in proportion beyond the data: exploring a larger cap may cost throughput for a tick, never
 the SLO.
 
 Error bars: every batch's measured time is also compared with the fit's prediction for its
-size; :attr:`ServiceTimeModel.spread` is the ``spread_quantile`` of those ratios over the last
-``spread_window`` batches (at least 1), and :meth:`~ServiceTimeModel.high_ms` is the prediction
+size; :attr:`ServiceTimeEstimator.spread` is the ``spread_quantile`` of those ratios over the last
+``spread_window`` batches (at least 1), and :meth:`~ServiceTimeEstimator.high_ms` is the prediction
 times that spread. Service-time noise, stalls and CPU contention (a fixed batch size drifting up
 between refits) all widen it, so the controller plans windows with the noise it has seen.
-:attr:`~ServiceTimeModel.contention` is the fit's current level over the lowest level it has
+:attr:`~ServiceTimeEstimator.contention` is the fit's current level over the lowest level it has
 had (1: as fast as ever), a signal for logs and guards.
 
 Isolated outliers: a garbage-collector pause or a descheduled process stops the event loop for
@@ -51,7 +53,7 @@ __all__ = [
     "OUTLIER_CONFIRM",
     "OUTLIER_FACTOR",
     "OUTLIER_WINDOW",
-    "ServiceTimeModel",
+    "ServiceTimeEstimator",
     "isotonic_fit",
 ]
 
@@ -71,8 +73,11 @@ OUTLIER_CONFIRM = 5
 not isolated stalls (a stall spans one batch per execution slot)."""
 
 
-class ServiceTimeModel:
-    """Predicts batch service time (ms) from batch size (units).
+class ServiceTimeEstimator:
+    """The controller's online estimate of batch service time, ms, from batch size (units).
+
+    Not the simulator's :class:`~adaptive_batcher.sim.service.ServiceModel` (the simulated
+    device's true service time, seconds): this one is learnt from measured batches.
 
     Args:
         min_samples: batches needed before the model predicts anything but NaN (or the seed).

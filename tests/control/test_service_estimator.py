@@ -1,4 +1,4 @@
-"""The online service-time model: monotone fit in range, optimistic beyond, memory of sizes."""
+"""The online service-time estimator: monotone fit in range, optimistic beyond, memory of sizes."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.control.service_model import (
+from adaptive_batcher.control.service_estimator import (
     OPTIMISM,
     OUTLIER_FACTOR,
-    ServiceTimeModel,
+    ServiceTimeEstimator,
     isotonic_fit,
 )
 from adaptive_batcher.metrics.recorder import BatchSample
@@ -27,130 +27,130 @@ def samples(table: dict[int, float], repeat: int = 4) -> list[BatchSample]:
 
 
 def test_nan_until_enough_samples() -> None:
-    model = ServiceTimeModel(min_samples=8)
-    model.update(samples({4: 4.0}, repeat=3), total_seen=3)
-    assert math.isnan(model.predict_ms(4))
+    estimator = ServiceTimeEstimator(min_samples=8)
+    estimator.update(samples({4: 4.0}, repeat=3), total_seen=3)
+    assert math.isnan(estimator.predict_ms(4))
 
 
 def test_in_range_fit_is_monotone_and_close_to_measurements() -> None:
-    model = ServiceTimeModel(refit_every=1)
+    estimator = ServiceTimeEstimator(refit_every=1)
     batch = samples(RESNET)
-    model.update(batch, total_seen=len(batch))
-    predictions = [model.predict_ms(n) for n in range(1, 257)]
+    estimator.update(batch, total_seen=len(batch))
+    predictions = [estimator.predict_ms(n) for n in range(1, 257)]
     assert all(b >= a for a, b in itertools.pairwise(predictions))
-    assert model.predict_ms(256) == pytest.approx(16.651)
-    assert model.predict_ms(128) == pytest.approx(8.778)
-    assert model.predict_ms(16) == pytest.approx(3.916, rel=0.05)  # pooled with its neighbours
+    assert estimator.predict_ms(256) == pytest.approx(16.651)
+    assert estimator.predict_ms(128) == pytest.approx(8.778)
+    assert estimator.predict_ms(16) == pytest.approx(3.916, rel=0.05)  # pooled with its neighbours
 
 
 def test_extrapolation_beyond_the_data_is_optimistic() -> None:
-    model = ServiceTimeModel(refit_every=1)
+    estimator = ServiceTimeEstimator(refit_every=1)
     batch = samples({16: 3.916, 32: 4.041})
-    model.update(batch, total_seen=len(batch))
+    estimator.update(batch, total_seen=len(batch))
     expected_128 = 4.041 + OPTIMISM * 4.041 / 32 * (128 - 32)
-    assert model.predict_ms(128) == pytest.approx(expected_128)
-    assert model.predict_ms(128) < 8.778  # below the truth: the controller will try it
-    assert model.predict_ms(1) == pytest.approx(3.916)  # flat below the smallest size seen
+    assert estimator.predict_ms(128) == pytest.approx(expected_128)
+    assert estimator.predict_ms(128) < 8.778  # below the truth: the controller will try it
+    assert estimator.predict_ms(1) == pytest.approx(3.916)  # flat below the smallest size seen
 
 
 def test_sizes_seen_long_ago_stay_known() -> None:
-    model = ServiceTimeModel(refit_every=1)
+    estimator = ServiceTimeEstimator(refit_every=1)
     small = samples({8: 4.0})
-    model.update(small, total_seen=len(small))
+    estimator.update(small, total_seen=len(small))
     flood = [BatchSample(0.0, 256, 256, 0.0167)] * 600  # the recent window holds only 256s
-    model.update(flood[-512:], total_seen=len(small) + len(flood))
-    assert model.predict_ms(8) == pytest.approx(4.0)
-    assert model.predict_ms(256) == pytest.approx(16.7)
+    estimator.update(flood[-512:], total_seen=len(small) + len(flood))
+    assert estimator.predict_ms(8) == pytest.approx(4.0)
+    assert estimator.predict_ms(256) == pytest.approx(16.7)
 
 
 def test_refits_only_every_n_batches() -> None:
-    model = ServiceTimeModel(min_samples=1, refit_every=10)
-    model.update([BatchSample(0.0, 4, 4, 0.004)] * 10, total_seen=10)
-    first = model.predict_ms(4)
-    model.update([BatchSample(0.0, 4, 4, 0.040)] * 5, total_seen=15)  # not yet due
-    assert model.predict_ms(4) == first
+    estimator = ServiceTimeEstimator(min_samples=1, refit_every=10)
+    estimator.update([BatchSample(0.0, 4, 4, 0.004)] * 10, total_seen=10)
+    first = estimator.predict_ms(4)
+    estimator.update([BatchSample(0.0, 4, 4, 0.040)] * 5, total_seen=15)  # not yet due
+    assert estimator.predict_ms(4) == first
 
 
 def test_seed_profile_predicts_before_any_batch() -> None:
-    model = ServiceTimeModel(seed=[(1, 3.7), (256, 16.7)])
-    assert model.predict_ms(256) == pytest.approx(16.7)
-    assert model.largest_within(10.0, [1, 32, 64, 256]) == 64
+    estimator = ServiceTimeEstimator(seed=[(1, 3.7), (256, 16.7)])
+    assert estimator.predict_ms(256) == pytest.approx(16.7)
+    assert estimator.largest_within(10.0, [1, 32, 64, 256]) == 64
 
 
 def test_validation() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
-        ServiceTimeModel(min_samples=0)
+        ServiceTimeEstimator(min_samples=0)
 
 
 def linear_ms(n: int) -> float:
     return 3.0 + 0.2 * n
 
 
-def steady(model: ServiceTimeModel, sizes: list[int], seen: int) -> int:
+def steady(estimator: ServiceTimeEstimator, sizes: list[int], seen: int) -> int:
     """Feed one batch per size in ``sizes`` at its usual time; returns the batches seen."""
     batch = [BatchSample(0.0, n, n, linear_ms(n) / 1e3) for n in sizes]
-    model.update(batch, seen + len(batch))
+    estimator.update(batch, seen + len(batch))
     return seen + len(batch)
 
 
-def fitted_model(rare: int) -> tuple[ServiceTimeModel, int]:
-    """A model that has seen sizes 30-50 often, 64 a few times and ``rare`` never."""
-    model = ServiceTimeModel(refit_every=1)
+def fitted_estimator(rare: int) -> tuple[ServiceTimeEstimator, int]:
+    """An estimator that has seen sizes 30-50 often, 64 a few times and ``rare`` never."""
+    estimator = ServiceTimeEstimator(refit_every=1)
     seen = 0
     for _ in range(8):
-        seen = steady(model, [*range(30, 51), 64], seen)
-    assert rare not in model._reservoir
-    model.spread  # the controller reads the error bars every tick  # noqa: B018
-    return model, seen
+        seen = steady(estimator, [*range(30, 51), 64], seen)
+    assert rare not in estimator._reservoir
+    estimator.spread  # the controller reads the error bars every tick  # noqa: B018
+    return estimator, seen
 
 
 @pytest.mark.parametrize("rare", [58, 70], ids=["inside", "largest"])
 def test_one_stall_does_not_move_the_fit(rare: int) -> None:
     """A 150 ms stall (a full garbage collection) lands on a batch of a size seen never before:
     held out, the fit at that size and above stays where the other batches put it."""
-    model, seen = fitted_model(rare)
+    estimator, seen = fitted_estimator(rare)
     if rare > 64:  # a size beyond the range is never an outlier: make it known first
-        seen = steady(model, [rare], seen)
-    before = {n: model.predict_ms(n) for n in (rare, 64, 70)}
+        seen = steady(estimator, [rare], seen)
+    before = {n: estimator.predict_ms(n) for n in (rare, 64, 70)}
     stall = BatchSample(0.0, rare, rare, (linear_ms(rare) + 150.0) / 1e3)
-    model.update([stall], seen + 1)
-    seen = steady(model, [*range(30, 51)], seen + 1)
+    estimator.update([stall], seen + 1)
+    seen = steady(estimator, [*range(30, 51)], seen + 1)
     for n, ms in before.items():
-        assert model.predict_ms(n) == pytest.approx(ms)
-    assert model.outliers_held_out == 1
-    assert max(model._ratios) > OUTLIER_FACTOR  # the stall still counts in the error bars
+        assert estimator.predict_ms(n) == pytest.approx(ms)
+    assert estimator.outliers_held_out == 1
+    assert max(estimator._ratios) > OUTLIER_FACTOR  # the stall still counts in the error bars
 
 
 def test_a_lasting_slowdown_is_learned() -> None:
     """Batches that keep coming in several times slower are a change, not outliers."""
-    model, seen = fitted_model(rare=58)
+    estimator, seen = fitted_estimator(rare=58)
     slow = [BatchSample(0.0, n, n, 5 * linear_ms(n) / 1e3) for n in range(30, 51)]
     for _ in range(10):  # most of each size's recent samples: its median moves
         seen += len(slow)
-        model.update(slow, seen)
-    assert model.predict_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
-    assert model.outliers_held_out == 0
+        estimator.update(slow, seen)
+    assert estimator.predict_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
+    assert estimator.outliers_held_out == 0
 
 
 def test_sizes_beyond_the_fit_are_never_outliers() -> None:
     """Past the largest size known the prediction is optimistic on purpose: a batch there that
     takes several times longer is news, and is learned at once."""
-    model, seen = fitted_model(rare=58)
-    big = BatchSample(0.0, 256, 256, 4 * model.predict_ms(256) / 1e3)
-    model.update([big], seen + 1)
-    assert model.outliers_held_out == 0
-    assert model.predict_ms(256) == pytest.approx(big.service_s * 1e3)
+    estimator, seen = fitted_estimator(rare=58)
+    big = BatchSample(0.0, 256, 256, 4 * estimator.predict_ms(256) / 1e3)
+    estimator.update([big], seen + 1)
+    assert estimator.outliers_held_out == 0
+    assert estimator.predict_ms(256) == pytest.approx(big.service_s * 1e3)
 
 
 def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
     """The spread is the quantile over the last ``spread_window`` ratios, also after the
     window has filled up (it had stopped moving at the moment it filled)."""
-    model = ServiceTimeModel(min_samples=1, refit_every=1000, spread_window=16)
-    model.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)  # the fit: 4 ms
-    model.update([BatchSample(0.0, 4, 4, 0.004)] * 16, total_seen=17)
-    assert model.spread == 1.0
-    model.update([BatchSample(0.0, 4, 4, 0.008)] * 16, total_seen=33)  # twice the fit
-    assert model.spread == pytest.approx(2.0)
+    estimator = ServiceTimeEstimator(min_samples=1, refit_every=1000, spread_window=16)
+    estimator.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)  # the fit: 4 ms
+    estimator.update([BatchSample(0.0, 4, 4, 0.004)] * 16, total_seen=17)
+    assert estimator.spread == 1.0
+    estimator.update([BatchSample(0.0, 4, 4, 0.008)] * 16, total_seen=33)  # twice the fit
+    assert estimator.spread == pytest.approx(2.0)
 
 
 @settings(max_examples=100, deadline=None)
@@ -163,23 +163,23 @@ def test_predictions_made_at_a_refit_equal_one_call_per_size(
 ) -> None:
     """A refit predicts every size inside the fitted range at once (one np.interp on an array);
     each value must be the one a call for that size alone gives, or decisions would change."""
-    model = ServiceTimeModel(refit_every=1, min_samples=1)
+    estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
     batch = samples(points, repeat=2)
     for k in range(refits):
-        model.update(batch, total_seen=(k + 1) * len(batch))
-    sizes, medians = model._sizes, model._medians
+        estimator.update(batch, total_seen=(k + 1) * len(batch))
+    sizes, medians = estimator._sizes, estimator._medians
     for n in range(1, 650):
         if sizes[0] < n < sizes[-1]:
-            assert model.predict_ms(n) == float(np.interp(n, sizes, medians))
+            assert estimator.predict_ms(n) == float(np.interp(n, sizes, medians))
 
 
 def test_reservoir_medians_follow_new_samples() -> None:
     """Medians are kept between refits, and dropped when their size gets a new sample."""
-    model = ServiceTimeModel(refit_every=1, min_samples=1)
-    model.update([BatchSample(0.0, 8, 8, 0.004)] * 3, total_seen=3)
-    assert model.predict_ms(8) == pytest.approx(4.0)
-    model.update([BatchSample(0.0, 8, 8, 0.010)] * 5, total_seen=8)
-    assert model.predict_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
+    estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
+    estimator.update([BatchSample(0.0, 8, 8, 0.004)] * 3, total_seen=3)
+    assert estimator.predict_ms(8) == pytest.approx(4.0)
+    estimator.update([BatchSample(0.0, 8, 8, 0.010)] * 5, total_seen=8)
+    assert estimator.predict_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
 
 
 def _pooled_blocks_reference(values: list[float], weights: list[float]) -> list[float]:
