@@ -47,7 +47,7 @@ from adaptive_batcher._validate import (
     check_real,
 )
 from adaptive_batcher.profile.format import load_profile
-from adaptive_batcher.sim.profiles import MIB, Row, load_h200_table
+from adaptive_batcher.sim.measured_tables import MIB, Row, load_h200_table
 
 __all__ = [
     "H200_MODELS",

@@ -4,7 +4,9 @@ Measured on one NVIDIA H200, 2026-11-29, PyTorch 2.11.0+cu130, bf16 eager, rando
 this project's measurement campaign (columns in ``adaptive_batcher/data/h200/README.md``).
 Tables are read with :mod:`importlib.resources`, so they work from a wheel as well as a checkout.
 CPU profiles (``adaptive_batcher/data/cpu/``) were measured on this project's 2-core CI-class
-machine with ``adaptive-batcher profile``; see the README there.
+machine with ``adaptive-batcher profile``; see the README there. This module only loads the
+shipped tables; the offline profiler that measures a model of your own is
+:mod:`adaptive_batcher.profile`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The H200 tables shipped as package data."""
+"""The measured H200 and CPU tables shipped as package data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from adaptive_batcher.sim.profiles import H200_TABLES, list_h200_tables, load_h200_table
+from adaptive_batcher.sim.measured_tables import H200_TABLES, list_h200_tables, load_h200_table
 
 EXPECTED_COLUMNS = {
     "batch_profile": ["model", "batch", "median_ms", "p90_ms", "items_per_s", "peak_mib"],
@@ -67,7 +67,7 @@ def test_readme_ships_with_the_tables() -> None:
 def test_shipped_cpu_profile_drives_the_simulator() -> None:
     import numpy as np
 
-    from adaptive_batcher.sim.profiles import cpu_profile_path
+    from adaptive_batcher.sim.measured_tables import cpu_profile_path
     from adaptive_batcher.sim.service import TableService
     from adaptive_batcher.sim.simulator import SimConfig, Simulator
     from adaptive_batcher.sim.workloads import Poisson
