@@ -246,7 +246,7 @@ class BatcherCore(Generic[H]):
         if slo is not None and not isinstance(slo, SLO):
             raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
         self.slo = slo
-        self.recorder.slo_latency_s = slo.p99_ms / 1e3 if slo is not None else math.inf
+        self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
         if self.controller is not None:
             self.controller.set_slo(slo)
 

@@ -21,9 +21,9 @@ refused rather than read as a static batcher without an SLO; units are in the ke
     description = "..."
 
     [slo]                        # an SLO; without it the batcher has no latency objective
-    p99_ms = 200.0               # required: the latency target, ms (> 0)
+    latency_ms = 200.0           # required: the latency target at percentile, ms (> 0)
     percentile = 99.0            # the percentile it applies to, in (0, 100)
-    preprocess_ms = 10.0         # time spent outside the batcher, ms (>= 0, < p99_ms)
+    preprocess_ms = 10.0         # time spent outside the batcher, ms (>= 0, < latency_ms)
     margin = 0.8                 # fraction of the target the controller aims at, in (0, 1]
 
     [policy]                     # default: PID when [slo] is set, else fixed settings
@@ -148,13 +148,17 @@ _BUCKETS: _Check = _buckets
 
 SLO_KEYS: Mapping[str, _Check] = MappingProxyType(
     {
-        "p99_ms": _number(0, strict=True),
+        "latency_ms": _number(0, strict=True),
         "percentile": _number(0, strict=True),
         "preprocess_ms": _number(0),
         "margin": _number(0, strict=True),
     }
 )
 """The keys of ``[slo]`` (the :class:`~adaptive_batcher.SLO` fields) and their checks."""
+
+# Old [slo] keys -> their new names: an old key is refused with a PresetError naming the new one
+# (p99_ms read false for any percentile but 99).
+_RENAMED_SLO_KEYS: Mapping[str, str] = MappingProxyType({"p99_ms": "latency_ms"})
 
 BATCHER_KEYS: Mapping[str, _Check] = MappingProxyType(
     {
@@ -461,7 +465,9 @@ def _parse_batcher(
     """One batcher from the tables ``slo``, ``policy``, ``batcher``, ``bounds`` of ``table``."""
     slo = None
     if "slo" in table:
-        fields = _section(path, f"{prefix}slo", table["slo"], SLO_KEYS, required=("p99_ms",))
+        fields = _section(
+            path, f"{prefix}slo", table["slo"], SLO_KEYS, ("latency_ms",), _RENAMED_SLO_KEYS
+        )
         slo = _build(path, f"{prefix}slo", SLO, fields)
     policy = _parse_policy(path, f"{prefix}policy", table["policy"]) if "policy" in table else None
     batcher = _section(path, f"{prefix}batcher", table.get("batcher", {}), BATCHER_KEYS)
@@ -535,9 +541,14 @@ def _section(
     value: object,
     checks: Mapping[str, _Check],
     required: tuple[str, ...] = (),
+    renamed: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, Any]:
-    """The checked values of the table at ``key``: known keys only, each passing its check."""
+    """The checked values of the table at ``key``: known keys only, each passing its check; a
+    key in ``renamed`` (old name -> new name) is refused with a message naming the new one."""
     table = _table(path, key, value)
+    for old, new in renamed.items():
+        if old in table:
+            raise _error(path, f"{key}.{old}", f"renamed {new!r}; write {new} = ... instead")
     _known(path, key, table, tuple(checks))
     for name in required:
         if name not in table:

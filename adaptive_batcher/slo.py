@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Self
 
 from adaptive_batcher._validate import check_real
 
@@ -12,50 +13,62 @@ __all__ = ["SLO"]
 
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """A latency service-level objective: ``percentile`` of end-to-end latency <= ``p99_ms``.
+    """A latency service-level objective: ``percentile`` of end-to-end latency <= ``latency_ms``.
 
     End-to-end latency = queueing (the window) + preprocessing + compute. The controller aims at
-    ``margin * p99_ms`` rather than the target itself, leaving room for arrival fluctuations (the
-    80 % margin of the practitioners' sweep-knee-margin method; see docs/tuning.md).
+    ``margin * latency_ms`` rather than the target itself, leaving room for arrival fluctuations
+    (the 80 % margin of the practitioners' sweep-knee-margin method; see docs/tuning.md).
 
     Attributes:
-        p99_ms: the latency target in milliseconds (> 0), at ``percentile``.
-        percentile: the percentile the target applies to, in (0, 100); 99 by default, so that
-            the name reads true in the common case. ``SLO(p99_ms=50, percentile=95)`` means
-            p95 <= 50 ms.
+        latency_ms: the latency target at ``percentile``, ms (> 0). ``SLO(latency_ms=50,
+            percentile=95)`` means p95 <= 50 ms. (Named ``p99_ms`` before; that name read false
+            for any other percentile and is refused with a TypeError saying so.)
+        percentile: the percentile the target applies to, in (0, 100); 99 by default.
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0).
         margin: fraction of the target the controller aims at, in (0, 1]: the online
-            controller steers latency to ``margin * p99_ms`` at every tick. Not the profiler's
-            ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which trims the
-            recommended window once, offline, to a share of the slack left after compute.
+            controller steers latency to ``margin * latency_ms`` at every tick. Not the
+            profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
+            trims the recommended window once, offline, to a share of the slack left after
+            compute.
 
     Every field takes any real number (ints, floats, numpy scalars; not bools) and is stored as
     a ``float``.
 
     Raises:
-        TypeError: a field that is not a real number (message names the field).
+        TypeError: a field that is not a real number (message names the field), or the old
+            keyword ``p99_ms`` (message names ``latency_ms``).
         ValueError: on a value out of range (message names the field).
     """
 
-    p99_ms: float
+    latency_ms: float
     percentile: float = 99.0
     preprocess_ms: float = 0.0
     margin: float = 0.8
 
+    # The old keyword gets a message naming the new one, not Python's "unexpected keyword".
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        if "p99_ms" in kwargs:
+            raise TypeError(
+                "SLO.p99_ms was renamed latency_ms (the latency target at `percentile`, ms): "
+                "write SLO(latency_ms=...)"
+            )
+        return object.__new__(cls)
+
     def __post_init__(self) -> None:
-        for name in ("p99_ms", "percentile", "preprocess_ms", "margin"):
+        for name in ("latency_ms", "percentile", "preprocess_ms", "margin"):
             object.__setattr__(self, name, check_real(f"SLO.{name}", getattr(self, name)))
-        if not (math.isfinite(self.p99_ms) and self.p99_ms > 0):
-            raise ValueError(f"SLO.p99_ms must be a finite number > 0, got {self.p99_ms!r}")
+        if not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
+            raise ValueError(f"SLO.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
         if not 0.0 < self.percentile < 100.0:
             raise ValueError(f"SLO.percentile must be in (0, 100), got {self.percentile!r}")
         if not (math.isfinite(self.preprocess_ms) and self.preprocess_ms >= 0):
             raise ValueError(f"SLO.preprocess_ms must be >= 0, got {self.preprocess_ms!r}")
         if not 0.0 < self.margin <= 1.0:
             raise ValueError(f"SLO.margin must be in (0, 1], got {self.margin!r}")
-        if self.preprocess_ms >= self.p99_ms:
+        if self.preprocess_ms >= self.latency_ms:
             raise ValueError(
-                f"SLO.preprocess_ms ({self.preprocess_ms}) must be below p99_ms ({self.p99_ms})"
+                f"SLO.preprocess_ms ({self.preprocess_ms}) must be below latency_ms "
+                f"({self.latency_ms})"
             )
 
     @property
@@ -65,8 +78,8 @@ class SLO:
 
     @property
     def target_ms(self) -> float:
-        """The latency the controller aims at: ``margin * p99_ms``."""
-        return self.margin * self.p99_ms
+        """The latency the controller aims at: ``margin * latency_ms``."""
+        return self.margin * self.latency_ms
 
     @property
     def batcher_budget_ms(self) -> float:

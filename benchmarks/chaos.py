@@ -372,12 +372,12 @@ class SegmentRun:
         model = self.model.run_async if seg.executor == "async" else self.model.run_sync
         kwargs: dict[str, Any] = {}
         if seg.control == "slo_pid":
-            kwargs["slo"] = SLO(p99_ms=self.rng.choice((10.0, 25.0, 50.0)))
+            kwargs["slo"] = SLO(latency_ms=self.rng.choice((10.0, 25.0, 50.0)))
         elif seg.control == "aimd":
             kwargs["policy"] = AIMD()
         elif seg.control == "ucb":
             kwargs["policy"] = DiscountedUCB()
-            kwargs["slo"] = SLO(p99_ms=30.0)
+            kwargs["slo"] = SLO(latency_ms=30.0)
         elif seg.control == "static_policy":
             kwargs["policy"] = Static()
         if seg.telemetry:
@@ -514,7 +514,7 @@ class SegmentRun:
             batcher.set_limits(**change)
         elif what == "slo":
             batcher.set_slo(
-                SLO(p99_ms=rng.choice((5.0, 20.0, 80.0))) if rng.random() < 0.8 else None
+                SLO(latency_ms=rng.choice((5.0, 20.0, 80.0))) if rng.random() < 0.8 else None
             )
         elif what == "policy":
             batcher.set_policy(_random_policy(rng) if rng.random() < 0.8 else None)

@@ -98,7 +98,7 @@ class SoakRun:
             _model,
             max_batch_size=64,
             window_ms=2.0,
-            slo=SLO(p99_ms=25.0),
+            slo=SLO(latency_ms=25.0),
             name="soak",
         )
 

@@ -64,7 +64,7 @@ async def model(batch: list[Any]) -> list[Any]:
 
 
 def make_batcher() -> AdaptiveBatcher[Any, Any]:
-    return AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(p99_ms=SLO_P99_MS))
+    return AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=SLO_P99_MS))
 
 
 @pytest.fixture(scope="module")

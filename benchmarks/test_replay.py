@@ -56,7 +56,7 @@ def test_replay(benchmark: Any, scenario: str, contender: str) -> None:
     result = results[0]
     note = ""
     if case.step_at_s is not None:
-        recovery = result.recovery_time_s(case.step_at_s, case.slo.p99_ms)
+        recovery = result.recovery_time_s(case.step_at_s, case.slo.latency_ms)
         benchmark.extra_info["recovery_s"] = recovery
         note = f"p99 back under SLO {recovery:.2f} s after the step"
     record(benchmark, scenario, contender, result, note)
@@ -106,7 +106,7 @@ def test_targets() -> None:
             plot_timeseries(
                 shown,
                 RESULTS_DIR / f"replay_{scenario}.png",
-                slo_ms=SCENARIOS[scenario].slo.p99_ms,
+                slo_ms=SCENARIOS[scenario].slo.latency_ms,
                 title=scenario,
             )
     print("\n" + text)
@@ -139,10 +139,10 @@ def _stationary(name: str) -> list[str]:
         return []
     slo = SCENARIOS[name].slo
     ratio = ours.device_ms_per_request / oracle.device_ms_per_request
-    ok = ours.slo_attainment >= 0.995 and ratio <= 1.15 and ours.p99_ms <= slo.p99_ms
+    ok = ours.slo_attainment >= 0.995 and ratio <= 1.15 and ours.p99_ms <= slo.latency_ms
     return [
         f"{_tag(ok)} {name}: SLO attainment {ours.slo_attainment:.4f} (>= 0.995), device cost "
-        f"{ratio:.3f}x the cost oracle (<= 1.15), p99 {ours.p99_ms:.1f} ms (<= {slo.p99_ms:g})"
+        f"{ratio:.3f}x the cost oracle (<= 1.15), p99 {ours.p99_ms:.1f} ms (<= {slo.latency_ms:g})"
     ]
 
 
@@ -236,7 +236,7 @@ def _earlier_targets() -> list[str]:
     if step is not None:
         case = SCENARIOS["step_3x"]
         assert case.step_at_s is not None
-        recovery = step.recovery_time_s(case.step_at_s, case.slo.p99_ms)
+        recovery = step.recovery_time_s(case.step_at_s, case.slo.latency_ms)
         ok = not math.isnan(recovery) and recovery <= 2.0
         out.append(f"{_tag(ok)} step_3x: p99 back under the SLO {recovery:.2f} s after the step")
     squeezed = [c.result.lost for c in CELLS.values() if c.scenario == "memory_squeeze"]

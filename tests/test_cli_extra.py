@@ -88,7 +88,7 @@ def test_the_core_works_without_the_cli_extra() -> None:
 
         async def serve():
             batcher = AdaptiveBatcher(
-                model, max_batch_size=16, window_ms=2.0, slo=SLO(p99_ms=20.0),
+                model, max_batch_size=16, window_ms=2.0, slo=SLO(latency_ms=20.0),
                 control_interval_ms=50.0,
             )
             async with batcher:
@@ -105,7 +105,7 @@ def test_the_core_works_without_the_cli_extra() -> None:
         print("batcher and controller ok")
 
         arrivals = Poisson(1000.0).generate(2.0, np.random.default_rng(0))
-        config = SimConfig(max_batch_size=32, window_ms=2.0, slo=SLO(p99_ms=30.0))
+        config = SimConfig(max_batch_size=32, window_ms=2.0, slo=SLO(latency_ms=30.0))
         sim = Simulator(LinearService(0.002, 0.0001), config).run(arrivals)
         assert sim.completed == sim.requests > 0
         print("simulator ok")

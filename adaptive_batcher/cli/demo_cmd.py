@@ -157,7 +157,7 @@ async def _serve(args: argparse.Namespace, model: _ThreadReportingModel, make_in
         max_batch_size=args.max_batch_size,
         window_ms=args.window_ms,
         executor=args.executor,
-        slo=None if args.static else SLO(p99_ms=args.slo_p99_ms),
+        slo=None if args.static else SLO(latency_ms=args.slo_p99_ms),
         shed_late=not args.static,
         name="demo",
     )
@@ -258,7 +258,7 @@ def _summary_table(
         ("p99 latency, ms", f"{stats.latency.p99_ms:.2f}"),
         ("window, ms / batch cap at the end", f"{stats.window_ms:.1f} / {stats.max_batch_size}"),
         ("controller", f"{stats.policy} ({stats.decisions} decisions)" if stats.policy else "off"),
-        ("SLO p99, ms", f"{stats.slo.p99_ms:g}" if stats.slo else "none"),
+        ("SLO p99, ms", f"{stats.slo.latency_ms:g}" if stats.slo else "none"),
         ("torch threads in the model thread", _threads_text(model.threads_seen)),
     ]
     for name, value in rows:

@@ -300,7 +300,7 @@ def _profile(args: argparse.Namespace) -> int:
     slo: SLO | None = None
     if args.slo_p99_ms is not None:
         try:
-            slo = SLO(p99_ms=args.slo_p99_ms, preprocess_ms=args.preprocess_ms)
+            slo = SLO(latency_ms=args.slo_p99_ms, preprocess_ms=args.preprocess_ms)
         except ValueError as exc:
             raise _UsageError(str(exc)) from None
     elif args.preprocess_ms:

@@ -197,7 +197,7 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
         if args.service is not None
         else TableService.from_h200("resnet50")
     )
-    slo = SLO(p99_ms=args.slo_p99_ms) if args.slo_p99_ms is not None else SLO_50
+    slo = SLO(latency_ms=args.slo_p99_ms) if args.slo_p99_ms is not None else SLO_50
     custom = args.service or args.slo_p99_ms or args.traces_dir
     named = make_scenarios(table, slo, args.traces_dir) if custom else SCENARIOS
     if args.trace is None:
@@ -294,6 +294,6 @@ def _write(cells: list[Cell], scenarios: list[Scenario], out: Path) -> None:
         plot_timeseries(
             shown,
             out / f"replay_{scenario.name}.png",
-            slo_ms=scenario.slo.p99_ms,
+            slo_ms=scenario.slo.latency_ms,
             title=scenario.description,
         )

@@ -353,7 +353,7 @@ class StepGuard(Guard):
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    A request that has not started by ``p99_ms - preprocess_ms - service_high(n)`` after its
+    A request that has not started by ``latency_ms - preprocess_ms - service_high(n)`` after its
     arrival, where ``n`` is the batch it will run in, cannot finish within the SLO: serving it
     late only delays the requests behind it (under overload every request would miss). The
     guard sets two such deadlines (the core gives each arrival one, by the queue it joins):
@@ -388,7 +388,7 @@ class ShedGuard(Guard):
         # it; otherwise never a batch too slow for it
         overloaded = stable is None or stable > best
         cap = best if overloaded else min(decision.max_batch_size, best)
-        room = slo.p99_ms - slo.preprocess_ms
+        room = slo.latency_ms - slo.preprocess_ms
         high = observation.service_high_ms or observation.service_ms
         full = room - high(cap)
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all

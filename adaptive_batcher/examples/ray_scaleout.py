@@ -68,12 +68,12 @@ class ScaleOut:
         self.replica = serve.get_replica_context().replica_id
         self.report = ReplicaReport()
         # Ray Serve runs the constructor on the replica's event loop, where the batcher lives
-        self.predict.get_batcher(self).set_slo(SLO(p99_ms=slo_p99_ms))
+        self.predict.get_batcher(self).set_slo(SLO(latency_ms=slo_p99_ms))
 
     @batch(
         max_batch_size=MAX_BATCH_SIZE,
         batch_wait_timeout_s=0.002,
-        slo=SLO(p99_ms=100.0),  # each instance sets its own in __init__
+        slo=SLO(latency_ms=100.0),  # each instance sets its own in __init__
         shed_late=True,
         max_queue_size=MAX_QUEUE_SIZE,
     )

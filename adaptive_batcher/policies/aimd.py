@@ -4,7 +4,7 @@ Clipper raises the batch size by a fixed amount while the latency of a batch sta
 objective and cuts it by 10 % when it goes over. As in Clipper, the measured quantity is the
 batch's own processing time: the fitted service time of a batch at the cap in force
 (``observation.service_ms(cap)``, medians of measured batches), compared with the SLO's
-``p99_ms``. Queueing is not seen, exactly as in Clipper; that is its known weakness under
+``latency_ms``. Queueing is not seen, exactly as in Clipper; that is its known weakness under
 overload, and why it is a baseline here. Before the service-time estimator has data, the
 end-to-end latency at the SLO percentile is compared with the target instead.
 """
@@ -25,7 +25,7 @@ class AIMD:
 
     Each tick, with an SLO and latency samples:
 
-    - batch latency over the SLO (``service_ms(cap) > slo.p99_ms``; before the service-time
+    - batch latency over the SLO (``service_ms(cap) > slo.latency_ms``; before the service-time
       estimator has data, ``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at least
       one unit lower ("aimd.decrease");
     - otherwise, if batches filled (``fill_ratio >= fill_threshold``): ``cap += step``
@@ -96,7 +96,7 @@ class AIMD:
         """(batch latency, its limit), ms: Clipper's batch time vs the SLO when known."""
         batch_ms = observation.service_ms(observation.current.max_batch_size)
         if observation.slo is not None and not math.isnan(batch_ms):
-            return batch_ms, observation.slo.p99_ms
+            return batch_ms, observation.slo.latency_ms
         if observation.latency_samples == 0:
             return math.nan, math.nan
         return observation.latency_ms, observation.target_ms

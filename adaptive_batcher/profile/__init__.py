@@ -19,7 +19,7 @@ Example::
     from adaptive_batcher.profile import profile_model, recommend
 
     result = profile_model(model, lambda n: torch.randn(n, 256), max_batch_size=256)
-    rec = recommend(result, SLO(p99_ms=50.0))
+    rec = recommend(result, SLO(latency_ms=50.0))
     print(rec.max_batch_size, rec.window_ms, rec.reasons)
     if rec.noisy:
         print(rec.noise_message, *rec.warnings, sep="\n")

@@ -22,6 +22,11 @@ The JSON file is also the simulator's measured service-time table
                          "noisy": bool, "warnings": [str, ...]} | null
     }
 
+A recommendation's ``"slo_p99_ms"`` holds
+:attr:`~adaptive_batcher.profile.recommend.Recommendation.slo_latency_ms`, the SLO's latency target
+at its percentile (99 from the command line); the key keeps the name schema 1 was fixed with, so
+that files written before and after the field's rename read the same.
+
 Rows are in ascending batch size; times are milliseconds, memory bytes, throughput items/s; CV
 and robust CV are fractions (0.05 = 5 %). The reader ignores keys it does not know, so later
 minor additions stay readable, and it reads files written before the spread, thread and noise
@@ -99,7 +104,7 @@ def profile_to_dict(
         rec = {
             "max_batch_size": recommendation.max_batch_size,
             "window_ms": recommendation.window_ms,
-            "slo_p99_ms": recommendation.slo_p99_ms,
+            "slo_p99_ms": recommendation.slo_latency_ms,
             "meets_slo": recommendation.meets_slo,
             "reasons": list(recommendation.reasons),
             "noisy": recommendation.noisy,
@@ -307,7 +312,7 @@ def _read_recommendation(reader: _Reader, raw: Any) -> Recommendation | None:
         reader.get(obj, "max_batch_size", prefix), prefix + "max_batch_size", minimum=1
     )
     window_ms = reader.as_number(reader.get(obj, "window_ms", prefix), prefix + "window_ms")
-    slo_p99_ms = reader.as_optional_number(
+    slo_latency_ms = reader.as_optional_number(
         reader.get(obj, "slo_p99_ms", prefix), prefix + "slo_p99_ms"
     )
     meets_slo = reader.as_bool(reader.get(obj, "meets_slo", prefix), prefix + "meets_slo")
@@ -319,7 +324,7 @@ def _read_recommendation(reader: _Reader, raw: Any) -> Recommendation | None:
     warnings = reader.optional_strings(obj, "warnings", prefix)
     try:
         return Recommendation(
-            max_batch_size, window_ms, slo_p99_ms, meets_slo, reasons, noisy, warnings
+            max_batch_size, window_ms, slo_latency_ms, meets_slo, reasons, noisy, warnings
         )
     except (TypeError, ValueError) as exc:
         raise reader.fail("recommendation", str(exc)) from exc

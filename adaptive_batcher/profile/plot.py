@@ -32,8 +32,8 @@ def plot_profile(
     One point per batch size at its median latency, labelled with the batch size, with a bar up to
     its p99. The knee is marked with a star, the recommended cap with a ring (its label gives the
     window), and the SLO's latency target as a horizontal dashed line (with the latency budget
-    ``p99_ms - preprocess_ms`` as a dotted line when preprocessing is non-zero). The target is
-    taken from ``slo`` when given, else from ``recommendation.slo_p99_ms``. The x axis is
+    ``latency_ms - preprocess_ms`` as a dotted line when preprocessing is non-zero). The target is
+    taken from ``slo`` when given, else from ``recommendation.slo_latency_ms``. The x axis is
     logarithmic when throughput spans more than a factor of 20.
 
     Returns:
@@ -94,13 +94,13 @@ def plot_profile(
                 f"window {recommendation.window_ms:.2f} ms"
             ),
         )
-    target_ms = slo.p99_ms if slo is not None else None
+    target_ms = slo.latency_ms if slo is not None else None
     if target_ms is None and recommendation is not None:
-        target_ms = recommendation.slo_p99_ms
+        target_ms = recommendation.slo_latency_ms
     if target_ms is not None:
         ax.axhline(target_ms, color="tab:red", linestyle="--", label=f"SLO {target_ms:g} ms")
         if slo is not None and slo.preprocess_ms > 0:
-            budget = slo.p99_ms - slo.preprocess_ms
+            budget = slo.latency_ms - slo.preprocess_ms
             ax.axhline(
                 budget,
                 color="tab:red",

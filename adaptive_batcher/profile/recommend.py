@@ -9,14 +9,14 @@ margin):
   cap is the largest profiled batch size, not above the knee, whose compute fits.
 - **compute(n)** = the p99 batch latency measured at batch size n, so the tail of the compute time
   is budgeted, not only its median.
-- **budget** = ``slo.p99_ms - slo.preprocess_ms``: what is left for queueing + compute.
+- **budget** = ``slo.latency_ms - slo.preprocess_ms``: what is left for queueing + compute.
 - **window** = ``window_fraction * (budget - compute(cap))`` with an SLO; without one,
   ``window_fraction * median latency at the knee`` ("take ~80 % of the knee's window").
 
 Two safety margins, not to be confused: ``window_fraction`` (here) is the share of the *window
 that would fit* (the slack left after compute) that the recommended window takes, applied once,
 offline; ``SLO.margin`` is the share of the *latency target* the online controller aims at
-(``target_ms = margin * p99_ms``), applied at every control tick. ``recommend`` does not apply
+(``target_ms = margin * latency_ms``), applied at every control tick. ``recommend`` does not apply
 ``SLO.margin``: the controller does, on top, when it runs within the recommended bounds.
 - When even the smallest profiled batch size (normally 1) does not fit the budget, the SLO cannot
   be met on this model and hardware: ``meets_slo`` is False, the cap is that smallest size and the
@@ -54,7 +54,8 @@ class Recommendation:
     Attributes:
         max_batch_size: the recommended batch cap, items (>= 1).
         window_ms: the recommended batching window, ms (>= 0).
-        slo_p99_ms: the SLO's latency target the recommendation was checked against, ms, or None.
+        slo_latency_ms: the SLO's latency target (at its percentile) the recommendation was
+            checked against, ms, or None.
         meets_slo: False when even the smallest profiled batch size cannot meet the SLO; True
             otherwise (also when no SLO was given).
         reasons: the reasoning, one sentence per step; when ``meets_slo`` is False the first one
@@ -69,7 +70,7 @@ class Recommendation:
 
     max_batch_size: int
     window_ms: float
-    slo_p99_ms: float | None
+    slo_latency_ms: float | None
     meets_slo: bool
     reasons: tuple[str, ...]
     noisy: bool = False
@@ -79,9 +80,11 @@ class Recommendation:
         check_int("Recommendation.max_batch_size", self.max_batch_size, 1)
         window = check_number("Recommendation.window_ms", self.window_ms, 0.0)
         object.__setattr__(self, "window_ms", window)
-        if self.slo_p99_ms is not None:
-            target = check_number("Recommendation.slo_p99_ms", self.slo_p99_ms, 0.0, strict=True)
-            object.__setattr__(self, "slo_p99_ms", target)
+        if self.slo_latency_ms is not None:
+            target = check_number(
+                "Recommendation.slo_latency_ms", self.slo_latency_ms, 0.0, strict=True
+            )
+            object.__setattr__(self, "slo_latency_ms", target)
         object.__setattr__(
             self, "meets_slo", check_bool("Recommendation.meets_slo", self.meets_slo)
         )
@@ -236,9 +239,9 @@ def _recommend(
         )
         return Recommendation(knee_row.batch_size, window, None, True, tuple(reasons))
 
-    budget = slo.p99_ms - slo.preprocess_ms
+    budget = slo.latency_ms - slo.preprocess_ms
     budget_text = (
-        f"latency budget for queueing + compute = SLO p{slo.percentile:g} {slo.p99_ms:g} ms "
+        f"latency budget for queueing + compute = SLO p{slo.percentile:g} {slo.latency_ms:g} ms "
         f"- preprocess {slo.preprocess_ms:g} ms = {budget:g} ms "
         "(end-to-end = queueing + preprocessing + compute)"
     )
@@ -247,11 +250,12 @@ def _recommend(
         warning = (
             f"SLO cannot be met: even batch {smallest.batch_size} takes p99 "
             f"{smallest.p99_ms:.2f} ms of compute, over the budget of {budget:g} ms "
-            f"(SLO {slo.p99_ms:g} ms - preprocess {slo.preprocess_ms:g} ms); use a faster model "
-            f"or hardware, or relax the SLO. Falling back to cap {smallest.batch_size}, window 0 ms"
+            f"(SLO {slo.latency_ms:g} ms - preprocess {slo.preprocess_ms:g} ms); use a faster "
+            f"model or hardware, or relax the SLO. Falling back to cap {smallest.batch_size}, "
+            "window 0 ms"
         )
         return Recommendation(
-            smallest.batch_size, 0.0, slo.p99_ms, False, (warning, *reasons, budget_text)
+            smallest.batch_size, 0.0, slo.latency_ms, False, (warning, *reasons, budget_text)
         )
 
     reasons.append(budget_text)
@@ -280,4 +284,4 @@ def _recommend(
         f"{cap_row.p99_ms:.2f} ms) "
         f"= {window:.2f} ms"
     )
-    return Recommendation(cap_row.batch_size, window, slo.p99_ms, True, tuple(reasons))
+    return Recommendation(cap_row.batch_size, window, slo.latency_ms, True, tuple(reasons))

@@ -93,11 +93,11 @@ def _warnings_section(result: ProfileResult) -> list[str]:
 
 
 def _recommendation_section(recommendation: Recommendation) -> list[str]:
-    if recommendation.slo_p99_ms is None:
+    if recommendation.slo_latency_ms is None:
         slo = "none given"
     else:
         verdict = "can be met" if recommendation.meets_slo else "**cannot be met**"
-        slo = f"p99 <= {recommendation.slo_p99_ms:g} ms, {verdict}"
+        slo = f"p99 <= {recommendation.slo_latency_ms:g} ms, {verdict}"
     noise = recommendation.noise_message
     return [
         "## Recommendation",

@@ -6,7 +6,7 @@ Replace ``from ray import serve`` ... ``@serve.batch`` with::
 
     @serve.deployment
     class Model:
-        @batch(max_batch_size=16, batch_wait_timeout_s=0.005, slo=SLO(p99_ms=50))
+        @batch(max_batch_size=16, batch_wait_timeout_s=0.005, slo=SLO(latency_ms=50))
         async def handle(self, inputs: list[str]) -> list[str]: ...
 
 Ray is not needed to import or use this package (it is plain asyncio); with Ray installed its

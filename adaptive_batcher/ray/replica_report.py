@@ -11,7 +11,7 @@ makes those readings from :meth:`~adaptive_batcher.AdaptiveBatcher.stats`; the p
         def __init__(self) -> None:
             self.report = ReplicaReport()
 
-        @batch(max_batch_size=32, slo=SLO(p99_ms=100))
+        @batch(max_batch_size=32, slo=SLO(latency_ms=100))
         async def predict(self, items: list[str]) -> list[str]: ...
 
         async def record_autoscaling_stats(self) -> dict[str, float]:

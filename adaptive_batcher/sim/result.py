@@ -175,7 +175,7 @@ class SimResult:
         latency_ms = (done_s[ok] - arrival_s[ok]) * 1e3
         requests = int(outcome.size)
         duration = _rate_span_s(arrival_s, done_s)
-        limit_ms = slo.p99_ms if slo is not None else math.inf
+        limit_ms = slo.latency_ms if slo is not None else math.inf
         good = int(np.count_nonzero(latency_ms <= limit_ms))
         completed = int(np.count_nonzero(ok))
         p50, p95, p99 = _percentiles(latency_ms, (50, 95, 99))
@@ -223,7 +223,7 @@ class SimResult:
         outcome = self.outcome[chosen]
         ok = outcome == Outcome.OK
         latency_ms = (self.done_s[chosen][ok] - self.arrival_s[chosen][ok]) * 1e3
-        limit_ms = slo.p99_ms if slo is not None else math.inf
+        limit_ms = slo.latency_ms if slo is not None else math.inf
         requests = int(outcome.size)
         good = int(np.count_nonzero(latency_ms <= limit_ms))
         shed = int(np.count_nonzero(outcome == Outcome.EXPIRED))

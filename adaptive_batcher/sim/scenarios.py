@@ -119,7 +119,7 @@ def warmup_seed(table: TableService) -> tuple[tuple[int, float], ...]:
 
 
 _RNG = np.random.default_rng(0)
-SLO_50 = SLO(p99_ms=50.0)
+SLO_50 = SLO(latency_ms=50.0)
 
 
 def _poisson(rate_rps: float, duration_s: float) -> Callable[[int], Arrivals]:
@@ -333,7 +333,7 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
         MAX_CAP,
         1.0,
         slo=s.slo,
-        policy=BentoCork(s.slo.p99_ms),
+        policy=BentoCork(s.slo.latency_ms),
         bounds=_bounds(),
         guards=[],
         service_profile=s.warmup,
@@ -399,7 +399,7 @@ def static_grid(
         deadline = None
         if shed:
             service = measured.get(cap, max(measured.values()) if measured else 0.0)
-            deadline = max(0.0, scenario.slo.p99_ms - 1.1 * service)
+            deadline = max(0.0, scenario.slo.latency_ms - 1.1 * service)
         for window in windows_ms:
             config = replace(_static(window, cap)(scenario), deadline_ms=deadline)
             runs.append(StaticRun(window, cap, shed, run(scenario, config, seed)))

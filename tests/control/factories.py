@@ -22,7 +22,7 @@ def observe(**changes: Any) -> Observation:
         "interval_s": 0.25,
         "current": Decision(2.0, 64, "start"),
         "bounds": Bounds(0.0, 50.0, 1, 256),
-        "slo": SLO(p99_ms=50.0),
+        "slo": SLO(latency_ms=50.0),
         "latency_ms": 20.0,
         "p50_ms": 10.0,
         "mean_ms": 11.0,

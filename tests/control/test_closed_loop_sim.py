@@ -26,13 +26,13 @@ def late_p99(result: SimResult, after_s: float) -> float:
 
 
 def test_three_fold_load_step_recovers_within_two_seconds() -> None:
-    slo = SLO(p99_ms=40.0)
+    slo = SLO(latency_ms=40.0)
     arrivals = Steps((4000.0, 12000.0), 20.0).generate(40.0, np.random.default_rng(11))
     config = SimConfig(max_batch_size=256, window_ms=0.0, slo=slo, policy=PID())
     result = Simulator(RESNET, config).run(arrivals)
     assert result.lost == 0
-    assert result.recovery_time_s(20.0, slo.p99_ms, hold_s=10.0) <= 2.0
-    assert late_p99(result, 25.0) <= slo.p99_ms
+    assert result.recovery_time_s(20.0, slo.latency_ms, hold_s=10.0) <= 2.0
+    assert late_p99(result, 25.0) <= slo.latency_ms
 
 
 def test_memory_squeeze_shrinks_the_cap_without_losing_requests() -> None:
@@ -43,7 +43,7 @@ def test_memory_squeeze_shrinks_the_cap_without_losing_requests() -> None:
     )
     memory = MemoryLimit(512 * mib, squeezes=[(10.0, 160 * mib)])
     arrivals = Poisson(6000.0).generate(30.0, np.random.default_rng(2))
-    config = SimConfig(max_batch_size=256, window_ms=2.0, slo=SLO(p99_ms=60), policy=PID())
+    config = SimConfig(max_batch_size=256, window_ms=2.0, slo=SLO(latency_ms=60), policy=PID())
     result = Simulator(service, config, memory=memory).run(arrivals)
     static = Simulator(service, SimConfig(256, 20.0), memory=memory).run(arrivals)
     assert result.lost == 0
@@ -60,18 +60,18 @@ def test_memory_squeeze_shrinks_the_cap_without_losing_requests() -> None:
 
 
 def test_slo_change_is_followed() -> None:
-    loose, tight = SLO(p99_ms=100.0), SLO(p99_ms=25.0)
+    loose, tight = SLO(latency_ms=100.0), SLO(latency_ms=25.0)
     arrivals = Poisson(8000.0).generate(40.0, np.random.default_rng(4))
     config = SimConfig(
         max_batch_size=512, window_ms=10.0, slo=loose, policy=PID(), slo_changes=((20.0, tight),)
     )
     result = Simulator(RESNET, config).run(arrivals)
     assert result.lost == 0
-    assert late_p99(result, 25.0) <= tight.p99_ms
+    assert late_p99(result, 25.0) <= tight.latency_ms
 
 
 def test_window_goes_to_zero_for_a_lone_closed_loop_client() -> None:
-    config = SimConfig(max_batch_size=64, window_ms=20.0, slo=SLO(p99_ms=100), policy=PID())
+    config = SimConfig(max_batch_size=64, window_ms=20.0, slo=SLO(latency_ms=100), policy=PID())
     result = Simulator(LinearService(0.004, 0.0), config).run(ClosedLoop(1, 0.0, duration_s=20.0))
     windows = result.series.decisions[:, 1]
     assert windows[-1] == 0.0
@@ -79,7 +79,7 @@ def test_window_goes_to_zero_for_a_lone_closed_loop_client() -> None:
 
 
 def test_shedding_keeps_goodput_through_overload() -> None:
-    slo = SLO(p99_ms=30.0)
+    slo = SLO(latency_ms=30.0)
     arrivals = Steps((6000.0, 25000.0, 6000.0), 10.0).generate(30.0, np.random.default_rng(5))
     plain = SimConfig(512, 0.0, slo=slo, policy=PID())
     shed = SimConfig(512, 0.0, slo=slo, policy=PID(), guards=default_guards(shed_late=True))
@@ -87,13 +87,13 @@ def test_shedding_keeps_goodput_through_overload() -> None:
     with_shed = Simulator(RESNET, shed).run(arrivals)
     assert with_shed.lost == 0
     assert with_shed.goodput_rps > 1.2 * without.goodput_rps
-    assert with_shed.p99_ms <= slo.p99_ms
+    assert with_shed.p99_ms <= slo.latency_ms
 
 
 def test_window_closes_for_closed_loop_clients_fewer_than_the_cap() -> None:
     """8 clients, no think time, 2 ms batches, cap 64: all 8 wait in the queue and nobody else
     can come, so any window is pure latency; the controller must close it."""
-    config = SimConfig(max_batch_size=64, window_ms=5.0, slo=SLO(p99_ms=50), policy=PID())
+    config = SimConfig(max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=50), policy=PID())
     adaptive = Simulator(LinearService(0.002, 0.0), config).run(ClosedLoop(8, 0.0, duration_s=20.0))
     natural = Simulator(LinearService(0.002, 0.0), SimConfig(64, 0.0)).run(
         ClosedLoop(8, 0.0, duration_s=20.0)

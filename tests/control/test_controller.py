@@ -45,7 +45,7 @@ def started(policy: Spy, **kwargs: object) -> tuple[Controller, Recorder]:
 
 def test_observation_rates_come_from_counter_deltas() -> None:
     spy = Spy()
-    controller, recorder = started(spy, slo=SLO(p99_ms=100))
+    controller, recorder = started(spy, slo=SLO(latency_ms=100))
     recorder.slo_latency_s = 0.1
     recorder.submitted += 500
     recorder.record_latencies([0.01] * 400 + [0.2] * 50, 0, now=0.4)
@@ -128,8 +128,8 @@ def test_switching_policy_is_bumpless() -> None:
 
 def test_slo_change_reaches_the_next_observation() -> None:
     spy = Spy()
-    controller, recorder = started(spy, slo=SLO(p99_ms=100))
-    controller.set_slo(SLO(p99_ms=20))
+    controller, recorder = started(spy, slo=SLO(latency_ms=100))
+    controller.set_slo(SLO(latency_ms=20))
     controller.tick(1.0, recorder, 0, 0, UNKNOWN)
     assert spy.seen[-1].target_ms == pytest.approx(16.0)
 
@@ -141,7 +141,7 @@ def test_tick_before_start_is_an_error() -> None:
 
 
 def test_default_guard_chain_wraps_the_policy() -> None:
-    controller = Controller(PID(), Bounds(), slo=SLO(p99_ms=50))
+    controller = Controller(PID(), Bounds(), slo=SLO(latency_ms=50))
     assert controller.chain.name == (
         "MemoryGuard(StepGuard(PowerGuard(BudgetGuard(UnusedWindowGuard(pid)))))"
     )

@@ -113,7 +113,7 @@ def test_no_derivative_kick_when_the_slo_changes() -> None:
             pid.decide(observe(latency_ms=45.0))
     before = (with_d.output, without_d.output)
     for pid in (with_d, without_d):  # same latency, new target: only P and I may move
-        pid.decide(observe(latency_ms=45.0, slo=SLO(p99_ms=60.0)))
+        pid.decide(observe(latency_ms=45.0, slo=SLO(latency_ms=60.0)))
     assert with_d.output - before[0] == pytest.approx(without_d.output - before[1])
 
 

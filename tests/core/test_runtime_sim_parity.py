@@ -45,7 +45,7 @@ def settings(policy: Callable[[], Policy], log: list[Any], shed: bool) -> dict[s
         "max_batch_size": 64,
         "window_ms": 2.0,
         "max_queue_size": 400,
-        "slo": SLO(p99_ms=25.0),
+        "slo": SLO(latency_ms=25.0),
         "policy": policy(),
         "guards": [*default_guards(shed_late=shed), recording(log)],
         "control_interval_ms": 100.0,

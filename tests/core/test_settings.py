@@ -62,7 +62,7 @@ def test_contradicting_settings_are_refused_at_construction(
 def test_a_missing_profile_file_names_the_setting(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     with pytest.raises(FileNotFoundError, match="service_profile: no such file"):
-        AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=missing)
+        AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=missing)
 
 
 def test_default_bounds_follow_the_batcher() -> None:

@@ -81,7 +81,7 @@ def test_every_instrument_but_the_request_histogram_is_reported() -> None:
     provider = MeterProvider(metric_readers=[reader])
 
     async def main() -> Points:
-        batcher = AdaptiveBatcher(model, slo=SLO(p99_ms=50.0), name="slo")
+        batcher = AdaptiveBatcher(model, slo=SLO(latency_ms=50.0), name="slo")
         instrument_otel(batcher, provider)
         async with batcher:
             for _ in range(20):

@@ -90,7 +90,7 @@ def test_gauges_show_the_queue_and_the_settings_in_force() -> None:
             window_ms=0.0,
             max_batch_size=4,
             max_concurrent_batches=2,
-            slo=SLO(p99_ms=40.0),
+            slo=SLO(latency_ms=40.0),
             policy=Static(),
             name="b",
         )
@@ -123,7 +123,7 @@ def test_slo_attainment_quantiles_and_decisions_by_reason() -> None:
 
     async def main() -> tuple[Any, Any]:
         batcher = AdaptiveBatcher(
-            model, slo=SLO(p99_ms=5.0), window_ms=2.0, control_interval_ms=20.0, name="pid"
+            model, slo=SLO(latency_ms=5.0), window_ms=2.0, control_interval_ms=20.0, name="pid"
         )
         register_prometheus(batcher, registry)
         async with batcher:
@@ -253,7 +253,7 @@ def test_the_openmetrics_exposition_carries_the_units() -> None:
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
     registry = CollectorRegistry()
-    register_prometheus(AdaptiveBatcher(model, slo=SLO(p99_ms=10.0), name="om"), registry)
+    register_prometheus(AdaptiveBatcher(model, slo=SLO(latency_ms=10.0), name="om"), registry)
     families = {
         family.name: family.unit
         for family in text_string_to_metric_families(openmetrics_latest(registry).decode())

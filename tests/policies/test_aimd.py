@@ -11,7 +11,7 @@ from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.policies import AIMD, Policy
 from adaptive_batcher.slo import SLO
 
-SLO_50 = SLO(p99_ms=50.0)  # target_ms = 0.8 * 50 = 40 ms
+SLO_50 = SLO(latency_ms=50.0)  # target_ms = 0.8 * 50 = 40 ms
 
 
 CURRENT = Decision(2.0, 32)
@@ -235,7 +235,7 @@ def test_clipper_rule_uses_batch_time_against_the_slo(
         interval_s=0.25,
         current=Decision(0.0, cap),
         bounds=Bounds(0.0, 10.0, 1, 256),
-        slo=SLO(p99_ms=50.0),
+        slo=SLO(latency_ms=50.0),
         latency_ms=400.0,  # end-to-end latency is ignored by Clipper's rule
         latency_samples=100,
         fill_ratio=1.0,

@@ -178,7 +178,7 @@ def test_bandits_are_safe_to_run(make: Any) -> None:
     arrivals = Poisson(4600.0).generate(20.0, np.random.default_rng(4))
     seed = tuple((n, table.service_s(n, np.random.default_rng(0)) * 1e3) for n in (1, 32, 256))
     config = SimConfig(
-        512, 0.0, slo=SLO(p99_ms=50.0), policy=make(), shed_late=True, service_profile=seed
+        512, 0.0, slo=SLO(latency_ms=50.0), policy=make(), shed_late=True, service_profile=seed
     )
     result = Simulator(Noisy(table, cv=0.05), config).run(arrivals)
     static = Simulator(Noisy(table, cv=0.05), SimConfig(512, 0.0)).run(arrivals)

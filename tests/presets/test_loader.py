@@ -30,7 +30,7 @@ name = "mine"
 description = "a test preset"
 
 [slo]
-p99_ms = 100.0
+latency_ms = 100.0
 preprocess_ms = 5.0
 
 [policy]
@@ -69,7 +69,7 @@ def test_a_file_loads_by_path_with_defaults_following_the_batcher(tmp_path: Path
     preset = load_preset(path)
     assert preset.name == "mine" and preset.description == "a test preset"
     assert preset.source == path.resolve()
-    assert preset.slo == SLO(p99_ms=100.0, preprocess_ms=5.0)
+    assert preset.slo == SLO(latency_ms=100.0, preprocess_ms=5.0)
     assert preset.policy == PolicySpec("pid", {"kp": 0.5, "min_samples": 5})
     assert dict(preset.batcher) == {
         "max_batch_size": 8,
@@ -103,7 +103,7 @@ def test_a_single_batcher_file_is_a_group_of_one(tmp_path: Path) -> None:
 def test_a_group_file_loads_by_path(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "[batchers.a.batcher]\nwindow_ms = 1.0\n[batchers.b.slo]\np99_ms = 50.0\n",
+        "[batchers.a.batcher]\nwindow_ms = 1.0\n[batchers.b.slo]\nlatency_ms = 50.0\n",
         "svc.toml",
     )
     group = load_preset_group(path)
@@ -187,7 +187,7 @@ def test_invalid_overrides_are_reported_by_the_constructor(
 
 
 def test_overridden_policy_slo_and_bounds_are_used_as_given() -> None:
-    policy, slo, bounds = Static(3.0, 4), SLO(p99_ms=1000.0), Bounds(0.0, 50.0, 1, 16)
+    policy, slo, bounds = Static(3.0, 4), SLO(latency_ms=1000.0), Bounds(0.0, 50.0, 1, 16)
     batcher = AdaptiveBatcher.from_preset(
         "realtime_chat", EchoModel(), policy=policy, slo=slo, bounds=bounds
     )
@@ -317,10 +317,30 @@ def test_negative_window(tmp_path: Path) -> None:
 
 
 def test_wrong_type(tmp_path: Path) -> None:
-    path = write(tmp_path, '[slo]\np99_ms = "200"\n')
+    path = write(tmp_path, '[slo]\nlatency_ms = "200"\n')
     with pytest.raises(PresetError) as caught:
         load_preset(path)
-    assert str(caught.value) == f"{path}: key 'slo.p99_ms': p99_ms must be a number, got str"
+    assert (
+        str(caught.value) == f"{path}: key 'slo.latency_ms': latency_ms must be a number, got str"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[slo]\np99_ms = 200.0\n", "slo.p99_ms"),
+        ("[slo]\nlatency_ms = 200.0\np99_ms = 200.0\n", "slo.p99_ms"),
+        ("[batchers.chat.slo]\np99_ms = 300.0\n", "batchers.chat.slo.p99_ms"),
+    ],
+)
+def test_the_old_slo_key_is_refused_with_its_new_name(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PresetError) as caught:
+        load_preset_group(path)
+    assert str(caught.value) == (
+        f"{path}: key '{key}': renamed 'latency_ms'; write latency_ms = ... instead"
+    )
+    assert caught.value.key == key
 
 
 def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> None:
@@ -368,23 +388,27 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
             "must be a finite number > 0",
         ),
         ("slo = 3\n", "slo", "must be a table, got int"),
-        ("[slo]\npercentile = 90.0\n", "slo.p99_ms", "missing"),
+        ("[slo]\npercentile = 90.0\n", "slo.latency_ms", "missing"),
         (
-            "[slo]\np99_ms = 100.0\npercentile = 100\n",
+            "[slo]\nlatency_ms = 100.0\npercentile = 100\n",
             "slo.percentile",
             "SLO.percentile must be in (0, 100), got 100",
         ),
         (
-            "[slo]\np99_ms = 100.0\nmargin = 1.5\n",
+            "[slo]\nlatency_ms = 100.0\nmargin = 1.5\n",
             "slo.margin",
             "SLO.margin must be in (0, 1], got 1.5",
         ),
         (
-            "[slo]\np99_ms = 100.0\npreprocess_ms = 100.0\n",
+            "[slo]\nlatency_ms = 100.0\npreprocess_ms = 100.0\n",
             "slo",
-            "SLO.preprocess_ms (100.0) must be below p99_ms (100.0)",
+            "SLO.preprocess_ms (100.0) must be below latency_ms (100.0)",
         ),
-        ("[slo]\np99_ms = inf\n", "slo.p99_ms", "p99_ms must be a finite number > 0, got inf"),
+        (
+            "[slo]\nlatency_ms = inf\n",
+            "slo.latency_ms",
+            "latency_ms must be a finite number > 0, got inf",
+        ),
         ("[policy]\nkp = 1.0\n", "policy.name", "missing; choose one of aimd, bandit_thompson"),
         (
             "[policy]\nname = 'static'\nkp = 1.0\n",
@@ -444,7 +468,7 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
         ("[preset]\nname = 3\n", "preset.name", "name must be a str, got int"),
         ("[preset]\nowner = 'me'\n", "preset.owner", "unknown key; allowed: description, name"),
         (
-            "[slo]\np99_ms = 1.0\n[batchers.a.slo]\np99_ms = 1.0\n",
+            "[slo]\nlatency_ms = 1.0\n[batchers.a.slo]\nlatency_ms = 1.0\n",
             "slo",
             "not allowed next to [batchers]",
         ),
@@ -455,7 +479,7 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
             "unknown key; allowed: batcher, bounds, description",
         ),
         (
-            "[batchers.'a b'.slo]\np99_ms = 1.0\n",
+            "[batchers.'a b'.slo]\nlatency_ms = 1.0\n",
             "batchers.a b",
             "member names use letters, digits",
         ),
@@ -515,7 +539,7 @@ def test_a_file_with_only_its_name_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_group_member_without_settings_is_refused(tmp_path: Path) -> None:
-    path = write(tmp_path, '[batchers.a.slo]\np99_ms = 50.0\n[batchers.b]\ndescription = "x"\n')
+    path = write(tmp_path, '[batchers.a.slo]\nlatency_ms = 50.0\n[batchers.b]\ndescription = "x"\n')
     with pytest.raises(PresetError) as caught:
         load_preset_group(path)
     assert str(caught.value) == (

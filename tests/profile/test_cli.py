@@ -51,7 +51,7 @@ def test_builtin_mlp_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert result.batch_sizes == (1, 2, 4)
     assert result.repeats == 3
     assert result.device == "cpu"
-    assert rec is not None and rec.slo_p99_ms is None and rec.max_batch_size in (1, 2, 4)
+    assert rec is not None and rec.slo_latency_ms is None and rec.max_batch_size in (1, 2, 4)
     assert (out / "profile.png").read_bytes().startswith(PNG_SIGNATURE)
     assert TABLE_HEADER in (out / "profile.md").read_text(encoding="utf-8")
     assert "profiled" not in captured.err  # --no-progress
@@ -67,7 +67,7 @@ def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     result, rec = load_profile(tmp_path / "profile.json")
     assert result.batch_sizes == (1, 2, 4)
     assert rec is not None
-    assert rec.slo_p99_ms == 5000.0
+    assert rec.slo_latency_ms == 5000.0
     assert rec.meets_slo is True
     compute_ms = result.row(rec.max_batch_size).p99_ms
     assert rec.window_ms == pytest.approx(0.5 * (5000.0 - 1.0 - compute_ms))
@@ -201,7 +201,7 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
         (["--preprocess-ms", "2"],
          "--preprocess-ms needs --slo-p99-ms (it is subtracted from the SLO)"),
         (["--slo-p99-ms", "5", "--preprocess-ms", "6"],
-         "SLO.preprocess_ms (6.0) must be below p99_ms (5.0)"),
+         "SLO.preprocess_ms (6.0) must be below latency_ms (5.0)"),
         (["--device", "tpu"],
          "--device: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
         (["--repeats", "5", "--max-repeats", "4"],

@@ -26,7 +26,7 @@ def test_without_slo_cap_is_the_knee_and_window_is_80_percent_of_its_latency(
     rec = recommend(resnet50)
     assert rec.max_batch_size == 128
     assert rec.window_ms == pytest.approx(0.8 * KNEE_MEDIAN_MS)
-    assert rec.slo_p99_ms is None
+    assert rec.slo_latency_ms is None
     assert rec.meets_slo is True
     assert rec.message is None
     assert rec.reasons[0].startswith("knee of the throughput curve at batch 128")
@@ -44,7 +44,7 @@ def test_the_slos_margin_is_the_controllers_not_the_recommendations(
     resnet50: ProfileResult,
 ) -> None:
     """SLO.margin (the controller's aim) leaves the window alone; window_fraction sets it."""
-    tight, loose = SLO(p99_ms=50.0, margin=0.5), SLO(p99_ms=50.0, margin=1.0)
+    tight, loose = SLO(latency_ms=50.0, margin=0.5), SLO(latency_ms=50.0, margin=1.0)
     assert recommend(resnet50, tight).window_ms == recommend(resnet50, loose).window_ms
     rec = recommend(resnet50, loose, window_fraction=0.5)
     assert rec.window_ms == pytest.approx(0.5 * (50.0 - KNEE_P99_MS))
@@ -52,16 +52,16 @@ def test_the_slos_margin_is_the_controllers_not_the_recommendations(
 
 
 def test_with_an_slo_that_fits_at_the_knee(resnet50: ProfileResult) -> None:
-    rec = recommend(resnet50, SLO(p99_ms=50.0))
+    rec = recommend(resnet50, SLO(latency_ms=50.0))
     assert rec.max_batch_size == 128
     assert rec.window_ms == pytest.approx(0.8 * (50.0 - KNEE_P99_MS))
-    assert rec.slo_p99_ms == 50.0
+    assert rec.slo_latency_ms == 50.0
     assert rec.meets_slo is True
     assert any("fits the budget: cap = 128" in reason for reason in rec.reasons)
 
 
 def test_preprocessing_comes_out_of_the_budget(resnet50: ProfileResult) -> None:
-    rec = recommend(resnet50, SLO(p99_ms=50.0, preprocess_ms=10.0))
+    rec = recommend(resnet50, SLO(latency_ms=50.0, preprocess_ms=10.0))
     assert rec.window_ms == pytest.approx(0.8 * (50.0 - 10.0 - KNEE_P99_MS))
     assert any("SLO p99 50 ms - preprocess 10 ms = 40 ms" in reason for reason in rec.reasons)
 
@@ -70,7 +70,7 @@ def test_slo_that_cannot_hold_at_the_knee_takes_the_largest_cap_that_fits(
     resnet50: ProfileResult,
 ) -> None:
     # budget 10 - 2 = 8 ms: the knee (p99 8.807 ms) does not fit; batch 64 (7.452 ms) does
-    rec = recommend(resnet50, SLO(p99_ms=10.0, preprocess_ms=2.0))
+    rec = recommend(resnet50, SLO(latency_ms=10.0, preprocess_ms=2.0))
     assert rec.max_batch_size == 64
     assert rec.window_ms == pytest.approx(0.8 * (8.0 - 7.452))
     assert rec.meets_slo is True
@@ -82,7 +82,7 @@ def test_slo_that_cannot_hold_at_the_knee_takes_the_largest_cap_that_fits(
 
 def test_largest_fitting_cap_skips_a_slow_smaller_size(resnet50: ProfileResult) -> None:
     # budget 5 ms: batch 2 (p99 6.47 ms) does not fit but 32 (4.167 ms) does
-    rec = recommend(resnet50, SLO(p99_ms=5.0))
+    rec = recommend(resnet50, SLO(latency_ms=5.0))
     assert rec.max_batch_size == 32
     assert rec.window_ms == pytest.approx(0.8 * (5.0 - 4.167))
 
@@ -94,16 +94,16 @@ def test_cap_never_goes_above_the_knee_even_if_a_larger_size_fits() -> None:
         ProfileRow(4, 2.0, 2.0, 2000.0),
     ]
     result = ProfileResult(tuple(rows), None, "cpu", "m", 1)
-    rec = recommend(result, SLO(p99_ms=3.0), knee=Knee.at(rows[1], "kneedle"))
+    rec = recommend(result, SLO(latency_ms=3.0), knee=Knee.at(rows[1], "kneedle"))
     assert rec.max_batch_size == 1
 
 
 def test_slo_that_even_batch_1_cannot_meet(resnet50: ProfileResult) -> None:
-    rec = recommend(resnet50, SLO(p99_ms=3.0))
+    rec = recommend(resnet50, SLO(latency_ms=3.0))
     assert rec.meets_slo is False
     assert rec.max_batch_size == 1
     assert rec.window_ms == 0.0
-    assert rec.slo_p99_ms == 3.0
+    assert rec.slo_latency_ms == 3.0
     assert rec.message == rec.reasons[0]
     assert rec.message is not None
     assert rec.message.startswith(
@@ -139,7 +139,7 @@ def test_an_explicit_knee_is_used(resnet50: ProfileResult) -> None:
 
 
 def test_controller_bounds_are_the_bounds_a_batcher_takes(resnet50: ProfileResult) -> None:
-    rec = recommend(resnet50, SLO(p99_ms=50.0))
+    rec = recommend(resnet50, SLO(latency_ms=50.0))
     bounds = controller_bounds(rec)
     assert isinstance(bounds, Bounds)
     assert bounds == Bounds(0.0, rec.window_ms, 1, 128)
@@ -152,7 +152,7 @@ def test_controller_bounds_are_the_bounds_a_batcher_takes(resnet50: ProfileResul
 def test_a_batcher_starts_at_the_recommendation_within_its_bounds(
     resnet50: ProfileResult,
 ) -> None:
-    for slo in (SLO(p99_ms=50.0), SLO(p99_ms=3.0)):  # the second cannot be met: window 0
+    for slo in (SLO(latency_ms=50.0), SLO(latency_ms=3.0)):  # the second cannot be met: window 0
         rec = recommend(resnet50, slo)
         batcher = AdaptiveBatcher(
             lambda items: items,

@@ -31,7 +31,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_json_round_trip(resnet50: ProfileResult, tmp_path: Path) -> None:
-    rec = recommend(resnet50, SLO(p99_ms=10.0, preprocess_ms=2.0))
+    rec = recommend(resnet50, SLO(latency_ms=10.0, preprocess_ms=2.0))
     path = write_profile(tmp_path / "profile.json", resnet50, recommendation=rec)
     assert path == tmp_path / "profile.json"
     loaded, loaded_rec = load_profile(path)
@@ -114,7 +114,7 @@ def test_a_profile_without_rows_cannot_be_written(tmp_path: Path) -> None:
 
 
 def _good_doc(resnet50: ProfileResult) -> dict[str, Any]:
-    return profile_to_dict(resnet50, recommendation=recommend(resnet50, SLO(p99_ms=50.0)))
+    return profile_to_dict(resnet50, recommendation=recommend(resnet50, SLO(latency_ms=50.0)))
 
 
 def _set(doc: dict[str, Any], key: str, value: Any) -> None:
@@ -255,7 +255,7 @@ def test_loader_ignores_unknown_keys(resnet50: ProfileResult, tmp_path: Path) ->
 
 def test_markdown_table(resnet50: ProfileResult) -> None:
     knee = find_knee(resnet50)
-    rec = recommend(resnet50, SLO(p99_ms=10.0, preprocess_ms=2.0), knee=knee)
+    rec = recommend(resnet50, SLO(latency_ms=10.0, preprocess_ms=2.0), knee=knee)
     table = markdown_table(resnet50, knee=knee, recommendation=rec)
     lines = table.splitlines()
     assert lines[0] == (
@@ -278,7 +278,7 @@ def test_markdown_table_marks_oom_and_missing_memory() -> None:
 
 def test_markdown_report(resnet50: ProfileResult) -> None:
     knee = find_knee(resnet50)
-    rec = recommend(resnet50, SLO(p99_ms=3.0), knee=knee)
+    rec = recommend(resnet50, SLO(latency_ms=3.0), knee=knee)
     report = markdown_report(resnet50, knee=knee, recommendation=rec)
     assert report.startswith("# Profile of `resnet50`\n")
     assert "| batch | median ms |" in report
@@ -295,7 +295,7 @@ def test_markdown_report(resnet50: ProfileResult) -> None:
 
 
 def test_plot_writes_a_png(resnet50: ProfileResult, tmp_path: Path) -> None:
-    slo = SLO(p99_ms=10.0, preprocess_ms=2.0)
+    slo = SLO(latency_ms=10.0, preprocess_ms=2.0)
     knee = find_knee(resnet50)
     rec = recommend(resnet50, slo, knee=knee)
     path = plot_profile(resnet50, tmp_path / "p.png", knee=knee, recommendation=rec, slo=slo)
@@ -309,7 +309,7 @@ def test_plot_without_markers_and_with_the_slo_from_the_recommendation(
 ) -> None:
     bare = plot_profile(resnet50, tmp_path / "bare.png")
     assert bare.read_bytes().startswith(PNG_SIGNATURE)
-    rec = recommend(resnet50, SLO(p99_ms=50.0))
+    rec = recommend(resnet50, SLO(latency_ms=50.0))
     marked = plot_profile(table_result(RESNET50_H200[:1]), tmp_path / "one.png", recommendation=rec)
     assert marked.read_bytes().startswith(PNG_SIGNATURE)
     assert bare.read_bytes() != marked.read_bytes()

@@ -33,7 +33,7 @@ def test_the_report_gives_rates_over_the_interval_since_the_last_reading() -> No
         loop = asyncio.get_running_loop()
         report = ReplicaReport(clock=loop.time)
         async with AdaptiveBatcher(
-            sleepy_model, max_batch_size=4, window_ms=0.0, slo=SLO(p99_ms=100)
+            sleepy_model, max_batch_size=4, window_ms=0.0, slo=SLO(latency_ms=100)
         ) as batcher:
             first = report(batcher.stats())
             # 2 s: 40 requests in 10 waves of 4, one wave every 200 ms -> 10 batches of 4

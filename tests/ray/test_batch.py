@@ -721,7 +721,7 @@ async def test_our_options_slo_deadline_and_queue_bound() -> None:
     @batch(
         max_batch_size=1,
         batch_wait_timeout_s=0,
-        slo=SLO(p99_ms=50),
+        slo=SLO(latency_ms=50),
         deadline_ms=20,
         max_queue_size=1,
     )
@@ -738,7 +738,7 @@ async def test_our_options_slo_deadline_and_queue_bound() -> None:
     with pytest.raises(DeadlineExceededError):
         await queued
     stats = handler.get_batcher().stats()  # type: ignore[attr-defined]
-    assert stats.slo == SLO(p99_ms=50) and stats.policy is not None
+    assert stats.slo == SLO(latency_ms=50) and stats.policy is not None
     gate.set()
     assert await running == 0
     await handler.aclose()  # type: ignore[attr-defined]

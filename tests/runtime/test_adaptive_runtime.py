@@ -61,7 +61,7 @@ async def test_cap_shrinks_under_memory_pressure_and_nothing_is_lost() -> None:
         model,
         max_batch_size=64,
         window_ms=2,
-        slo=SLO(p99_ms=200),
+        slo=SLO(latency_ms=200),
         telemetry=FakeTelemetry(reading),
         telemetry_hz=100,
         control_interval_ms=50,
@@ -93,7 +93,7 @@ async def test_torch_model_meets_slo_where_a_bad_static_window_does_not() -> Non
         max_batch_size=64,
         window_ms=250,
         executor="thread",
-        slo=SLO(p99_ms=100),
+        slo=SLO(latency_ms=100),
         control_interval_ms=100,
     )
     async with adaptive:
@@ -132,12 +132,12 @@ async def test_slo_and_policy_can_change_at_run_time() -> None:
     async with batcher:
         await batcher.submit_many(range(10))
         batcher.set_policy(PID())
-        batcher.set_slo(SLO(p99_ms=30))
+        batcher.set_slo(SLO(latency_ms=30))
         await open_loop(batcher, 300, 1.0)
         stats = batcher.stats()
     assert stats.policy is not None
     assert "pid" in stats.policy
-    assert stats.slo == SLO(p99_ms=30)
+    assert stats.slo == SLO(latency_ms=30)
     assert stats.decisions > 0
     with pytest.raises(TypeError, match="slo must be an SLO or None, got int"):
         batcher.set_slo(30)  # type: ignore[arg-type]
@@ -147,11 +147,11 @@ def test_service_profile_seeds_the_controller(tmp_path: Path) -> None:
     rows = (ProfileRow(1, 2.0, 2.5, 500.0, None), ProfileRow(64, 6.0, 7.0, 10666.7, None))
     path = tmp_path / "profile.json"
     write_profile(path, ProfileResult(rows, None, "cpu", "mlp", 5))
-    from_file = AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=path)
-    from_rows = AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=[(1, 2.0)])
+    from_file = AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=path)
+    from_rows = AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=[(1, 2.0)])
     assert from_file._core.controller is not None
     assert from_file._core.controller.service_estimator.predict_ms(64) == pytest.approx(6.0)
     assert from_rows._core.controller is not None
     assert from_rows._core.controller.service_estimator.predict_ms(1) == pytest.approx(2.0)
     with pytest.raises(ValueError, match=r"service_profile rows must be \(batch_size: int >= 1"):
-        AdaptiveBatcher(lambda b: b, slo=SLO(p99_ms=50), service_profile=[(0, 2.0)])
+        AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=[(0, 2.0)])

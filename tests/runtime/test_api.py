@@ -192,7 +192,7 @@ def test_decorator_validates_options_at_decoration_time() -> None:
 
 
 async def test_stats_snapshot_is_frozen_and_complete() -> None:
-    slo = SLO(p99_ms=50)
+    slo = SLO(latency_ms=50)
     async with AdaptiveBatcher(EchoModel(), max_batch_size=4, window_ms=1, slo=slo) as batcher:
         await batcher.submit_many(range(10))
         stats = batcher.stats()
@@ -228,7 +228,7 @@ async def test_decorated_methods_get_their_own_policy_copy() -> None:
     from adaptive_batcher.policies import PID
 
     class Model:
-        @batched(max_batch_size=8, window_ms=1, policy=PID(), slo=SLO(p99_ms=50))
+        @batched(max_batch_size=8, window_ms=1, policy=PID(), slo=SLO(latency_ms=50))
         async def run(self, batch: list[int]) -> list[int]:
             return batch
 

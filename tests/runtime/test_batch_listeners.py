@@ -91,7 +91,7 @@ def test_removed_listeners_are_not_called_and_bad_ones_are_refused() -> None:
 def test_stats_count_decisions_by_reason() -> None:
     async def main() -> None:
         batcher = AdaptiveBatcher(
-            sleeping_model(0.002), slo=SLO(p99_ms=20.0), policy=PID(), control_interval_ms=50.0
+            sleeping_model(0.002), slo=SLO(latency_ms=20.0), policy=PID(), control_interval_ms=50.0
         )
         async with batcher:
             for _ in range(40):
@@ -115,7 +115,7 @@ def test_slo_attainment_is_the_share_of_the_window_within_the_slo() -> None:
     async def main() -> None:
         # a static policy keeps the 4 ms window: latency = 4 ms wait + service
         batcher = AdaptiveBatcher(
-            sleeping_model(0.010), slo=SLO(p99_ms=12.0), policy=Static(), window_ms=4.0
+            sleeping_model(0.010), slo=SLO(latency_ms=12.0), policy=Static(), window_ms=4.0
         )
         async with batcher:
             assert math.isnan(batcher.stats().slo_attainment)  # nothing answered yet

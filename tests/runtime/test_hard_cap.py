@@ -48,7 +48,7 @@ async def test_the_hard_cap_bounds_the_size_of_a_request() -> None:
 
 async def test_the_controller_bound_follows_the_hard_cap() -> None:
     async with AdaptiveBatcher(
-        recording_model([]), max_batch_size=8, window_ms=1, slo=SLO(p99_ms=50)
+        recording_model([]), max_batch_size=8, window_ms=1, slo=SLO(latency_ms=50)
     ) as batcher:
         batcher.set_hard_cap(32)
         assert batcher._core.bounds.max_batch_size == 32
@@ -63,7 +63,7 @@ async def test_explicit_bounds_below_the_hard_cap_stay_where_they_are() -> None:
         recording_model([]),
         max_batch_size=16,
         window_ms=1,
-        slo=SLO(p99_ms=50),
+        slo=SLO(latency_ms=50),
         bounds=Bounds(0.0, 10.0, 1, 8),
     ) as batcher:
         batcher.set_hard_cap(64)

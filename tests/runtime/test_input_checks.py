@@ -86,7 +86,9 @@ def test_guards_must_be_a_sequence(guards: object, kind: str) -> None:
 def test_guards_from_a_generator_are_kept() -> None:
     from adaptive_batcher.control.guards import BudgetGuard
 
-    batcher = AdaptiveBatcher(EchoModel(), slo=SLO(p99_ms=50), guards=(g for g in [BudgetGuard]))
+    batcher = AdaptiveBatcher(
+        EchoModel(), slo=SLO(latency_ms=50), guards=(g for g in [BudgetGuard])
+    )
     controller = batcher._core.controller
     assert controller is not None
     assert controller.chain.name == "BudgetGuard(pid)"  # the generator was not used up by the check
@@ -137,7 +139,7 @@ async def test_numpy_scalars_are_ints_and_numbers_for_the_constructor_and_set_li
 def test_numpy_bools_are_bools() -> None:
     batcher = AdaptiveBatcher(
         EchoModel(),
-        slo=SLO(p99_ms=50),
+        slo=SLO(latency_ms=50),
         shed_late=np.True_,  # type: ignore[arg-type]
         bisect_on_error=np.False_,  # type: ignore[arg-type]
     )
@@ -155,4 +157,4 @@ def test_numpy_bools_are_bools() -> None:
 )
 def test_flags_must_be_bools(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(TypeError, match=exactly(message)):
-        AdaptiveBatcher(EchoModel(), slo=SLO(p99_ms=50), **kwargs)  # type: ignore[arg-type]
+        AdaptiveBatcher(EchoModel(), slo=SLO(latency_ms=50), **kwargs)  # type: ignore[arg-type]

@@ -56,7 +56,7 @@ async def test_a_logging_pipeline_that_raises_never_stops_serving(event: str) ->
         await asyncio.sleep(0.002)
         return batch
 
-    batcher = AdaptiveBatcher(model, window_ms=1, slo=SLO(p99_ms=50), control_interval_ms=10)
+    batcher = AdaptiveBatcher(model, window_ms=1, slo=SLO(latency_ms=50), control_interval_ms=10)
     async with batcher:
         for _ in range(10):
             results = await asyncio.wait_for(outcomes(batcher, 20), timeout=2.0)
@@ -157,7 +157,7 @@ async def test_a_closed_batcher_refuses_reuse() -> None:
         ({"control_interval_ms": 0}, ValueError, "control_interval_ms must be a finite number > 0"),
         ({"control_interval_ms": float("nan")}, ValueError, "control_interval_ms must be"),
         ({"shed_late": True}, ValueError, "shed_late=True needs an slo"),
-        ({"shed_late": "yes", "slo": SLO(p99_ms=10)}, TypeError, "shed_late must be a bool"),
+        ({"shed_late": "yes", "slo": SLO(latency_ms=10)}, TypeError, "shed_late must be a bool"),
         ({"is_oom": None}, TypeError, "is_oom must be callable, got NoneType"),
         ({"service_profile": []}, ValueError, "service_profile needs at least one"),
         ({"bounds": 5}, TypeError, "bounds must be a Bounds or None, got int"),

@@ -48,7 +48,7 @@ async def serve(seed: int) -> None:
     assert isinstance(loop, VirtualClockLoop)
     rng = random.Random(seed)
     pending: set[asyncio.Task[Any]] = set()
-    batcher = AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(p99_ms=60.0))
+    batcher = AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=60.0))
     async with batcher:
         loop.call_at(STALL_AT_S, loop.stall, STALL_S)
         t = loop.time()

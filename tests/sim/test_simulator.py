@@ -57,7 +57,7 @@ def test_rates_of_same_instant_arrivals_divide_by_the_time_to_the_last_answer() 
     512 / 1 s = 512 req/s and throughput 1000 / 1 s = 1000 req/s.
     """
     burst = Arrivals(np.zeros(1000), np.ones(1000, dtype=np.int64), name="burst")
-    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=515.0))
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(latency_ms=515.0))
     result = Simulator(LinearService(fixed_s=0.008, per_unit_s=0.0), config).run(burst)
     assert result.completed == 1000 and result.mean_batch_size == 8.0
     assert result.slo_attainment == 512 / 1000
@@ -68,7 +68,7 @@ def test_rates_of_same_instant_arrivals_divide_by_the_time_to_the_last_answer() 
 
 def test_a_single_request_has_rates_over_its_own_latency() -> None:
     """One request at 0 ms, served in 2 ms + 1 ms: duration 3 ms, so 1 / 0.003 req/s."""
-    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=10.0))
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(latency_ms=10.0))
     result = Simulator(LinearService(fixed_s=0.002, per_unit_s=0.001), config).run(arrivals_at(0))
     assert result.duration_s == pytest.approx(0.003)
     assert result.goodput_rps == pytest.approx(1 / 0.003)
@@ -77,7 +77,7 @@ def test_a_single_request_has_rates_over_its_own_latency() -> None:
 def test_rates_of_spread_arrivals_still_divide_by_the_arrival_span() -> None:
     """Arrivals at 0..4 ms (the hand-worked schedule above: last answer at 11 ms): 5 requests
     over the 4 ms arrival span, not the 11 ms to the last answer."""
-    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(p99_ms=6.0))
+    config = SimConfig(max_batch_size=8, window_ms=0.0, slo=SLO(latency_ms=6.0))
     service = LinearService(fixed_s=0.002, per_unit_s=0.001)
     result = Simulator(service, config).run(arrivals_at(0, 1, 2, 3, 4))
     assert result.duration_s == pytest.approx(0.004)
@@ -101,7 +101,7 @@ def test_md1_mean_latency_matches_pollaczek_khinchine() -> None:
 def test_same_inputs_same_result() -> None:
     service = LinearService(fixed_s=0.003, per_unit_s=0.0002)
     arrivals = Poisson(2000.0).generate(20.0, np.random.default_rng(3))
-    config = SimConfig(max_batch_size=64, window_ms=2.0, slo=SLO(p99_ms=30))
+    config = SimConfig(max_batch_size=64, window_ms=2.0, slo=SLO(latency_ms=30))
     first = Simulator(service, config, seed=5).run(arrivals)
     second = Simulator(service, config, seed=5).run(arrivals)
     np.testing.assert_array_equal(first.latency_ms, second.latency_ms)

@@ -78,7 +78,7 @@ def test_usage_is_unknown_where_the_readings_are() -> None:
 async def test_stats_report_the_gpu_usage_with_telemetry_and_none_without() -> None:
     source = FakeTelemetry([reading(1.0, 50.0, 40.0, 10_000), reading(2.0, 50.0, 40.0, 40_000)])
     async with AdaptiveBatcher(
-        lambda b: b, slo=SLO(p99_ms=50), telemetry=source, telemetry_hz=1000
+        lambda b: b, slo=SLO(latency_ms=50), telemetry=source, telemetry_hz=1000
     ) as batcher:
         await batcher.submit_many(range(10))
         gpu = batcher.stats().gpu
