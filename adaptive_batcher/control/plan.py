@@ -123,9 +123,9 @@ class Plan:
         if not self.ready:
             return None
         demand = self.demand_units_per_s(budget_ms)
-        for margin in (headroom, 1.0):
+        for factor in (headroom, 1.0):  # demand times the headroom, then the demand itself
             for cap in self.caps:
-                if self.throughput_units_per_s(cap) >= demand * margin:
+                if self.throughput_units_per_s(cap) >= demand * factor:
                     return cap
         return None
 
