@@ -29,3 +29,21 @@ def _structlog_defaults() -> Iterator[None]:
     _configure()
     yield
     _configure()
+
+
+@pytest.fixture
+def pristine_structlog() -> Iterator[None]:
+    """structlog as an application that never configured it; restored afterwards.
+
+    For the profiler's tests (tests/profile/, tests/cli/test_profile_cmd.py): the
+    ``adaptive-batcher`` entry point configures structlog (``--log-level``), and a configuration
+    left behind by any test must not change what another test sees.
+    """
+    was_configured = structlog.is_configured()
+    config = structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    if was_configured:
+        structlog.configure(**config)
+    else:
+        structlog.reset_defaults()

@@ -1,4 +1,4 @@
-"""The command line: help, demo, replay (profile has its own tests in tests/profile)."""
+"""The command line: help, demo, replay (profile has its own, in test_profile_cmd.py)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import structlog
 
 from adaptive_batcher.profile import ProfileResult
 from tests.profile.fakes import RESNET50_H200, FakeClock, table_result
@@ -22,17 +19,5 @@ def resnet50() -> ProfileResult:
 
 
 @pytest.fixture(autouse=True)
-def pristine_structlog() -> Iterator[None]:
-    """structlog as an application that never configured it; restored afterwards.
-
-    Autouse: the ``adaptive-batcher`` entry point configures structlog (``--log-level``), and a
-    configuration left behind by any test must not change what another test sees.
-    """
-    was_configured = structlog.is_configured()
-    config = structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    if was_configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
+def _pristine_structlog(pristine_structlog: None) -> None:
+    """Every profiler test sees structlog as an application that never configured it."""

@@ -16,6 +16,8 @@ from structlog.testing import capture_logs
 from adaptive_batcher.cli.main import main
 from adaptive_batcher.profile import load_profile
 
+pytestmark = pytest.mark.usefixtures("pristine_structlog")
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TABLE_HEADER = (
     "| batch | median ms | p99 ms | items/s | peak mem MiB | CV % | robust CV % | calls | note |"
