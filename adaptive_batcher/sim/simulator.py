@@ -185,33 +185,21 @@ class _Replay:
     def run(self) -> SimResult:
         times, count = self.state.arrival_s, self.open_count
         index = 0
-        completions, closed_heap = self.completions, self.closed_heap
-        inf = math.inf
+        closed_heap, inf = self.closed_heap, math.inf
         while True:
             next_open = times[index] if index < count else inf
             next_closed = closed_heap[0][0] if closed_heap else inf
-            next_done = completions[0][0] if completions else inf
-            next_timer = self.timer_at if self.timer_at is not None else inf
             next_arrival = next_open if next_open <= next_closed else next_closed
-            if self.poll_pending:
-                now = self.now
-                if next_arrival > now and next_done > now and next_timer > now:
-                    # like the runtime's pump: arrivals at the same instant join one batch
-                    self._poll()
-                    continue
-            if next_done <= next_arrival and next_done <= next_timer:
-                if next_done == inf:
-                    break
-                self.now = next_done
-                self._complete(heapq.heappop(completions))
-            elif next_timer <= next_arrival:
-                self.now = next_timer
-                self.timer_at = None
-                self._poll()
-            elif next_open <= next_closed:
-                index = self._arrive_open(
-                    index, next_done if next_done < next_timer else next_timer
-                )
+            self.advance_to(next_arrival)  # completions, timers and polls due before it
+            next_closed = closed_heap[0][0] if closed_heap else inf  # clients may have sent
+            if next_closed < next_arrival:
+                next_arrival = next_closed
+            if next_arrival == inf:
+                break
+            if next_open <= next_closed:
+                next_done = self.completions[0][0] if self.completions else inf
+                next_timer = self.timer_at if self.timer_at is not None else inf
+                index = self._arrive_open(index, min(next_done, next_timer))
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
@@ -219,14 +207,16 @@ class _Replay:
                     self._arrive(request_id, self.state.size[request_id])
         return self._result()
 
-    # -- driven from outside: a replica behind a router --------------------------------------
-
     def advance_to(self, until_s: float) -> None:
         """Carry out every completion, timer and pending poll due before an arrival at
-        ``until_s``, in the order :meth:`run` would (completions and timers at ``until_s`` come
-        first; a poll pending at ``until_s`` waits for the arrivals of that instant)."""
-        completions, inf = self.completions, math.inf
+        ``until_s`` (completions and timers at ``until_s`` come first; a poll pending at
+        ``until_s`` waits for the arrivals of that instant, which join one batch, like the
+        runtime's pump); ``inf`` runs everything left. Closed-loop clients who send again
+        meanwhile bring the bound forward to their arrival."""
+        completions, closed_heap, inf = self.completions, self.closed_heap, math.inf
         while True:
+            if closed_heap and closed_heap[0][0] < until_s:  # a client sent again meanwhile
+                until_s = closed_heap[0][0]
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
             now = self.now
@@ -241,6 +231,8 @@ class _Replay:
                 self._poll()
             else:
                 return
+
+    # -- driven from outside: a replica behind a router --------------------------------------
 
     def offer(self, at_s: float, size: int) -> int:
         """A request of ``size`` units arrives at ``at_s`` (after :meth:`advance_to` it);
