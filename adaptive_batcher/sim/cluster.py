@@ -16,6 +16,7 @@ combined SLO attainment reaches a target, with each count's device cost beside i
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -23,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher._validate import check_in_range, check_int
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
@@ -112,8 +113,8 @@ class ClusterSimulator:
         service: every replica's device (service-time and memory model).
         config: every replica's batcher configuration (each has its own controller).
         replicas: N, an integer >= 1.
-        router: a :class:`Router` (default :class:`PowerOfTwoChoices`); routers with state
-            (:class:`RoundRobin`) should not be shared between runs.
+        router: a :class:`Router` (default :class:`PowerOfTwoChoices`); each run starts from a
+            copy of it, so a stateful router (:class:`RoundRobin`) replays the same every time.
         memory: each replica's device memory over time (None: unlimited).
         seed: seeds replica ``i``'s service noise with ``seed + i`` and the router with
             ``seed``; with one replica the replay equals ``Simulator(..., seed=seed)``'s.
@@ -136,6 +137,7 @@ class ClusterSimulator:
         judge_slo: SLO | None = None,
     ) -> None:
         self.replicas = check_int("replicas", replicas, 1)
+        check_int("seed", seed, 0)
         self.router = router if router is not None else PowerOfTwoChoices()
         self.config = config
         self.seed = seed
@@ -148,6 +150,7 @@ class ClusterSimulator:
     def run(self, arrivals: Arrivals) -> ClusterResult:
         """Replay open-loop ``arrivals``: each goes to the router's replica at its time."""
         replays = [_Replay(simulator, None) for simulator in self._simulators]
+        router = copy.deepcopy(self.router)  # a run starts from the router as given
         rng = np.random.default_rng(self.seed)
         count = len(arrivals)
         assigned = np.empty(count, dtype=np.int64)
@@ -156,7 +159,7 @@ class ClusterSimulator:
         for index, at_s in enumerate(np.asarray(arrivals.times_s, dtype=float).tolist()):
             for replay in replays:
                 replay.advance_to(at_s)
-            chosen = self.router.choose([r.outstanding_units for r in replays], rng)
+            chosen = router.choose([r.outstanding_units for r in replays], rng)
             assigned[index] = chosen
             local[index] = replays[chosen].offer(at_s, sizes[index])
         results = tuple(replay.finish() for replay in replays)
@@ -221,17 +224,21 @@ def replicas_for_slo(
         attainment, so the price of each replica is visible).
 
     Raises:
-        ValueError: ``attainment`` outside (0, 1] or ``max_replicas`` < 1.
+        ValueError: ``attainment`` outside (0, 1], ``max_replicas`` < 1, or a replay with
+            no SLO attainment (no SLO, or no request).
     """
-    check_number("attainment", attainment, 0.0)
-    if not 0.0 < attainment <= 1.0:
-        raise ValueError(f"attainment must be in (0, 1], got {attainment!r}")
+    check_in_range("attainment", attainment, 0.0, 1.0, open_low=True)
     check_int("max_replicas", max_replicas, 1)
     tried: list[ClusterResult] = []
     for n in range(1, max_replicas + 1):
         result = run_with(n)
         tried.append(result)
         reached = result.total.slo_attainment
-        if not math.isnan(reached) and reached >= attainment:
+        if math.isnan(reached):
+            raise ValueError(
+                "replicas_for_slo needs an SLO attainment: judge the replays by an SLO "
+                "(ClusterSimulator's judge_slo or the config's slo) on a trace with requests"
+            )
+        if reached >= attainment:
             return n, tried
     return None, tried

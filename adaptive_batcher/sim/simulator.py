@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from adaptive_batcher._validate import check_int, check_number
 from adaptive_batcher.control.types import Decision
 from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
@@ -56,12 +57,23 @@ class SimConfig(BatcherSettings):
         name: label in results.
 
     Raises:
-        TypeError, ValueError: as :class:`~adaptive_batcher.settings.BatcherSettings`.
+        TypeError, ValueError: as :class:`~adaptive_batcher.settings.BatcherSettings`; a
+            ``deadline_ms`` that is not a number > 0; an ``slo_changes`` time < 0 or an entry
+            that is not an SLO.
     """
 
     deadline_ms: float | None = None
     slo_changes: tuple[tuple[float, SLO], ...] = ()
     name: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.deadline_ms is not None:  # as submit(deadline_ms=...) checks it
+            check_number("SimConfig.deadline_ms", self.deadline_ms, 0.0, strict=True)
+        for time_s, slo in self.slo_changes:
+            check_number("SimConfig.slo_changes time_s", time_s, 0.0)
+            if slo is not None and not isinstance(slo, SLO):
+                raise TypeError(f"SimConfig.slo_changes must hold SLOs, got {type(slo).__name__}")
 
 
 _Part = tuple[float, float, Sequence[int], int, bool]
@@ -112,7 +124,7 @@ class Simulator:
         self.service = service
         self.config = config
         self.memory = memory
-        self.seed = seed
+        self.seed = check_int("seed", seed, 0)
         self.judge_slo = judge_slo if judge_slo is not None else config.slo
 
     def run(self, workload: Arrivals | ClosedLoop) -> SimResult:

@@ -148,8 +148,9 @@ def test_replicas_for_slo_says_none_when_the_target_is_out_of_reach() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"attainment": 0.0}, ValueError, r"attainment must be in \(0, 1\]"),
-        ({"attainment": 1.5}, ValueError, r"attainment must be in \(0, 1\]"),
+        ({"attainment": 0.0}, ValueError, r"attainment must be a number in \(0, 1\]"),
+        ({"attainment": 1.5}, ValueError, r"attainment must be a number in \(0, 1\]"),
+        ({"attainment": -0.5}, ValueError, r"attainment must be a number in \(0, 1\]"),
         ({"max_replicas": 0}, ValueError, "max_replicas"),
     ],
 )
@@ -178,3 +179,27 @@ def test_adaptive_replicas_keep_batches_full_as_replicas_are_added() -> None:
     static_growth = cost["triton_like"][1] / cost["triton_like"][0]
     adaptive_growth = cost["adaptive_pid_shed"][1] / cost["adaptive_pid_shed"][0]
     assert adaptive_growth < 1.15 < 1.5 < static_growth
+
+
+def test_a_cluster_replays_the_same_however_often_it_runs() -> None:
+    """Each run starts from a copy of the router: round-robin begins at replica 0 every time."""
+    simulator = cluster(SimConfig(64, 2.0), 3, RoundRobin())
+    first, second = simulator.run(poisson(0.5, 0.2)), simulator.run(poisson(0.5, 0.2))
+    assert np.array_equal(first.assigned, second.assigned)
+    assert np.array_equal(first.total.done_s, second.total.done_s)
+
+
+def test_replicas_for_slo_refuses_replays_without_an_slo() -> None:
+    def run_with(n: int) -> ClusterResult:
+        return ClusterSimulator(SCENARIO.service(), SimConfig(64, 2.0), n).run(poisson(0.5, 0.1))
+
+    with pytest.raises(ValueError, match="needs an SLO attainment"):
+        replicas_for_slo(run_with, max_replicas=2)
+
+
+@pytest.mark.parametrize(("seed", "error"), [(-1, ValueError), (1.5, TypeError), (None, TypeError)])
+def test_the_seed_is_checked_when_the_simulator_is_built(seed: object, error: type) -> None:
+    with pytest.raises(error, match="seed"):
+        cluster(SimConfig(8, 0.0), 2, seed=seed)  # type: ignore[arg-type]
+    with pytest.raises(error, match="seed"):
+        Simulator(SCENARIO.service(), SimConfig(8, 0.0), seed=seed)  # type: ignore[arg-type]

@@ -189,3 +189,20 @@ def test_a_configuration_replays_the_same_however_often_it_runs(policy: str) -> 
     first, second = (Simulator(scenario.service(), config, seed=1).run(arrivals) for _ in "12")
     assert np.array_equal(first.done_s, second.done_s)
     assert np.array_equal(first.series.decisions, second.series.decisions)
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"deadline_ms": 0.0}, ValueError, "SimConfig.deadline_ms"),
+        ({"deadline_ms": float("nan")}, ValueError, "SimConfig.deadline_ms"),
+        ({"deadline_ms": "5"}, TypeError, "SimConfig.deadline_ms"),
+        ({"slo_changes": ((-1.0, SLO(latency_ms=50)),)}, ValueError, "slo_changes time_s"),
+        ({"slo_changes": ((0.1, 2),)}, TypeError, "slo_changes must hold SLOs"),
+    ],
+)
+def test_replay_only_settings_are_checked(
+    changes: dict[str, object], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        SimConfig(16, 1.0, **changes)  # type: ignore[arg-type]
