@@ -75,6 +75,8 @@ class BatcherCore(Generic[H]):
             them (see :class:`~adaptive_batcher.control.BucketGuard`).
         on_decision: called after every controller tick with ``(now_s, decision in force)``.
         name: the ``batcher`` field of log events.
+        exported: keep the cumulative latency histogram the exporters read (the simulator,
+            which no exporter reads, turns it off; see :class:`Recorder`).
 
     Raises:
         FileNotFoundError, ValueError: an unreadable ``settings.service_profile``.
@@ -88,6 +90,7 @@ class BatcherCore(Generic[H]):
         warmed: Callable[[], frozenset[int]] | None = None,
         on_decision: DecisionHook | None = None,
         name: str = "batcher",
+        exported: bool = True,
     ) -> None:
         self.settings = settings
         self.name = name
@@ -98,7 +101,7 @@ class BatcherCore(Generic[H]):
             max_queue_size=settings.max_queue_size,
             window_origin=settings.window_origin,
         )
-        self.recorder = Recorder()
+        self.recorder = Recorder(exported=exported)
         self.bounds: Bounds = settings.controller_bounds
         self.controller: Controller | None = None
         self.slo: SLO | None = None
@@ -177,15 +180,11 @@ class BatcherCore(Generic[H]):
             end, poll = engine.arrive_many(requests, start, stop)
         else:
             # a request that joins a queue holding less than a full batch gets the short
-            # shed_after: the leading ones, until the queue (all of them queued) holds a batch
-            short_stop, units, cap = start, engine.queued_units, engine.limits.max_batch_size
-            while short_stop < stop and units < cap:
-                units += requests[short_stop].size
-                short_stop += 1
+            # shed_after, as in arrive()
             short = self.shed_after_short_s or shed_after
-            end, poll = engine.arrive_many(requests, start, short_stop, expire_after_s=short)
-            if end == short_stop and not poll:
-                end, poll = engine.arrive_many(requests, end, stop, expire_after_s=shed_after)
+            end, poll = engine.arrive_many(
+                requests, start, stop, expire_after_s=shed_after, expire_short_s=short
+            )
         self.recorder.submitted += end - start
         return end, poll
 

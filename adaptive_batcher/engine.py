@@ -327,6 +327,7 @@ class BatchingEngine(Generic[H]):
         stop: int | None = None,
         *,
         expire_after_s: float | None = None,
+        expire_short_s: float | None = None,
     ) -> tuple[int, bool]:
         """Queue ``requests[start:stop]`` in order, exactly as :meth:`arrive` would one by one,
         up to the first that needs a poll or would be refused; for a caller with many arrivals
@@ -339,6 +340,9 @@ class BatchingEngine(Generic[H]):
             expire_after_s: if given, each request's deadline becomes the earlier of its own
                 and ``arrival_s + expire_after_s`` (seconds) as it is queued; the requests not
                 queued are left untouched.
+            expire_short_s: with ``expire_after_s``, what a request that joins a queue holding
+                less than a full batch (fewer units than the cap) gets instead (seconds; None:
+                ``expire_after_s`` for all).
 
         Returns:
             ``(end, poll)``: ``requests[start:end]`` were queued. ``poll`` is True when the last
@@ -349,13 +353,13 @@ class BatchingEngine(Generic[H]):
         stop = len(requests) if stop is None else stop
         queue_append = self._queue.append
         admit_below, hard, wake = self._admit_below, self.hard_max_batch_size, self._wake_units
-        deadlines, fifo, seq, timer = (
-            self._deadlines,
-            self._deadline_fifo,
-            self._seq,
-            self._timer_at,
-        )
+        deadlines, fifo, next_seq = self._deadlines, self._deadline_fifo, self._seq.__next__
+        fifo_append = fifo.append
+        timer = self._timer_at
+        latest = fifo[-1][0] if fifo else -math.inf  # the fifo's last deadline
         queued, units = self._queued, self._queued_units
+        # a request that joins a queue holding fewer units than `full` gets `short`
+        full, short = (-1, 0.0) if expire_short_s is None else (self._cap, expire_short_s)
         index, poll = start, False
         while index < stop:
             request = requests[index]
@@ -364,7 +368,7 @@ class BatchingEngine(Generic[H]):
                 break
             deadline = request.deadline_s
             if expire_after_s is not None:
-                shed_at = request.arrival_s + expire_after_s
+                shed_at = request.arrival_s + (short if units < full else expire_after_s)
                 if deadline is None or shed_at < deadline:
                     request.deadline_s = deadline = shed_at
             queue_append(request)
@@ -372,10 +376,11 @@ class BatchingEngine(Generic[H]):
             units += size
             index += 1
             if deadline is not None:  # as _track_deadline
-                if not fifo or deadline >= fifo[-1][0]:
-                    fifo.append((deadline, next(seq), request))
+                if deadline >= latest:
+                    fifo_append((deadline, next_seq(), request))
+                    latest = deadline
                 else:
-                    heapq.heappush(deadlines, (deadline, next(seq), request))
+                    heapq.heappush(deadlines, (deadline, next_seq(), request))
                 if timer is None or deadline < timer:
                     poll = True
                     break

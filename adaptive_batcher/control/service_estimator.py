@@ -114,11 +114,16 @@ class ServiceTimeEstimator:
         self._kept = 0  # samples in all the reservoirs
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
+        # the sizes first, first + 1, ... interpolated at the last refit (see _predict_inside)
+        self._inside_first = 0
+        self._inside: list[float] = []
         self._seed = sorted((int(n), float(ms)) for n, ms in seed)
         self._seen_total = 0
         self._fitted_at = -refit_every
         self._sizes = np.empty(0)
         self._medians = np.empty(0)
+        # the fit's (first size, last size, its time at the first, at the last) as floats
+        self._ends: tuple[float, float, float, float] | None = None
         self.samples = 0
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
@@ -145,7 +150,7 @@ class ServiceTimeEstimator:
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
         # the error bars as last read (reading them here would move when they are recomputed)
-        outlier_ratio = OUTLIER_FACTOR * self._spread if self._sizes.size > 0 else math.inf
+        outlier_ratio = OUTLIER_FACTOR * self._spread if self._ends is not None else math.inf
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.units > 0:
                 self._take(sample.units, sample.service_s * 1e3, outlier_ratio)
@@ -178,7 +183,7 @@ class ServiceTimeEstimator:
                 self._ratios.append(measured_ms / predicted)
                 self._ratios_taken += 1
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
-                known = units <= self._sizes[-1]
+                known = self._ends is not None and units <= self._ends[1]
                 outlier = known and measured_ms > outlier_ratio * predicted
         self._taken += 1
         self._recent_outliers.append(outlier)
@@ -227,10 +232,10 @@ class ServiceTimeEstimator:
         grows in proportion to the size, not optimistically: an upper bound for a latency
         promise (service time grows at most linearly with the batch on real hardware, where
         larger batches amortise fixed costs), ms (NaN before a fit)."""
-        sizes = self._sizes
-        if sizes.size == 0 or batch_size <= sizes[-1]:
+        ends = self._ends
+        if ends is None or batch_size <= ends[1]:
             return self.predict_ms(batch_size)
-        return float(self._medians[-1]) * batch_size / float(sizes[-1])
+        return ends[3] * batch_size / ends[1]
 
     def _note_level(self) -> None:
         """Track how the fit compares with the fastest it has been, at the sizes observed."""
@@ -259,16 +264,19 @@ class ServiceTimeEstimator:
         return median
 
     def _predict(self, batch_size: int) -> float:
-        sizes = self._sizes
-        if sizes.size == 0:
+        ends = self._ends
+        if ends is None:
             return math.nan
-        if batch_size <= sizes[0]:
-            return float(self._medians[0])
-        if batch_size >= sizes[-1]:
-            last = float(self._medians[-1])
-            slope = OPTIMISM * last / float(sizes[-1])
-            return last + slope * (batch_size - float(sizes[-1]))
-        return float(np.interp(batch_size, sizes, self._medians))
+        first_size, last_size, first_ms, last_ms = ends
+        if batch_size <= first_size:
+            return first_ms
+        if batch_size >= last_size:
+            slope = OPTIMISM * last_ms / last_size
+            return last_ms + slope * (batch_size - last_size)
+        offset = batch_size - self._inside_first
+        if 0 <= offset < len(self._inside):
+            return self._inside[offset]
+        return float(np.interp(batch_size, self._sizes, self._medians))
 
     def __call__(self, batch_size: int) -> float:
         return self.predict_ms(batch_size)
@@ -285,21 +293,23 @@ class ServiceTimeEstimator:
         x = np.asarray(sizes, dtype=float)
         y = np.asarray(isotonic_fit(medians, weights), dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
+        self._ends = (float(x[0]), float(x[-1]), float(y[0]), float(y[-1])) if x.size else None
         self._predict_inside()
 
     def _predict_inside(self) -> None:
-        """Predict every integer size strictly inside the fitted range in one call: ``np.interp``
-        on an array gives the values one call per size gives, and a controller tick asks for
-        many sizes right after a refit (ranges wider than _TABLE_SIZES stay lazy)."""
+        """Interpolate every integer size strictly inside the fitted range in one call:
+        ``np.interp`` on an array gives the values one call per size gives, and a controller
+        tick asks for many sizes right after a refit (they enter the cache as they are asked
+        for; ranges wider than _TABLE_SIZES stay lazy)."""
         x = self._sizes
+        self._inside_first, self._inside = 0, []
         if x.size < 2:
             return
         first, last = math.floor(x[0]) + 1, math.ceil(x[-1]) - 1
         if last < first or last - first >= _TABLE_SIZES:
             return
-        inside = np.arange(first, last + 1)
-        values = np.interp(inside, x, self._medians)
-        self._cache = dict(zip(inside.tolist(), values.tolist(), strict=True))
+        values = np.interp(np.arange(first, last + 1), x, self._medians)
+        self._inside_first, self._inside = first, values.tolist()
 
 
 def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:

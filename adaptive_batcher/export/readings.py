@@ -360,7 +360,9 @@ class _Watched:
     def read(self) -> BatcherReading:
         stats = self.batcher.stats()
         queue_wait, execution = self.timings.snapshot()
-        latency = self.batcher.recorder.latency_cumulative.snapshot()
+        cumulative = self.batcher.recorder.latency_cumulative
+        assert cumulative is not None  # a runtime batcher's recorder is always exported
+        latency = cumulative.snapshot()
         return BatcherReading(
             stats, latency, batch_size_histogram(stats.batch_sizes), queue_wait, execution
         )

@@ -176,7 +176,12 @@ class SlidingHistogram:
             if not end:
                 break
             wait = now - arrivals_s[end - 1]  # _bucket(wait), inlined
-            index = 0 if wait <= MIN_S else min(int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA), top)
+            if wait <= MIN_S:
+                index = 0
+            else:
+                index = int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA)
+                if index > top:
+                    index = top
         self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
         self._note_range(lowest, index)
 

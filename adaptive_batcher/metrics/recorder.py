@@ -73,16 +73,20 @@ class Recorder:
 
     ``latency`` is the sliding-window histogram the controller and ``stats()`` read;
     ``latency_cumulative`` counts the same answers since the start at
-    :data:`~adaptive_batcher.metrics.histogram.LATENCY_BOUNDS_S`, for exporters.
+    :data:`~adaptive_batcher.metrics.histogram.LATENCY_BOUNDS_S`, for exporters (None when
+    built with ``exported=False``: a replay, which no exporter reads, skips that work).
 
     Args:
         latency_window_s: span of the sliding latency histogram, seconds.
         batch_samples: how many recent batches to keep for service-time fitting.
+        exported: keep ``latency_cumulative`` for the Prometheus and OpenTelemetry exporters.
     """
 
-    def __init__(self, latency_window_s: float = 10.0, batch_samples: int = 512) -> None:
+    def __init__(
+        self, latency_window_s: float = 10.0, batch_samples: int = 512, *, exported: bool = True
+    ) -> None:
         self.latency = SlidingHistogram(latency_window_s, slices=20)
-        self.latency_cumulative = CumulativeHistogram()
+        self.latency_cumulative = CumulativeHistogram() if exported else None
         self.slo_latency_s = math.inf
         self.batches: deque[BatchSample] = deque(maxlen=batch_samples)
         self.batch_size_counts: Counter[int] = Counter()
@@ -126,7 +130,8 @@ class Recorder:
         failure never counts as good, so they are counted as if they were the slowest.
         """
         self.latency.record_many(latencies_s, now)
-        self.latency_cumulative.record_many(latencies_s)
+        if self.latency_cumulative is not None:
+            self.latency_cumulative.record_many(latencies_s)
         limit = self.slo_latency_s
         good = len(latencies_s) if limit == math.inf else sum(1 for v in latencies_s if v <= limit)
         self._count_answers(len(latencies_s), good, failed)
@@ -136,7 +141,8 @@ class Recorder:
         answer at ``now``; ``failed`` of them errors. Same counting as :meth:`record_latencies`,
         with no per-request Python work: the runtime's path for every batch."""
         self.latency.record_since(arrivals_s, now)
-        self.latency_cumulative.record_since(arrivals_s, now)
+        if self.latency_cumulative is not None:
+            self.latency_cumulative.record_since(arrivals_s, now)
         limit = self.slo_latency_s
         answered = len(arrivals_s)
         # latency <= limit  <=>  arrived at or after now - limit

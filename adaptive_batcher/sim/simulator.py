@@ -159,7 +159,10 @@ class _Replay:
         self.rng = np.random.default_rng(sim.seed)
         self.state = _Run()
         self.core: BatcherCore[int] = BatcherCore(
-            _own_policy(config), read_telemetry=self._telemetry, on_decision=self._note_decision
+            _own_policy(config),
+            read_telemetry=self._telemetry,
+            on_decision=self._note_decision,
+            exported=False,  # no exporter reads a replay's cumulative histogram
         )
         self.recorder = self.core.recorder
         self.deadline_s = None if config.deadline_ms is None else config.deadline_ms / 1e3
