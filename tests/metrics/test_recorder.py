@@ -49,9 +49,22 @@ def test_the_cumulative_latency_histogram_counts_every_answer_since_the_start() 
     recorder = Recorder(latency_window_s=1.0)
     recorder.record_answers([0.0, 0.0993], 0, now=0.1)
     recorder.record_latencies([0.002, 0.4], 1, now=5.0)
+    assert recorder.latency_cumulative is not None
     snapshot = recorder.latency_cumulative.snapshot()
     assert snapshot.count == 4 == recorder.completed + recorder.failed
     assert recorder.quantiles(5.0).count == 2  # the first two have left the 1 s window
     by_bound = dict(zip(snapshot.bounds, snapshot.cumulative, strict=False))
     assert by_bound[0.001] == 1 and by_bound[0.002] == 2 and by_bound[0.1] == 3
     assert by_bound[0.5] == 4
+
+
+def test_a_recorder_not_exported_counts_the_same_without_the_cumulative_histogram() -> None:
+    """What a replay uses: every count and the sliding window as before, no exporter histogram."""
+    exported, replay = Recorder(), Recorder(exported=False)
+    for recorder in (exported, replay):
+        recorder.slo_latency_s = 0.1
+        recorder.record_answers([9.7, 9.8, 9.95], 1, now=10.0)
+        recorder.record_latencies([0.02, 0.5], 0, now=10.0)
+    assert replay.latency_cumulative is None and exported.latency_cumulative is not None
+    assert replay.counts() == exported.counts()
+    assert replay.quantiles(10.0) == exported.quantiles(10.0)
