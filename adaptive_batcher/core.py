@@ -43,7 +43,7 @@ from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits,
 from adaptive_batcher.errors import BatcherError, describe
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.settings import BatcherSettings, check_policy
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["BatcherCore", "DecisionHook", "TelemetryReader"]
@@ -242,9 +242,7 @@ class BatcherCore(Generic[H]):
         Raises:
             TypeError: ``slo`` is not an SLO or None.
         """
-        if slo is not None and not isinstance(slo, SLO):
-            raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
-        self.slo = slo
+        self.slo = check_slo(slo)
         self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
         if self.controller is not None:
             self.controller.set_slo(slo)

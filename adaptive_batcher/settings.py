@@ -39,7 +39,7 @@ from adaptive_batcher._validate import (
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.runtime.buckets import check_buckets
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 
 __all__ = [
     "DEFAULT_CONTROL_INTERVAL_MS",
@@ -125,8 +125,7 @@ class BatcherSettings:
         check_int("max_concurrent_batches", self.max_concurrent_batches, 1)
         check_optional_int("max_queue_size", self.max_queue_size, 1)
         self._set("batch_sizes", check_buckets(self.batch_sizes, cap) or None)
-        if self.slo is not None and not isinstance(self.slo, SLO):
-            raise TypeError(f"slo must be an SLO or None, got {type(self.slo).__name__}")
+        check_slo(self.slo)
         if self.policy is not None:
             check_policy(self.policy)
         if self.bounds is not None and not isinstance(self.bounds, Bounds):

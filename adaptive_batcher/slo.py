@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from adaptive_batcher._validate import check_real
 
@@ -72,6 +72,18 @@ class SLO:
             )
 
     @property
+    def p99_ms(self) -> NoReturn:
+        """The old name of :attr:`latency_ms`: reading it raises an AttributeError that says
+        so (the name read false for any percentile but 99).
+
+        Raises:
+            AttributeError: always.
+        """
+        raise AttributeError(
+            "SLO.p99_ms was renamed latency_ms (the latency target at `percentile`, ms)"
+        )
+
+    @property
     def quantile(self) -> float:
         """The percentile as a fraction in (0, 1)."""
         return self.percentile / 100.0
@@ -85,3 +97,14 @@ class SLO:
     def batcher_budget_ms(self) -> float:
         """Time left for queueing + compute inside the batcher: ``target_ms - preprocess_ms``."""
         return max(self.target_ms - self.preprocess_ms, 0.0)
+
+
+def check_slo(value: object, name: str = "slo") -> SLO | None:
+    """``value`` if it is an :class:`SLO` or None.
+
+    Raises:
+        TypeError: anything else (message names ``name`` and the type given).
+    """
+    if value is not None and not isinstance(value, SLO):
+        raise TypeError(f"{name} must be an SLO or None, got {type(value).__name__}")
+    return value

@@ -73,6 +73,12 @@ def test_the_old_field_name_is_refused_with_the_new_one() -> None:
         SLO(p99_ms=50.0, percentile=95.0)  # type: ignore[call-arg]
 
 
+def test_reading_the_old_attribute_names_the_new_one() -> None:
+    """Before: Python's plain "'SLO' object has no attribute 'p99_ms'"."""
+    with pytest.raises(AttributeError, match="SLO.p99_ms was renamed latency_ms"):
+        _ = SLO(latency_ms=50.0).p99_ms
+
+
 def test_the_target_applies_at_its_percentile() -> None:
     p95 = SLO(latency_ms=50.0, percentile=95.0)
     assert (p95.latency_ms, p95.quantile, p95.target_ms) == (50.0, 0.95, 40.0)

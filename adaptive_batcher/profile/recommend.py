@@ -38,7 +38,7 @@ from adaptive_batcher._validate import (
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.profile.knee import Knee, find_knee
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 
 __all__ = ["DEFAULT_WINDOW_FRACTION", "Recommendation", "controller_bounds", "recommend"]
 
@@ -190,8 +190,7 @@ def _recommend(
 ) -> Recommendation:
     if not isinstance(result, ProfileResult):
         raise TypeError(f"result must be a ProfileResult, got {type(result).__name__}")
-    if slo is not None and not isinstance(slo, SLO):
-        raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
+    check_slo(slo)
     m = check_in_range("window_fraction", window_fraction, 0.0, 1.0, open_low=True)
     if not result.rows:
         raise ValueError(

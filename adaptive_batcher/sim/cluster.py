@@ -28,9 +28,9 @@ from adaptive_batcher._validate import check_in_range, check_int
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
-from adaptive_batcher.sim.simulator import SimConfig, Simulator, _Replay
+from adaptive_batcher.sim.simulator import SimConfig, Simulator, _Replay, check_replay_setup
 from adaptive_batcher.sim.workloads import Arrivals
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 
 __all__ = [
     "ClusterResult",
@@ -121,8 +121,10 @@ class ClusterSimulator:
         judge_slo: the SLO results are judged by (default ``config.slo``).
 
     Raises:
-        TypeError: ``replicas`` not an integer.
-        ValueError: ``replicas`` < 1.
+        TypeError: ``replicas`` not an integer; ``service``, ``config``, ``memory`` or
+            ``judge_slo`` of the wrong type (as :class:`Simulator`); a ``router`` without a
+            ``choose`` method.
+        ValueError: ``replicas`` < 1, a negative ``seed``.
     """
 
     def __init__(
@@ -138,17 +140,29 @@ class ClusterSimulator:
     ) -> None:
         self.replicas = check_int("replicas", replicas, 1)
         check_int("seed", seed, 0)
+        service, config, memory = check_replay_setup(service, config, memory)
+        if router is not None and not callable(getattr(router, "choose", None)):
+            raise TypeError(
+                f"router must have a choose(outstanding_units, rng) method, got "
+                f"{type(router).__name__}"
+            )
         self.router = router if router is not None else PowerOfTwoChoices()
         self.config = config
         self.seed = seed
-        self.judge_slo = judge_slo if judge_slo is not None else config.slo
+        self.judge_slo = check_slo(judge_slo, "judge_slo") or config.slo
         self._simulators = [
             Simulator(service, config, memory=memory, seed=seed + i, judge_slo=judge_slo)
             for i in range(self.replicas)
         ]
 
     def run(self, arrivals: Arrivals) -> ClusterResult:
-        """Replay open-loop ``arrivals``: each goes to the router's replica at its time."""
+        """Replay open-loop ``arrivals``: each goes to the router's replica at its time.
+
+        Raises:
+            TypeError: ``arrivals`` is not :class:`Arrivals`.
+        """
+        if not isinstance(arrivals, Arrivals):
+            raise TypeError(f"arrivals must be Arrivals, got {type(arrivals).__name__}")
         replays = [_Replay(simulator, None) for simulator in self._simulators]
         router = copy.deepcopy(self.router)  # a run starts from the router as given
         rng = np.random.default_rng(self.seed)

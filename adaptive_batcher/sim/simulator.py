@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from adaptive_batcher._validate import check_int, check_number
+from adaptive_batcher._validate import check_int, check_number, check_str
 from adaptive_batcher.control.types import Decision
 from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
@@ -34,7 +34,7 @@ from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
 from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["OOM_DETECT_FRACTION", "SimConfig", "Simulator"]
@@ -68,12 +68,12 @@ class SimConfig(BatcherSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_str("SimConfig.name", self.name)
         if self.deadline_ms is not None:  # as submit(deadline_ms=...) checks it
             check_number("SimConfig.deadline_ms", self.deadline_ms, 0.0, strict=True)
         for time_s, slo in self.slo_changes:
             check_number("SimConfig.slo_changes time_s", time_s, 0.0)
-            if slo is not None and not isinstance(slo, SLO):
-                raise TypeError(f"SimConfig.slo_changes must hold SLOs, got {type(slo).__name__}")
+            check_slo(slo, "SimConfig.slo_changes entries")
 
 
 _Part = tuple[float, float, Sequence[int], int, bool]
@@ -110,6 +110,11 @@ class Simulator:
         judge_slo: the SLO the result's goodput and SLO attainment are measured against
             (default: ``config.slo``). A static batcher is judged against a scenario's SLO
             without being given one (with an SLO, a batcher tunes itself).
+
+    Raises:
+        TypeError: an argument of the wrong type (``service`` without ``service_s``, a
+            ``config`` that is not a :class:`SimConfig`, and so on; the message names it).
+        ValueError: a negative ``seed``.
     """
 
     def __init__(
@@ -121,11 +126,9 @@ class Simulator:
         seed: int = 0,
         judge_slo: SLO | None = None,
     ) -> None:
-        self.service = service
-        self.config = config
-        self.memory = memory
+        self.service, self.config, self.memory = check_replay_setup(service, config, memory)
         self.seed = check_int("seed", seed, 0)
-        self.judge_slo = judge_slo if judge_slo is not None else config.slo
+        self.judge_slo = check_slo(judge_slo, "judge_slo") or config.slo
 
     def run(self, workload: Arrivals | ClosedLoop) -> SimResult:
         """Replay ``workload``: open-loop :class:`Arrivals`, or :class:`ClosedLoop` clients (for
@@ -133,8 +136,36 @@ class Simulator:
 
         Returns:
             The per-request outcomes and the summary metrics (see :class:`SimResult`).
+
+        Raises:
+            TypeError: ``workload`` is neither.
         """
+        if not isinstance(workload, Arrivals | ClosedLoop):
+            raise TypeError(
+                f"workload must be Arrivals or a ClosedLoop, got {type(workload).__name__}"
+            )
         return _Replay(self, workload).run()
+
+
+def check_replay_setup(
+    service: object, config: object, memory: object
+) -> tuple[ServiceModel, SimConfig, MemoryLimit | None]:
+    """The arguments every replay takes, checked (a simulator or a cluster of them).
+
+    Raises:
+        TypeError: ``service`` is not a :class:`ServiceModel`, ``config`` not a
+            :class:`SimConfig`, ``memory`` neither a :class:`MemoryLimit` nor None.
+    """
+    if not isinstance(service, ServiceModel):
+        raise TypeError(
+            "service must be a ServiceModel (name, service_s, memory_bytes; e.g. a "
+            f"TableService), got {type(service).__name__}"
+        )
+    if not isinstance(config, SimConfig):
+        raise TypeError(f"config must be a SimConfig, got {type(config).__name__}")
+    if memory is not None and not isinstance(memory, MemoryLimit):
+        raise TypeError(f"memory must be a MemoryLimit or None, got {type(memory).__name__}")
+    return service, config, memory
 
 
 def _own_policy(config: SimConfig) -> SimConfig:

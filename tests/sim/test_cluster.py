@@ -203,3 +203,13 @@ def test_the_seed_is_checked_when_the_simulator_is_built(seed: object, error: ty
         cluster(SimConfig(8, 0.0), 2, seed=seed)  # type: ignore[arg-type]
     with pytest.raises(error, match="seed"):
         Simulator(SCENARIO.service(), SimConfig(8, 0.0), seed=seed)  # type: ignore[arg-type]
+
+
+def test_cluster_arguments_of_the_wrong_type_are_refused() -> None:
+    service, config = SCENARIO.service(), SimConfig(8, 0.0)
+    with pytest.raises(TypeError, match="config must be a SimConfig"):
+        ClusterSimulator(service, "static", 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="router must have a choose"):
+        ClusterSimulator(service, config, 2, "round_robin")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="arrivals must be Arrivals"):
+        ClusterSimulator(service, config, 2).run([0.0])  # type: ignore[arg-type]

@@ -198,7 +198,8 @@ def test_a_configuration_replays_the_same_however_often_it_runs(policy: str) -> 
         ({"deadline_ms": float("nan")}, ValueError, "SimConfig.deadline_ms"),
         ({"deadline_ms": "5"}, TypeError, "SimConfig.deadline_ms"),
         ({"slo_changes": ((-1.0, SLO(latency_ms=50)),)}, ValueError, "slo_changes time_s"),
-        ({"slo_changes": ((0.1, 2),)}, TypeError, "slo_changes must hold SLOs"),
+        ({"slo_changes": ((0.1, 2),)}, TypeError, "slo_changes entries must be an SLO"),
+        ({"name": None}, TypeError, "SimConfig.name"),
     ],
 )
 def test_replay_only_settings_are_checked(
@@ -206,3 +207,31 @@ def test_replay_only_settings_are_checked(
 ) -> None:
     with pytest.raises(error, match=message):
         SimConfig(16, 1.0, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"service": "resnet50"}, "service must be a ServiceModel"),
+        ({"config": {"max_batch_size": 8}}, "config must be a SimConfig"),
+        ({"memory": 80e9}, "memory must be a MemoryLimit or None"),
+        ({"judge_slo": 50.0}, "judge_slo must be an SLO or None"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_refused_with_their_name(
+    arguments: dict[str, object], message: str
+) -> None:
+    """Before: an AttributeError from deep inside the first run (or, for judge_slo, none)."""
+    given: dict[str, object] = {
+        "service": LinearService(1e-3, 1e-4),
+        "config": SimConfig(8, 1.0),
+        **arguments,
+    }
+    with pytest.raises(TypeError, match=message):
+        Simulator(**given)  # type: ignore[arg-type]
+
+
+def test_a_workload_of_the_wrong_type_is_refused() -> None:
+    simulator = Simulator(LinearService(1e-3, 1e-4), SimConfig(8, 1.0))
+    with pytest.raises(TypeError, match="workload must be Arrivals or a ClosedLoop, got list"):
+        simulator.run([0.0, 0.001])  # type: ignore[arg-type]
