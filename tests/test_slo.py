@@ -75,7 +75,7 @@ def test_the_old_field_name_is_refused_with_the_new_one() -> None:
 
 def test_reading_the_old_attribute_names_the_new_one() -> None:
     """Before: Python's plain "'SLO' object has no attribute 'p99_ms'"."""
-    with pytest.raises(AttributeError, match="SLO.p99_ms was renamed latency_ms"):
+    with pytest.raises(AttributeError, match=r"SLO\.p99_ms was renamed latency_ms"):
         _ = SLO(latency_ms=50.0).p99_ms
 
 

@@ -40,6 +40,7 @@ went unseen (tests/runtime/test_stall.py reproduces it).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -127,6 +128,7 @@ class ServiceTimeEstimator:
         self.samples = 0
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
+        self._ordered_ratios: list[float] = []  # the same ratios, kept sorted
         self._spread = 1.0
         self._spread_at = 0  # the ratios taken when the spread was last computed
         self._ratios_taken = 0
@@ -180,8 +182,7 @@ class ServiceTimeEstimator:
         if outlier_ratio < math.inf:
             predicted = self.predict_ms(units)
             if predicted > 0:
-                self._ratios.append(measured_ms / predicted)
-                self._ratios_taken += 1
+                self._note_ratio(measured_ms / predicted)
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
                 known = self._ends is not None and units <= self._ends[1]
                 outlier = known and measured_ms > outlier_ratio * predicted
@@ -210,13 +211,24 @@ class ServiceTimeEstimator:
         reservoir.append(measured_ms)
         self._median_of.pop(units, None)
 
+    def _note_ratio(self, ratio: float) -> None:
+        """One measured / predicted ratio into the error bars' window (the oldest leaves it
+        when it is full), kept sorted as well: a tick reads a quantile of a few hundred ratios
+        of which only a few are new."""
+        ratios, ordered = self._ratios, self._ordered_ratios
+        if len(ratios) == ratios.maxlen:
+            del ordered[bisect_left(ordered, ratios[0])]
+        ratios.append(ratio)
+        insort(ordered, ratio)
+        self._ratios_taken += 1
+
     @property
     def spread(self) -> float:
         """The error bars: the ``spread_quantile`` of measured / predicted ratios (>= 1; 1
         before any ratio was seen)."""
         count = len(self._ratios)
         if count and self._ratios_taken != self._spread_at:  # not len(): full, it stays put
-            ordered = sorted(self._ratios)
+            ordered = self._ordered_ratios
             index = min(count - 1, int(self.spread_quantile * count))
             self._spread = max(1.0, ordered[index])
             self._spread_at = self._ratios_taken

@@ -155,6 +155,27 @@ def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(
+    times_ms=st.lists(st.floats(0.5, 40.0), min_size=1, max_size=80),
+    window=st.integers(1, 24),
+    reads=st.sets(st.integers(0, 79)),
+)
+def test_error_bars_are_the_quantile_of_the_window_sorted_afresh(
+    times_ms: list[float], window: int, reads: set[int]
+) -> None:
+    """The sorted window kept from batch to batch gives the quantile a fresh sort of the last
+    ``spread_window`` ratios gives, read at any point (the fit stays at 4 ms: no refit)."""
+    estimator = ServiceTimeEstimator(min_samples=1, refit_every=10_000, spread_window=window)
+    estimator.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)
+    for seen, ms in enumerate(times_ms, start=2):
+        estimator.update([BatchSample(0.0, 4, 4, ms / 1e3)], total_seen=seen)
+        if seen - 2 in reads or seen - 1 == len(times_ms):
+            last = sorted(t / 1e3 * 1e3 / 4.0 for t in times_ms[: seen - 1][-window:])
+            index = min(len(last) - 1, int(estimator.spread_quantile * len(last)))
+            assert estimator.spread == max(1.0, last[index])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
     points=st.dictionaries(st.integers(1, 600), st.floats(0.5, 50.0), min_size=2, max_size=40),
     refits=st.integers(1, 3),
 )
