@@ -58,8 +58,9 @@ class UnusedWindowGuard(Guard):
     looks for that:
 
     * batches bring less than ``min_company`` of the company the arrival rate promises
-      (``mean_batch_size - 1 < min_company * c`` while ``c >= 0.5``): a closed-loop client with
-      one request in flight, who cannot send while it waits;
+      (``mean_batch_size - 1 < min_company * min(c, cap - 1)`` while ``c >= 0.5``, the cap in
+      requests: a full batch holds no more, however wide the window): a closed-loop client
+      with one request in flight, who cannot send while it waits;
     * the batches the window releases waited after their last arrival for more than
       ``max_idle_fraction`` of it, and for more than ``idle_excess`` times what Poisson
       arrivals would leave (``window_idle_fraction``): closed-loop clients fewer than the cap,
@@ -111,8 +112,12 @@ class UnusedWindowGuard(Guard):
         if window_ms <= 0 or observation.batches < self.min_batches:
             return False
         company = observation.arrival_rate_rps * window_ms / 1e3  # expected, per batch
+        # the cap ends a batch before the window when the window would bring more: full
+        # batches hold at most cap - 1 companions, however wide the window
+        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
+        promised = min(company, max(room - 1.0, 0.0))
         lonely = (
-            company >= 0.5 and observation.mean_batch_size - 1.0 < self.min_company * company
+            company >= 0.5 and observation.mean_batch_size - 1.0 < self.min_company * promised
         )  # False for NaN
         poisson_idle = (1.0 - math.exp(-company)) / company if company > 0 else 1.0
         idle_limit = max(self.max_idle_fraction, self.idle_excess * poisson_idle)
@@ -235,6 +240,12 @@ class PowerGuard(Guard):
     ticks, only if the mean fell by more than ``tolerance`` and by more than ``z`` standard
     errors (a two-sample test with the spread seen before the raise).
 
+    A raise from a cap that cannot keep up with the demand (the plan's stability cap is above
+    it, or no cap keeps up) is neither judged nor refused: it answers a rise in load, whose
+    queue lowers power whatever the cap, and stepping back would leave a cap that only queues
+    (at the onset of a burst, the old guard read the burst's queue as damage from the raise
+    and held the cap below the highest-throughput one while the backlog drained).
+
     Args:
         tolerance: smallest relative fall acted on, in (0, 1).
         z: standard errors the fall must exceed.
@@ -272,11 +283,12 @@ class PowerGuard(Guard):
             return decision if self._trial is None else _no_raise(decision, current, "power_trial")
         if sample is not None:
             self._history.append(sample)
+        required = _keeps_up_only_above(observation, current.max_batch_size)
         if self._hold > 0:
             self._hold -= 1
-            return _no_raise(decision, current, "power_hold")
+            return decision if required else _no_raise(decision, current, "power_hold")
         binding = observation.fill_ratio >= 0.9  # False for NaN
-        if decision.max_batch_size > current.max_batch_size and binding:
+        if decision.max_batch_size > current.max_batch_size and binding and not required:
             self._start_trial(current)
         return decision
 
@@ -306,6 +318,17 @@ class PowerGuard(Guard):
             self._hold = self.hold_ticks
             return before
         return None
+
+
+def _keeps_up_only_above(observation: Observation, cap: int) -> bool:
+    """True when the plan says ``cap`` cannot keep up with the demand (overload, or a
+    stability cap above it): a raise from it is then no trial of the operating point, and the
+    fall of power that follows is the load's (the queue of a burst), not the raise's."""
+    plan = observation.plan()
+    if not plan.ready or math.isnan(observation.budget_ms):
+        return False
+    stable = plan.stable_cap(observation.budget_ms)
+    return stable is None or stable > cap
 
 
 def _log_power(observation: Observation) -> float | None:

@@ -101,6 +101,30 @@ def test_unused_window_tells_thin_open_loop_traffic_from_closed_loop_clients(
     assert guard.decide(obs).window_ms == window_after
 
 
+def test_unused_window_reads_full_batches_as_company() -> None:
+    # noise_30, seed 3: at 9.3k req/s a 27 ms window promises 255 requests of company, but the
+    # cap of 128 ends every batch first; full batches are no closed-loop sign (the old guard
+    # shut the window for good: batches of 55, a third more device time per request)
+    guard = guarded(UnusedWindowGuard, Decision(27.3, 128, "policy"))
+    full = observe(
+        current=Decision(27.3, 128),
+        arrival_rate_rps=9335.0,
+        mean_batch_size=128.0,
+        largest_batch_size=128,
+        batches=18,
+    )
+    assert guard.decide(full).window_ms == 27.3
+    # batches far below the cap still read as closed-loop clients, cap or not
+    lonely = observe(
+        current=Decision(27.3, 128),
+        arrival_rate_rps=9335.0,
+        mean_batch_size=40.0,
+        largest_batch_size=41,
+        batches=18,
+    )
+    assert guard.decide(lonely) == Decision(0.0, 128, "window_unused")
+
+
 # -- budget ------------------------------------------------------------------------------
 # The factory: 1000 req/s, service 4 + 0.05 n ms, budget 40 ms. Stability cap 8 (8 / 4.4 ms =
 # 1818/s >= 1.15 * 1000/s), plan cap 256 (2 * 16.8 <= 40), widest window at that cap ~33.6 ms
@@ -203,6 +227,32 @@ def test_power_guard_steps_back_when_a_cap_raise_lowers_power() -> None:
     assert verdict == Decision(0.0, 64, "power_backoff")
     held = ticks(guard, 64, [10.0])[0]
     assert held == Decision(0.0, 64, "power_hold")
+
+
+def test_power_guard_lets_a_burst_raise_the_cap_it_needs() -> None:
+    """A burst (12k req/s against 1k) needs cap 256 to keep up (256 / 16.8 ms = 15.2k/s; 64
+    gives 8.9k/s); its queue lowers power whatever the cap. The raise is no trial: the old
+    guard read the queue as damage, went back to 64 and held it there (bursts_stalls)."""
+    guard = guarded(PowerGuard, Decision(0.0, 64, "policy"), hold_ticks=2)
+    ticks(guard, 64, [10.0, 10.2, 9.9, 10.1, 10.0, 9.8])
+    guard.inner.decision = Decision(0.0, 256, "policy")
+    burst = {"arrival_rate_rps": 12000.0, "throughput_rps": 8900.0}
+    raised = ticks(guard, 64, [30.0], **burst)[0]
+    assert raised.max_batch_size == 256
+    after = ticks(guard, 256, [80.0, 120.0], **burst)  # the burst's queue, not the raise
+    assert [d.max_batch_size for d in after] == [256, 256]
+    assert after[-1].reason == "policy"
+
+
+def test_power_guard_hold_lets_a_burst_raise_the_cap() -> None:
+    guard = guarded(PowerGuard, Decision(0.0, 64, "policy"), hold_ticks=4)
+    ticks(guard, 64, [10.0, 10.2, 9.9, 10.1, 10.0, 9.8])
+    guard.inner.decision = Decision(0.0, 128, "policy")
+    ticks(guard, 64, [10.0])
+    assert ticks(guard, 128, [14.0, 14.2])[-1].reason == "power_backoff"
+    assert ticks(guard, 64, [10.0])[0] == Decision(0.0, 64, "power_hold")
+    burst = {"arrival_rate_rps": 12000.0, "throughput_rps": 8900.0}
+    assert ticks(guard, 64, [30.0], **burst)[0].max_batch_size == 128  # needed: not held
 
 
 def test_power_guard_keeps_a_raise_whose_change_is_within_noise() -> None:
