@@ -138,6 +138,7 @@ class ServiceTimeEstimator:
         self._held: deque[tuple[int, int, float]] = deque()  # (batch number, units, ms)
         self._taken = 0
         self.outliers_held_out = 0
+        self.last_outlier_s = -math.inf  # when the last batch held out as an outlier ended, s
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -154,8 +155,8 @@ class ServiceTimeEstimator:
         # the error bars as last read (reading them here would move when they are recomputed)
         outlier_ratio = OUTLIER_FACTOR * self._spread if self._ends is not None else math.inf
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
-            if sample.units > 0:
-                self._take(sample.units, sample.service_s * 1e3, outlier_ratio)
+            if sample.units > 0 and self._take(sample.units, sample.service_s * 1e3, outlier_ratio):
+                self.last_outlier_s = sample.end_s
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
@@ -175,9 +176,9 @@ class ServiceTimeEstimator:
         )
         self._note_level()
 
-    def _take(self, units: int, measured_ms: float, outlier_ratio: float) -> None:
+    def _take(self, units: int, measured_ms: float, outlier_ratio: float) -> bool:
         """One batch's time: into the error bars, and into its size's samples unless it is an
-        isolated outlier (see the module docstring)."""
+        isolated outlier (see the module docstring); True if it is held out as one."""
         outlier = False
         if outlier_ratio < math.inf:
             predicted = self.predict_ms(units)
@@ -193,7 +194,7 @@ class ServiceTimeEstimator:
             held.popleft()  # an isolated outlier: never counted
         if not outlier:
             self._keep(units, measured_ms)
-            return
+            return False
         held.append((self._taken, units, measured_ms))
         self.outliers_held_out += 1
         if sum(self._recent_outliers) >= OUTLIER_CONFIRM:  # the service time has changed
@@ -201,6 +202,9 @@ class ServiceTimeEstimator:
                 _, held_units, held_ms = held.popleft()
                 self._keep(held_units, held_ms)
                 self.outliers_held_out -= 1
+            self.last_outlier_s = -math.inf  # they were no isolated stalls after all
+            return False
+        return True
 
     def _keep(self, units: int, measured_ms: float) -> None:
         reservoir = self._reservoir.get(units)

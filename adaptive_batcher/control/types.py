@@ -183,6 +183,9 @@ class Observation:
             model knows (not optimistically), ms: what latency promises use.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
+        last_stall_s: when the latest batch ended that the service-time fit held out as an
+            isolated outlier (a stall: far beyond the error bars, its neighbours normal), s
+            (-inf: none yet).
         arrival_rate_peak_rps: the highest per-tick arrival rate of the recent past (~2 s),
             req/s: what plans are made for (NaN: unknown; the tick's own rate is used).
         slots: execution slots in force.
@@ -222,6 +225,7 @@ class Observation:
     service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
+    last_stall_s: float = -math.inf
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1
     device_ms_per_request: float = math.nan

@@ -23,7 +23,9 @@ PID practice (Åström & Hägglund, "Advanced PID Control", 2006): velocity (inc
 clamping the output is the anti-windup; conditional integration (no integration while the
 batcher is overloaded, when the window is not what sets the latency, nor for ``settle_s``
 after an overload, while the latency measure still holds it), which makes recovery after
-overload immediate (the integrator state from before the overload is kept); derivative on the
+overload immediate (the integrator state from before the overload is kept); likewise no
+narrowing for ``settle_s`` after a stall (a batch the service-time estimator held out as an
+isolated outlier): the queue behind it, not the window, made that latency; derivative on the
 measurement, not the error, so an SLO change causes no derivative kick.
 """
 
@@ -47,8 +49,9 @@ class PID:
         kd: derivative gain on the normalised measurement's second difference.
         min_samples: latency samples needed in the span before the PID integrates.
         max_window_ms: ceiling of the window, ms (default: the bounds' maximum).
-        settle_s: after an overload, seconds without integration (the latency span of the
-            measurement, so its overload samples have left it).
+        settle_s: after an overload, seconds without integration, and after a stall, seconds
+            without narrowing (the latency span of the measurement, so the samples the overload
+            or the stall made late have left it).
 
     Raises:
         TypeError: an argument of the wrong type (the message names it, as ``PID.kp``).
@@ -120,6 +123,11 @@ class PID:
             return
         target = observation.target_ms
         error = max(-2.0, min(1.0, (target - latency) / target))
+        if error < 0 and observation.now_s - observation.last_stall_s < self.settle_s:
+            # the overshoot follows a stall (a batch far beyond the error bars) still in the
+            # measurement: the queue behind it, not the window, set that latency
+            self._error = None
+            return
         self._measurements = [*self._measurements[-2:], latency]
         self.output = max(-1.0, min(0.0, self.output + self._step(error, target)))
         self._error = error

@@ -106,6 +106,25 @@ def test_after_an_overload_the_window_reopens_without_waiting_for_the_measure() 
     assert pid.output < 0.0
 
 
+def test_an_overshoot_after_a_stall_does_not_narrow_the_window() -> None:
+    """A batch held out as an isolated outlier (a stall) queues what follows it; the window did
+    not cause that latency, and narrowing it would only make more, emptier batches."""
+    pid = PID(settle_s=2.0)
+    planned = pid.decide(observe(now_s=10.0, latency_ms=30.0)).window_ms
+    after_stall = pid.decide(observe(now_s=10.5, latency_ms=90.0, last_stall_s=9.8))
+    assert pid.output == 0.0 and after_stall.window_ms == planned
+    # once the stall has left the measurement span, an overshoot trims the window again
+    pid.decide(observe(now_s=12.0, latency_ms=90.0, last_stall_s=9.8))
+    assert pid.output < 0.0
+    # and slack after a stall still counts (the hold is for overshoots only)
+    recovering = PID(settle_s=2.0)
+    recovering.decide(observe(now_s=10.0, latency_ms=90.0))
+    assert recovering.output < 0.0
+    before = recovering.output
+    recovering.decide(observe(now_s=10.5, latency_ms=10.0, last_stall_s=10.4))
+    assert recovering.output > before
+
+
 def test_no_derivative_kick_when_the_slo_changes() -> None:
     with_d, without_d = PID(kd=0.5), PID(kd=0.0)
     for pid in (with_d, without_d):
