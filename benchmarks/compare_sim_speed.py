@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 CONTENDERS = ("triton_like", "adaptive_pid_shed")
@@ -56,18 +57,50 @@ def one_run(checkout: Path, minutes: float) -> dict[str, float]:
         check=True,
     ).stdout
     reply = json.loads(output)
-    if not Path(reply["package"]).resolve().is_relative_to(checkout.resolve()):
-        raise SystemExit(f"{checkout}: imported {reply['package']} instead")
+    expected = (checkout / "adaptive_batcher" / "__init__.py").resolve()
+    if Path(reply["package"]).resolve() != expected:
+        raise SystemExit(f"{checkout}: imported {reply['package']}, not {expected}")
     return dict(reply["s_per_hour"])
+
+
+def checkout_argument(text: str) -> tuple[str, Path]:
+    """``NAME=PATH`` of a checkout whose ``adaptive_batcher`` package is to be timed."""
+    name, equals, path = text.partition("=")
+    if not equals or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    if not (Path(path) / "adaptive_batcher" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{path} holds no adaptive_batcher package")
+    return name, Path(path)
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` > 0."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+
+    return convert
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkouts", nargs="+", help="NAME=PATH of each checkout to time")
-    parser.add_argument("--runs", type=int, default=20, help="runs per checkout")
-    parser.add_argument("--minutes", type=float, default=2.0, help="simulated minutes per run")
+    parser.add_argument(
+        "checkouts", nargs="+", type=checkout_argument, help="NAME=PATH of each checkout to time"
+    )
+    parser.add_argument("--runs", type=positive(int), default=20, help="runs per checkout")
+    parser.add_argument(
+        "--minutes", type=positive(float), default=2.0, help="simulated minutes per run"
+    )
     args = parser.parse_args()
-    checkouts = {name: Path(path) for name, path in (item.split("=", 1) for item in args.checkouts)}
+    checkouts = dict(args.checkouts)
+    if len(checkouts) < len(args.checkouts):
+        parser.error("each checkout needs a name of its own")
     times: dict[str, dict[str, list[float]]] = {
         name: {c: [] for c in CONTENDERS} for name in checkouts
     }

@@ -190,8 +190,33 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# the options that say how to read --trace, with their defaults: meaningless without it
+_TRACE_READING = {
+    "time_column": TIMESTAMP_COLUMN,
+    "time_unit": "datetime",
+    "size_column": None,
+    "max_units": None,
+    "compress": 1000.0,
+}
+
+
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:
-    """The scenarios asked for, on the device and SLO asked for (loads rescale to its capacity)."""
+    """The scenarios asked for, on the device and SLO asked for (loads rescale to its capacity).
+
+    Raises:
+        ValueError: an option for reading ``--trace`` without ``--trace``, or no file at
+            ``--service``.
+    """
+    if args.trace is None:
+        given = [
+            "--" + name.replace("_", "-")
+            for name, default in _TRACE_READING.items()
+            if getattr(args, name) != default
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: options for reading --trace, given without it")
+    if args.service is not None and not Path(args.service).is_file():
+        raise ValueError(f"no service profile at {args.service} (--service)")
     table = (
         TableService.from_profile_json(args.service)
         if args.service is not None

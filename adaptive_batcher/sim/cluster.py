@@ -123,7 +123,7 @@ class ClusterSimulator:
     Raises:
         TypeError: ``replicas`` not an integer; ``service``, ``config``, ``memory`` or
             ``judge_slo`` of the wrong type (as :class:`Simulator`); a ``router`` without a
-            ``choose`` method.
+            ``choose`` method, or a router class instead of an instance.
         ValueError: ``replicas`` < 1, a negative ``seed``.
     """
 
@@ -141,6 +141,8 @@ class ClusterSimulator:
         self.replicas = check_int("replicas", replicas, 1)
         check_int("seed", seed, 0)
         service, config, memory = check_replay_setup(service, config, memory)
+        if isinstance(router, type):
+            raise TypeError(f"router must be an instance ({router.__name__}()), got the class")
         if router is not None and not callable(getattr(router, "choose", None)):
             raise TypeError(
                 f"router must have a choose(outstanding_units, rng) method, got "
@@ -160,6 +162,7 @@ class ClusterSimulator:
 
         Raises:
             TypeError: ``arrivals`` is not :class:`Arrivals`.
+            ValueError: the router chose something that is not a replica's index.
         """
         if not isinstance(arrivals, Arrivals):
             raise TypeError(f"arrivals must be Arrivals, got {type(arrivals).__name__}")
@@ -174,6 +177,11 @@ class ClusterSimulator:
             for replay in replays:
                 replay.advance_to(at_s)
             chosen = router.choose([r.outstanding_units for r in replays], rng)
+            if not (isinstance(chosen, int | np.integer) and 0 <= chosen < self.replicas):
+                raise ValueError(
+                    f"router {type(router).__name__} chose {chosen!r}: not a replica index in "
+                    f"0..{self.replicas - 1}"
+                )
             assigned[index] = chosen
             local[index] = replays[chosen].offer(at_s, sizes[index])
         results = tuple(replay.finish() for replay in replays)

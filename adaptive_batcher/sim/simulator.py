@@ -156,6 +156,8 @@ def check_replay_setup(
         TypeError: ``service`` is not a :class:`ServiceModel`, ``config`` not a
             :class:`SimConfig`, ``memory`` neither a :class:`MemoryLimit` nor None.
     """
+    if isinstance(service, type):
+        raise TypeError(f"service must be an instance of {service.__name__}, got the class")
     if not isinstance(service, ServiceModel):
         raise TypeError(
             "service must be a ServiceModel (name, service_s, memory_bytes; e.g. a "

@@ -218,7 +218,18 @@ class LognormalSizes:
 # --- shared machinery --------------------------------------------------------------------------
 
 
-def _check_duration(duration_s: float) -> float:
+def _check_duration(duration_s: float, rng: object) -> float:
+    """The horizon ``duration_s``, checked with the generator a workload draws from.
+
+    Raises:
+        TypeError: ``rng`` is not a numpy Generator (an int seed is not one: pass
+            ``np.random.default_rng(seed)``); ``duration_s`` is not a number.
+        ValueError: ``duration_s`` < 0 or not finite.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy Generator (np.random.default_rng(seed)), got {type(rng).__name__}"
+        )
     return check_number("duration_s", duration_s, 0.0)
 
 
@@ -332,7 +343,7 @@ class Poisson:
 
     def generate(self, duration_s: float, rng: np.random.Generator) -> Arrivals:
         """Arrivals on ``[0, duration_s)``; ValueError when ``duration_s`` < 0 or not finite."""
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         times = _poisson_times(self.rate_rps, horizon, rng)
         return Arrivals(times, _sample_sizes(self.sizes, times.size, rng), self.name, horizon)
 
@@ -366,7 +377,7 @@ class Gamma:
 
     def generate(self, duration_s: float, rng: np.random.Generator) -> Arrivals:
         """Arrivals on ``[0, duration_s)``; ValueError when ``duration_s`` < 0 or not finite."""
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         if self.rate_rps == 0:
             times = np.zeros(0, dtype=np.float64)
         else:
@@ -433,7 +444,7 @@ class MMPPBursts:
         Draws one uniform, then exponentials in chunks. Used by :meth:`generate`, which draws
         the same values first, so both agree for equal seeds.
         """
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         first_on = bool(rng.random() < self.on_fraction)
         cycle = self.mean_on_s + self.mean_off_s
         starts: list[FloatArray] = []
@@ -458,7 +469,7 @@ class MMPPBursts:
 
     def generate(self, duration_s: float, rng: np.random.Generator) -> Arrivals:
         """Arrivals on ``[0, duration_s)``; ValueError when ``duration_s`` < 0 or not finite."""
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         starts, on = self.sojourns(horizon, rng)
         rates = np.where(on > 0, self.burst_rps, self.base_rps)
         times = _piecewise_poisson(starts, rates, horizon, rng)
@@ -513,7 +524,7 @@ class Diurnal:
 
     def generate(self, duration_s: float, rng: np.random.Generator) -> Arrivals:
         """Arrivals on ``[0, duration_s)``; ValueError when ``duration_s`` < 0 or not finite."""
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         peak = self.peak_rps
         candidates = _poisson_times(peak, horizon, rng)
         if candidates.size:
@@ -569,7 +580,7 @@ class Steps:
 
     def generate(self, duration_s: float, rng: np.random.Generator) -> Arrivals:
         """Arrivals on ``[0, duration_s)``; ValueError when ``duration_s`` < 0 or not finite."""
-        horizon = _check_duration(duration_s)
+        horizon = _check_duration(duration_s, rng)
         rates = np.asarray(self.rates_rps, dtype=np.float64)
         times = _piecewise_poisson(self._starts, rates, horizon, rng)
         return Arrivals(times, _sample_sizes(self.sizes, times.size, rng), self.name, horizon)

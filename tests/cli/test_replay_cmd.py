@@ -96,3 +96,26 @@ def test_a_missing_scenario_trace_names_the_folder_and_the_option(
     assert "empty" in err
     assert "--traces-dir" in err
     assert not (tmp_path / "out" / "replay.md").exists()  # nothing was replayed first
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--max-units", "5"], ["--size-column", "tokens"], ["--time-unit", "ms"], ["--compress", "2"]],
+)
+def test_options_for_reading_a_trace_are_refused_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str]
+) -> None:
+    """Before: ignored, and the default replay ran as if they had not been given."""
+    assert replay(tmp_path, "--scenario", "step_3x", *options) == 2
+    assert f"{options[0]}: options for reading --trace, given without it" in err_text(capsys)
+    assert not (tmp_path / "out" / "replay.md").exists()
+
+
+def test_a_missing_service_profile_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the message pointed at --traces-dir."""
+    assert replay(tmp_path, "--service", str(tmp_path / "missing.json")) == 2
+    err = err_text(capsys)
+    assert "no service profile at" in err and "(--service)" in err
+    assert "--traces-dir" not in err

@@ -14,6 +14,7 @@ from adaptive_batcher.sim.cluster import (
 )
 from adaptive_batcher.sim.result import Outcome
 from adaptive_batcher.sim.scenarios import CAPACITY, CONTENDERS, SCENARIOS
+from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.workloads import Arrivals, LognormalSizes, Poisson, Steps
 from tests.sim.test_pinned_replays import figures
@@ -213,3 +214,28 @@ def test_cluster_arguments_of_the_wrong_type_are_refused() -> None:
         ClusterSimulator(service, config, 2, "round_robin")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="arrivals must be Arrivals"):
         ClusterSimulator(service, config, 2).run([0.0])  # type: ignore[arg-type]
+
+
+class _Wayward:
+    """A custom router that answers with an index no replica has."""
+
+    name = "wayward"
+
+    def choose(self, outstanding_units: list[int], rng: np.random.Generator) -> int:
+        return 99
+
+
+def test_a_router_choice_that_is_no_replica_is_a_clear_error() -> None:
+    """Before: IndexError from inside the run."""
+    simulator = ClusterSimulator(SCENARIO.service(), SimConfig(8, 0.0), 2, _Wayward())
+    message = r"router _Wayward chose 99: not a replica index in 0\.\.1"
+    with pytest.raises(ValueError, match=message):
+        simulator.run(poisson(0.1, 0.05))
+
+
+def test_classes_given_for_instances_are_refused_at_once() -> None:
+    """Before: accepted, then a missing-argument TypeError from inside the first run."""
+    with pytest.raises(TypeError, match=r"router must be an instance \(RoundRobin\(\)\)"):
+        ClusterSimulator(SCENARIO.service(), SimConfig(8, 0.0), 2, RoundRobin)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="service must be an instance of TableService"):
+        Simulator(TableService, SimConfig(8, 0.0))  # type: ignore[arg-type]

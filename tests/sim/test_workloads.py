@@ -405,3 +405,10 @@ def test_closed_loop_sizes_and_validation() -> None:
     with pytest.raises(TypeError, match="duration_s"):
         ClosedLoop(1, 0.01)  # type: ignore[call-arg]  # a closed loop needs an end
     assert ClosedLoop(2, 0.0, duration_s=3).duration_s == 3.0
+
+
+@pytest.mark.parametrize("rng", [0, None, 1.5])
+def test_a_seed_given_for_the_generator_is_refused_with_its_name(rng: object) -> None:
+    """Before: AttributeError ('int' object has no attribute 'standard_exponential')."""
+    with pytest.raises(TypeError, match="rng must be a numpy Generator"):
+        Poisson(100.0).generate(1.0, rng)  # type: ignore[arg-type]
