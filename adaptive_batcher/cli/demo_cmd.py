@@ -87,7 +87,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--static", action="store_true", help="no controller: keep --window-ms and the cap"
     )
-    parser.add_argument("--seed", type=int, default=0, help="arrival process seed")
+    parser.add_argument(
+        "--seed", type=int_argument("--seed", 0), default=0, help="arrival process seed"
+    )
     parser.add_argument(
         "--torch-threads",
         type=int_argument("--torch-threads", 0),

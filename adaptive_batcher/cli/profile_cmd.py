@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -309,8 +310,13 @@ def _profile(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
     except (ValueError, RuntimeError) as exc:
         raise _UsageError(f"--device: {exc}") from None
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise _UsageError(f"--out {str(args.out)!r} exists and is not a directory")
+    if args.out is not None:  # before the sweep: a folder that cannot be written fails now
+        if args.out.exists() and not args.out.is_dir():
+            raise _UsageError(f"--out {str(args.out)!r} exists and is not a directory")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _UsageError(f"cannot write --out {str(args.out)!r}: {exc}") from None
     if args.max_repeats is not None and args.max_repeats < args.repeats:
         raise _UsageError(
             f"--max-repeats must be >= --repeats ({args.repeats}), got {args.max_repeats}"
@@ -330,6 +336,11 @@ def _profile(args: argparse.Namespace) -> int:
             )
         factory = _load(args.model, "MODEL")
         make_batch = _load(args.input, "--input")
+        if not _takes_no_arguments(factory):
+            raise _UsageError(
+                f"MODEL {args.model!r} must be a function with no arguments that returns the "
+                f"model; it takes {inspect.signature(factory)}"
+            )
         model = factory()
         if not callable(model):
             raise _UsageError(
@@ -366,7 +377,6 @@ def _profile(args: argparse.Namespace) -> int:
     _print_warnings(rec)
     if args.out is not None:
         out: Path = args.out
-        out.mkdir(parents=True, exist_ok=True)
         written = [
             write_profile(out / "profile.json", result, knee=knee, recommendation=rec),
             out / "profile.md",
@@ -376,3 +386,17 @@ def _profile(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def _takes_no_arguments(function: Any) -> bool:
+    """True if ``function()`` binds: every parameter has a default or is variadic (or there is
+    no signature to read, and the call itself will tell)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind()
+    except TypeError:
+        return False
+    return True

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from adaptive_batcher._validate import check_number
+from adaptive_batcher._validate import check_number, check_str
 
 __all__ = [
     "Arrivals",
@@ -76,6 +76,7 @@ class Arrivals:
     duration_s: float = math.nan
 
     def __post_init__(self) -> None:
+        check_str("Arrivals.name", self.name)
         times = np.asarray(self.times_s, dtype=np.float64).view()
         raw_sizes = np.asarray(self.sizes)
         if times.ndim != 1 or raw_sizes.ndim != 1 or times.shape != raw_sizes.shape:

@@ -76,6 +76,7 @@ def test_demo_help_says_why_one_torch_thread(capsys: pytest.CaptureFixture[str])
         ("--rate", "fast", "--rate must be a number, got 'fast'"),
         ("--torch-threads", "-1", "--torch-threads must be >= 0, got -1"),
         ("--torch-threads", "1.5", "--torch-threads must be an int, got '1.5'"),
+        ("--seed", "-1", "--seed must be >= 0, got -1"),  # as replay's (it was accepted)
     ],
 )
 def test_demo_rejects_bad_numbers(

@@ -126,6 +126,9 @@ def make_batch(n):
 def not_a_factory():
     return 42
 
+def needs_an_argument(size):
+    return lambda batch: batch
+
 NOT_CALLABLE = 3
 
 def no_memory(n):
@@ -198,6 +201,9 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
         (["{mod}:not_a_factory", "--input", "{mod}:make_batch"],
          "MODEL '{mod}:not_a_factory' returned int, which is not callable; it must return the "
          "batch callable model(batch)"),
+        (["{mod}:needs_an_argument", "--input", "{mod}:make_batch"],
+         "MODEL '{mod}:needs_an_argument' must be a function with no arguments that returns "
+         "the model; it takes (size)"),
         (["{mod}:build"],
          "--input MODULE:FUNCTION is required with MODEL (function(n) returns a batch of n)"),
         (["--preprocess-ms", "2"],
@@ -241,6 +247,18 @@ def test_builtin_model_without_torch_exits_2(
         "adaptive-batcher profile: error: the built-in example model needs torch: "
         "pip install 'adaptive-batcher[torch]', or pass your own MODEL and --input\n"
     )
+
+
+def test_an_out_folder_that_cannot_be_made_fails_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a FileNotFoundError traceback after the whole sweep had run."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x", encoding="utf-8")
+    assert run_cli("--out", str(blocker / "sub")) == 2
+    captured = capsys.readouterr()
+    assert "cannot write --out" in captured.err
+    assert TABLE_HEADER not in captured.out  # nothing was measured
 
 
 def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -412,3 +412,9 @@ def test_a_seed_given_for_the_generator_is_refused_with_its_name(rng: object) ->
     """Before: AttributeError ('int' object has no attribute 'standard_exponential')."""
     with pytest.raises(TypeError, match="rng must be a numpy Generator"):
         Poisson(100.0).generate(1.0, rng)  # type: ignore[arg-type]
+
+
+def test_arrivals_need_a_string_name() -> None:
+    """As SimConfig.name (None was accepted and printed as the name of a replay)."""
+    with pytest.raises(TypeError, match=r"Arrivals\.name"):
+        Arrivals(np.zeros(1), np.ones(1, dtype=np.int64), None)  # type: ignore[arg-type]
