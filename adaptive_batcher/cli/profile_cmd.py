@@ -336,7 +336,12 @@ def _profile(args: argparse.Namespace) -> int:
             )
         factory = _load(args.model, "MODEL")
         make_batch = _load(args.input, "--input")
-        if not _takes_no_arguments(factory):
+        if not _takes_arguments(make_batch, 1):
+            raise _UsageError(
+                f"--input {args.input!r} must be a function of one argument n that returns a "
+                f"batch of n; it takes {inspect.signature(make_batch)}"
+            )
+        if not _takes_arguments(factory, 0):
             raise _UsageError(
                 f"MODEL {args.model!r} must be a function with no arguments that returns the "
                 f"model; it takes {inspect.signature(factory)}"
@@ -388,15 +393,15 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _takes_no_arguments(function: Any) -> bool:
-    """True if ``function()`` binds: every parameter has a default or is variadic (or there is
-    no signature to read, and the call itself will tell)."""
+def _takes_arguments(function: Any, count: int) -> bool:
+    """True if ``function`` can be called with ``count`` positional arguments (or there is no
+    signature to read, and the call itself will tell)."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         return True
     try:
-        signature.bind()
+        signature.bind(*range(count))
     except TypeError:
         return False
     return True

@@ -204,8 +204,8 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
     """The scenarios asked for, on the device and SLO asked for (loads rescale to its capacity).
 
     Raises:
-        ValueError: an option for reading ``--trace`` without ``--trace``, or no file at
-            ``--service``.
+        ValueError: an option for reading ``--trace`` without ``--trace``, ``--scenario``
+            with it, or no file at ``--service``.
     """
     if args.trace is None:
         given = [
@@ -215,8 +215,10 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
         ]
         if given:
             raise ValueError(f"{', '.join(given)}: options for reading --trace, given without it")
+    elif args.scenario:
+        raise ValueError("--scenario and --trace: give one (a trace replaces the scenarios)")
     if args.service is not None and not Path(args.service).is_file():
-        raise ValueError(f"no service profile at {args.service} (--service)")
+        raise ValueError(f"no service profile file at {args.service} (--service)")
     table = (
         TableService.from_profile_json(args.service)
         if args.service is not None

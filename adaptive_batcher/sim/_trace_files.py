@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,12 +135,22 @@ def _number(where: str, column: str, unit: str, line: int, cell: object) -> floa
     return value
 
 
+_BARE_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+
+
 def _datetimes_ns(
     where: str, column: str, lines: Sequence[int], cells: Sequence[object]
 ) -> npt.NDArray[np.int64]:
     """Nanoseconds since the epoch: numpy's ISO 8601 parser (0.1 us and the space separator
     included) for times without a zone, ``datetime.fromisoformat`` for the others."""
     texts = [cell if isinstance(cell, str) else "" for cell in cells]
+    for line, text in zip(lines, texts, strict=True):
+        if _BARE_NUMBER.fullmatch(text):  # numpy would read "12" as the year 12
+            raise ValueError(
+                f"{where} line {line}: column {column!r}: {text!r} is a number, not a date "
+                "and time; for numbers give their unit (time unit 's' or 'ms'; replay: "
+                "--time-unit)"
+            )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -123,7 +123,7 @@ class ClusterSimulator:
     Raises:
         TypeError: ``replicas`` not an integer; ``service``, ``config``, ``memory`` or
             ``judge_slo`` of the wrong type (as :class:`Simulator`); a ``router`` without a
-            ``choose`` method, or a router class instead of an instance.
+            ``choose`` method or a ``name``, or a router class instead of an instance.
         ValueError: ``replicas`` < 1, a negative ``seed``.
     """
 
@@ -143,10 +143,11 @@ class ClusterSimulator:
         service, config, memory = check_replay_setup(service, config, memory)
         if isinstance(router, type):
             raise TypeError(f"router must be an instance ({router.__name__}()), got the class")
-        if router is not None and not callable(getattr(router, "choose", None)):
+        chooses = callable(getattr(router, "choose", None))
+        if router is not None and not (chooses and isinstance(getattr(router, "name", None), str)):
             raise TypeError(
-                f"router must have a choose(outstanding_units, rng) method, got "
-                f"{type(router).__name__}"
+                f"router must have a choose(outstanding_units, rng) method and a name (str), "
+                f"got {type(router).__name__}"
             )
         self.router = router if router is not None else PowerOfTwoChoices()
         self.config = config
@@ -177,7 +178,9 @@ class ClusterSimulator:
             for replay in replays:
                 replay.advance_to(at_s)
             chosen = router.choose([r.outstanding_units for r in replays], rng)
-            if not (isinstance(chosen, int | np.integer) and 0 <= chosen < self.replicas):
+            if isinstance(chosen, bool) or not (
+                isinstance(chosen, int | np.integer) and 0 <= chosen < self.replicas
+            ):
                 raise ValueError(
                     f"router {type(router).__name__} chose {chosen!r}: not a replica index in "
                     f"0..{self.replicas - 1}"

@@ -129,6 +129,9 @@ def not_a_factory():
 def needs_an_argument(size):
     return lambda batch: batch
 
+def batch_of_nothing():
+    return [1]
+
 NOT_CALLABLE = 3
 
 def no_memory(n):
@@ -204,6 +207,9 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
         (["{mod}:needs_an_argument", "--input", "{mod}:make_batch"],
          "MODEL '{mod}:needs_an_argument' must be a function with no arguments that returns "
          "the model; it takes (size)"),
+        (["{mod}:build", "--input", "{mod}:batch_of_nothing"],
+         "--input '{mod}:batch_of_nothing' must be a function of one argument n that returns "
+         "a batch of n; it takes ()"),
         (["{mod}:build"],
          "--input MODULE:FUNCTION is required with MODEL (function(n) returns a batch of n)"),
         (["--preprocess-ms", "2"],

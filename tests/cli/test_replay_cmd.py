@@ -117,5 +117,16 @@ def test_a_missing_service_profile_names_the_option(
     """Before: the message pointed at --traces-dir."""
     assert replay(tmp_path, "--service", str(tmp_path / "missing.json")) == 2
     err = err_text(capsys)
-    assert "no service profile at" in err and "(--service)" in err
+    assert "no service profile file at" in err and "(--service)" in err
     assert "--traces-dir" not in err
+
+
+def test_a_trace_and_named_scenarios_are_refused_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: --scenario was ignored and only the trace replayed."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts\n0\n5\n", encoding="utf-8")
+    status = replay(tmp_path, "--trace", str(trace), "--time-unit", "ms", "--scenario", "step_3x")
+    assert status == 2
+    assert "--scenario and --trace: give one" in err_text(capsys)

@@ -233,6 +233,25 @@ def test_a_router_choice_that_is_no_replica_is_a_clear_error() -> None:
         simulator.run(poisson(0.1, 0.05))
 
 
+class _Yes(_Wayward):
+    def choose(self, outstanding_units: list[int], rng: np.random.Generator) -> int:
+        return True
+
+
+class _Nameless:
+    def choose(self, outstanding_units: list[int], rng: np.random.Generator) -> int:
+        return 0
+
+
+def test_a_bool_is_no_replica_index_and_a_router_needs_a_name() -> None:
+    """Before: True served as replica 1; a router without a name failed after the whole run."""
+    simulator = ClusterSimulator(SCENARIO.service(), SimConfig(8, 0.0), 2, _Yes())
+    with pytest.raises(ValueError, match="router _Yes chose True"):
+        simulator.run(poisson(0.1, 0.05))
+    with pytest.raises(TypeError, match=r"and a name \(str\), got _Nameless"):
+        ClusterSimulator(SCENARIO.service(), SimConfig(8, 0.0), 2, _Nameless())  # type: ignore[arg-type]
+
+
 def test_classes_given_for_instances_are_refused_at_once() -> None:
     """Before: accepted, then a missing-argument TypeError from inside the first run."""
     with pytest.raises(TypeError, match=r"router must be an instance \(RoundRobin\(\)\)"):

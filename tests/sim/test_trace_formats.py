@@ -117,6 +117,16 @@ def test_a_date_that_does_not_parse_names_the_line(tmp_path: Path) -> None:
         load_trace(path, time_column="when")
 
 
+@pytest.mark.parametrize("numbers", ["0\n5\n10\n12\n", "1700000000\n1700000001\n", "1.5e3\n"])
+def test_numbers_read_as_dates_are_refused_with_the_unit_to_give(
+    tmp_path: Path, numbers: str
+) -> None:
+    """Before: numpy read "12" as the year 12, and a 12 ms trace became days long."""
+    path = write(tmp_path, "n.csv", "ts\n" + numbers)
+    with pytest.raises(ValueError, match=r"n\.csv line 2: column 'ts': '.*' is a number, not a"):
+        load_trace(path, time_column="ts")
+
+
 def test_the_time_unit_is_checked() -> None:
     assert TIME_UNITS == ("datetime", "s", "ms")
     with pytest.raises(ValueError, match=r"time_unit must be one of 'datetime', 's', 'ms'"):
