@@ -23,7 +23,8 @@ class SLO:
         latency_ms: the latency target at ``percentile``, ms (> 0). ``SLO(latency_ms=50,
             percentile=95)`` means p95 <= 50 ms. (Named ``p99_ms`` before; that name read false
             for any other percentile and is refused with a TypeError saying so.)
-        percentile: the percentile the target applies to, in (0, 100); 99 by default.
+        percentile: the percentile the target applies to, in [1, 100); 99 by default (below
+            1 is refused: ``0.99`` is a quantile given where a percentile is meant).
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0).
         margin: fraction of the target the controller aims at, in (0, 1]: the online
             controller steers latency to ``margin * latency_ms`` at every tick. Not the
@@ -61,6 +62,11 @@ class SLO:
             raise ValueError(f"SLO.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
         if not 0.0 < self.percentile < 100.0:
             raise ValueError(f"SLO.percentile must be in (0, 100), got {self.percentile!r}")
+        if self.percentile < 1.0:  # a quantile given for a percentile: p0.99 is no real SLO
+            raise ValueError(
+                f"SLO.percentile is a percentile in [1, 100), got {self.percentile!r}: for the "
+                f"{self.percentile * 100:g}th percentile write percentile={self.percentile * 100:g}"
+            )
         if not (math.isfinite(self.preprocess_ms) and self.preprocess_ms >= 0):
             raise ValueError(f"SLO.preprocess_ms must be >= 0, got {self.preprocess_ms!r}")
         if not 0.0 < self.margin <= 1.0:

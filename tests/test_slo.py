@@ -73,6 +73,16 @@ def test_the_old_field_name_is_refused_with_the_new_one() -> None:
         SLO(p99_ms=50.0, percentile=95.0)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize(("given", "meant"), [(0.99, "99"), (0.5, "50"), (0.999, "99.9")])
+def test_a_quantile_given_for_a_percentile_is_refused_with_the_percentile(
+    given: float, meant: str
+) -> None:
+    """Before: SLO(50, percentile=0.99) was accepted as a p0.99 target."""
+    with pytest.raises(ValueError, match=f"write percentile={meant}$"):
+        SLO(50.0, percentile=given)
+    assert SLO(50.0, percentile=float(meant)).quantile == pytest.approx(given)
+
+
 def test_reading_the_old_attribute_names_the_new_one() -> None:
     """Before: Python's plain "'SLO' object has no attribute 'p99_ms'"."""
     with pytest.raises(AttributeError, match=r"SLO\.p99_ms was renamed latency_ms"):

@@ -37,6 +37,15 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     assert re.search(r"torch threads in the model thread\s*│\s*1\s*│", out)  # the default
 
 
+def test_a_static_demo_says_its_slo_is_only_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "SLO p99, ms: none" beside "answered within the SLO (50 ms)"."""
+    status = main(["demo", "--static", "--duration", "1", "--rate", "100", "--burst-rate", "100"])
+    out = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert status == 0
+    assert re.search(r"SLO p99, ms │ 50, judged only", out)  # the rest may wrap
+    assert "controller │ off" in out
+
+
 @pytest.fixture
 def three_torch_threads() -> Iterator[None]:
     """torch at 3 intra-op threads during the test (so 1 and 2 are changes), restored after."""
