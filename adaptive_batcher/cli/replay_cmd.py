@@ -104,6 +104,16 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_command)
 
 
+# the options that say how to read --trace, with their defaults: meaningless without it
+_TRACE_READING = {
+    "time_column": TIMESTAMP_COLUMN,
+    "time_unit": "datetime",
+    "size_column": None,
+    "max_units": None,
+    "compress": 1000.0,
+}
+
+
 def _add_trace_options(parser: argparse.ArgumentParser) -> None:
     """``--trace`` and how to read it; ``--traces-dir`` for the named trace scenarios."""
     parser.add_argument(
@@ -114,14 +124,14 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-column",
-        default=TIMESTAMP_COLUMN,
+        default=_TRACE_READING["time_column"],
         metavar="NAME",
         help=f"the column (JSON: field) with arrival times (default {TIMESTAMP_COLUMN})",
     )
     parser.add_argument(
         "--time-unit",
         choices=TIME_UNITS,
-        default="datetime",
+        default=_TRACE_READING["time_unit"],
         help="arrival times as ISO 8601 dates and times (default) or numbers of s or ms",
     )
     parser.add_argument(
@@ -139,7 +149,7 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compress",
         type=number_argument("--compress", 0.0, strict=True),
-        default=1000.0,
+        default=_TRACE_READING["compress"],
         help="time compression of --trace (default 1000)",
     )
     parser.add_argument(
@@ -188,16 +198,6 @@ def run_command(args: argparse.Namespace) -> int:
     _write(cells, scenarios, args.out)
     console.print(f"wrote {args.out / 'replay.md'} and plots in {args.out}")
     return 0
-
-
-# the options that say how to read --trace, with their defaults: meaningless without it
-_TRACE_READING = {
-    "time_column": TIMESTAMP_COLUMN,
-    "time_unit": "datetime",
-    "size_column": None,
-    "max_units": None,
-    "compress": 1000.0,
-}
 
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:

@@ -275,7 +275,7 @@ class Controller:
             service_high_ms=model.high_ms,
             service_upper_ms=model.upper_ms,
             contention=model.contention,
-            last_stall_s=model.last_outlier_s,
+            last_stall_s=model.last_stall_s,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,
             device_busy_fraction=busy_s / interval / max(1, slots),

@@ -283,12 +283,17 @@ class PowerGuard(Guard):
             return decision if self._trial is None else _no_raise(decision, current, "power_trial")
         if sample is not None:
             self._history.append(sample)
-        required = _keeps_up_only_above(observation, current.max_batch_size)
         if self._hold > 0:
             self._hold -= 1
-            return decision if required else _no_raise(decision, current, "power_hold")
+            if _keeps_up_only_above(observation, current.max_batch_size):
+                return decision
+            return _no_raise(decision, current, "power_hold")
         binding = observation.fill_ratio >= 0.9  # False for NaN
-        if decision.max_batch_size > current.max_batch_size and binding and not required:
+        if (
+            decision.max_batch_size > current.max_batch_size
+            and binding
+            and not _keeps_up_only_above(observation, current.max_batch_size)
+        ):
             self._start_trial(current)
         return decision
 

@@ -138,7 +138,7 @@ class ServiceTimeEstimator:
         self._held: deque[tuple[int, int, float]] = deque()  # (batch number, units, ms)
         self._taken = 0
         self.outliers_held_out = 0
-        self.last_outlier_s = -math.inf  # when the last batch held out as an outlier ended, s
+        self.last_stall_s = -math.inf  # when the last batch held out as an outlier ended, s
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -156,7 +156,7 @@ class ServiceTimeEstimator:
         outlier_ratio = OUTLIER_FACTOR * self._spread if self._ends is not None else math.inf
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.units > 0 and self._take(sample.units, sample.service_s * 1e3, outlier_ratio):
-                self.last_outlier_s = sample.end_s
+                self.last_stall_s = sample.end_s
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
@@ -202,7 +202,7 @@ class ServiceTimeEstimator:
                 _, held_units, held_ms = held.popleft()
                 self._keep(held_units, held_ms)
                 self.outliers_held_out -= 1
-            self.last_outlier_s = -math.inf  # they were no isolated stalls after all
+            self.last_stall_s = -math.inf  # they were no isolated stalls after all
             return False
         return True
 

@@ -28,9 +28,9 @@ from adaptive_batcher._validate import check_in_range, check_int
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
-from adaptive_batcher.sim.simulator import SimConfig, Simulator, _Replay, check_replay_setup
+from adaptive_batcher.sim.simulator import SimConfig, Simulator, _Replay
 from adaptive_batcher.sim.workloads import Arrivals
-from adaptive_batcher.slo import SLO, check_slo
+from adaptive_batcher.slo import SLO
 
 __all__ = [
     "ClusterResult",
@@ -139,8 +139,12 @@ class ClusterSimulator:
         judge_slo: SLO | None = None,
     ) -> None:
         self.replicas = check_int("replicas", replicas, 1)
-        check_int("seed", seed, 0)
-        service, config, memory = check_replay_setup(service, config, memory)
+        check_int("seed", seed, 0)  # before seed + i below
+        # each replica's Simulator checks service, config, memory and judge_slo
+        self._simulators = [
+            Simulator(service, config, memory=memory, seed=seed + i, judge_slo=judge_slo)
+            for i in range(self.replicas)
+        ]
         if isinstance(router, type):
             raise TypeError(f"router must be an instance ({router.__name__}()), got the class")
         chooses = callable(getattr(router, "choose", None))
@@ -152,11 +156,7 @@ class ClusterSimulator:
         self.router = router if router is not None else PowerOfTwoChoices()
         self.config = config
         self.seed = seed
-        self.judge_slo = check_slo(judge_slo, "judge_slo") or config.slo
-        self._simulators = [
-            Simulator(service, config, memory=memory, seed=seed + i, judge_slo=judge_slo)
-            for i in range(self.replicas)
-        ]
+        self.judge_slo = self._simulators[0].judge_slo
 
     def run(self, arrivals: Arrivals) -> ClusterResult:
         """Replay open-loop ``arrivals``: each goes to the router's replica at its time.

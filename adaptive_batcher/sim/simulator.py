@@ -126,7 +126,7 @@ class Simulator:
         seed: int = 0,
         judge_slo: SLO | None = None,
     ) -> None:
-        self.service, self.config, self.memory = check_replay_setup(service, config, memory)
+        self.service, self.config, self.memory = _check_replay_setup(service, config, memory)
         self.seed = check_int("seed", seed, 0)
         self.judge_slo = check_slo(judge_slo, "judge_slo") or config.slo
 
@@ -147,10 +147,10 @@ class Simulator:
         return _Replay(self, workload).run()
 
 
-def check_replay_setup(
+def _check_replay_setup(
     service: object, config: object, memory: object
 ) -> tuple[ServiceModel, SimConfig, MemoryLimit | None]:
-    """The arguments every replay takes, checked (a simulator or a cluster of them).
+    """A simulator's service, config and memory, checked (a cluster's replicas are simulators).
 
     Raises:
         TypeError: ``service`` is not a :class:`ServiceModel`, ``config`` not a

@@ -123,10 +123,10 @@ def test_one_stall_does_not_move_the_fit(rare: int) -> None:
 
 def test_the_time_of_the_last_stall_is_kept_for_the_controller() -> None:
     estimator, seen = fitted_estimator(rare=58)
-    assert estimator.last_outlier_s == -math.inf
+    assert estimator.last_stall_s == -math.inf
     stall = BatchSample(12.5, 58, 58, (linear_ms(58) + 150.0) / 1e3)
     estimator.update([stall], seen + 1)
-    assert estimator.last_outlier_s == 12.5
+    assert estimator.last_stall_s == 12.5
 
 
 def test_a_lasting_slowdown_is_learned() -> None:
@@ -138,7 +138,7 @@ def test_a_lasting_slowdown_is_learned() -> None:
         estimator.update(slow, seen)
     assert estimator.predict_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
     assert estimator.outliers_held_out == 0
-    assert estimator.last_outlier_s == -math.inf  # a change, not a stall: the PID may react
+    assert estimator.last_stall_s == -math.inf  # a change, not a stall: the PID may react
 
 
 def test_sizes_beyond_the_fit_are_never_outliers() -> None:
