@@ -85,6 +85,22 @@ class ServiceModel(Protocol):
     def memory_bytes(self, units: int) -> float: ...
 
 
+def check_service_model(name: str, value: object) -> ServiceModel:
+    """``value`` if it is a :class:`ServiceModel` instance (the simulator's service, a wrapper's
+    inner model), else TypeError naming ``name``; a class given for an instance
+    (``Noisy(TableService)``) is told so: ``inner must be an instance of TableService, got the
+    class`` (a class has the members a :class:`ServiceModel` needs, and would fail only when run).
+    """
+    if isinstance(value, type):
+        raise TypeError(f"{name} must be an instance of {value.__name__}, got the class")
+    if not isinstance(value, ServiceModel):
+        raise TypeError(
+            f"{name} must be a ServiceModel (name, service_s, memory_bytes; e.g. a "
+            f"TableService), got {type(value).__name__}"
+        )
+    return value
+
+
 def _check_batch(units: int) -> None:
     check_int("units", units, 1)
 
@@ -367,7 +383,8 @@ class Noisy:
             16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
 
     Raises:
-        TypeError: ``cv`` not a number.
+        TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
+            ``cv`` not a number.
         ValueError: ``cv`` negative or not finite.
     """
 
@@ -377,6 +394,7 @@ class Noisy:
     _sigma: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_service_model("inner", self.inner)
         _check_nonnegative("cv", self.cv)
         sigma = math.sqrt(math.log1p(self.cv * self.cv))
         object.__setattr__(self, "_sigma", sigma)
@@ -418,7 +436,8 @@ class Stalls:
         alpha: the tail's shape (> 1: a finite mean).
 
     Raises:
-        TypeError: an argument that is not a number.
+        TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
+            another argument that is not a number.
         ValueError: an argument out of range.
     """
 
@@ -428,6 +447,7 @@ class Stalls:
     alpha: float = 1.5
 
     def __post_init__(self) -> None:
+        check_service_model("inner", self.inner)
         check_in_range("probability", self.probability, 0.0, 1.0)
         check_number("scale_s", self.scale_s, 0.0, strict=True)
         check_number("alpha", self.alpha, 1.0, strict=True)
@@ -470,7 +490,8 @@ class ColdShapes:
             ``warmup()`` ran.
 
     Raises:
-        TypeError: ``cold_s`` not a number, ``warmed`` not a sequence of ints.
+        TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
+            ``cold_s`` not a number, ``warmed`` not a sequence of ints.
         ValueError: ``cold_s`` negative or not finite, a warmed size < 1.
     """
 
@@ -479,9 +500,9 @@ class ColdShapes:
     def __init__(
         self, inner: ServiceModel, cold_s: float = 0.3, warmed: Iterable[int] = ()
     ) -> None:
+        self.inner = check_service_model("inner", inner)
         _check_nonnegative("cold_s", cold_s)
         initial = frozenset(check_ints("warmed", warmed, 1, empty=True))
-        self.inner = inner
         self.cold_s = float(cold_s)
         self._initial = initial
         self._seen: set[int] = set(initial)

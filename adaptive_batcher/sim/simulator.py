@@ -32,7 +32,7 @@ from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherError
 from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.sim.result import Outcome, SimResult
-from adaptive_batcher.sim.service import MemoryLimit, ServiceModel
+from adaptive_batcher.sim.service import MemoryLimit, ServiceModel, check_service_model
 from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
@@ -156,13 +156,7 @@ def _check_replay_setup(
         TypeError: ``service`` is not a :class:`ServiceModel`, ``config`` not a
             :class:`SimConfig`, ``memory`` neither a :class:`MemoryLimit` nor None.
     """
-    if isinstance(service, type):
-        raise TypeError(f"service must be an instance of {service.__name__}, got the class")
-    if not isinstance(service, ServiceModel):
-        raise TypeError(
-            "service must be a ServiceModel (name, service_s, memory_bytes; e.g. a "
-            f"TableService), got {type(service).__name__}"
-        )
+    service = check_service_model("service", service)
     if not isinstance(config, SimConfig):
         raise TypeError(f"config must be a SimConfig, got {type(config).__name__}")
     if memory is not None and not isinstance(memory, MemoryLimit):

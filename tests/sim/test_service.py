@@ -446,6 +446,22 @@ def test_cold_shapes_validation_and_delegation() -> None:
         ColdShapes(inner, warmed=[4, 0])
 
 
+@pytest.mark.parametrize("wrapper", [Noisy, Stalls, ColdShapes])
+def test_a_wrapper_refuses_an_inner_model_that_is_no_instance(wrapper: Any) -> None:
+    """Before: accepted, and the run failed at its first batch (``TableService.service_s()
+    missing 1 required positional argument: 'rng'``; ``'str' object has no attribute
+    'service_s'``)."""
+    with pytest.raises(
+        TypeError, match=r"^inner must be an instance of TableService, got the class$"
+    ):
+        wrapper(TableService)
+    with pytest.raises(
+        TypeError, match=r"^inner must be a ServiceModel \(name, service_s, .* got str$"
+    ):
+        wrapper("resnet50")
+    assert isinstance(wrapper(LinearService(0.001, 0.0)), ServiceModel)
+
+
 # --- MemoryLimit --------------------------------------------------------------------------------
 
 

@@ -213,6 +213,7 @@ def test_replay_only_settings_are_checked(
     ("arguments", "message"),
     [
         ({"service": "resnet50"}, "service must be a ServiceModel"),
+        ({"service": LinearService}, "service must be an instance of LinearService, got the class"),
         ({"config": {"max_batch_size": 8}}, "config must be a SimConfig"),
         ({"memory": 80e9}, "memory must be a MemoryLimit or None"),
         ({"judge_slo": 50.0}, "judge_slo must be an SLO or None"),
