@@ -92,15 +92,20 @@ def register(subparsers: Any) -> None:
         help="the SLO p99 target, ms (default 50)",
     )
     parser.add_argument(
-        "--seed", type=int_argument("--seed", 0), default=0, help="seed of arrivals and noise"
+        "--seed",
+        type=int_argument("--seed", 0),
+        default=_REPLAY["seed"],
+        help="seed of arrivals and noise",
     )
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path("replay-out"),
+        default=_REPLAY["out"],
         help="folder for replay.md and the plots (default ./replay-out)",
     )
-    parser.add_argument("--list", action="store_true", help="list scenarios and contenders")
+    parser.add_argument(
+        "--list", action="store_true", help="list scenarios and contenders (give it alone)"
+    )
     parser.set_defaults(func=run_command)
 
 
@@ -112,6 +117,32 @@ _TRACE_READING = {
     "max_units": None,
     "compress": 1000.0,
 }
+
+
+# every option of a replay, with its default: --list, which only lists, refuses them (an option
+# it ignored would say it had been used)
+_REPLAY: dict[str, Any] = {
+    "scenario": None,
+    "contender": None,
+    "no_best_static": False,
+    "trace": None,
+    **_TRACE_READING,
+    "traces_dir": None,
+    "service": None,
+    "slo_p99_ms": None,
+    "seed": 0,
+    "out": Path("replay-out"),
+}
+
+
+def _given(args: argparse.Namespace, defaults: dict[str, Any]) -> list[str]:
+    """The options among ``defaults`` that ``args`` holds another value for, as typed
+    (``--time-unit``)."""
+    return [
+        "--" + name.replace("_", "-")
+        for name, default in defaults.items()
+        if getattr(args, name) != default
+    ]
 
 
 def _add_trace_options(parser: argparse.ArgumentParser) -> None:
@@ -167,10 +198,18 @@ def _epilog() -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the replays; returns the exit status."""
+    """Run the replays, or list the scenarios and contenders for ``--list`` (given alone);
+    returns the exit status."""
     # piped or logged output: wide enough that names and figures are never cut
     console = Console() if sys.stdout.isatty() else Console(width=120)
     if args.list:
+        given = _given(args, _REPLAY)
+        if given:
+            Console(stderr=True).print(
+                f"[red]adaptive-batcher replay: {', '.join(given)}: options for a replay, given "
+                "with --list (it only lists the scenarios and contenders): give --list alone[/red]"
+            )
+            return 2
         console.print(_epilog())
         return 0
     try:
@@ -208,11 +247,7 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
             with it, or no file at ``--service``.
     """
     if args.trace is None:
-        given = [
-            "--" + name.replace("_", "-")
-            for name, default in _TRACE_READING.items()
-            if getattr(args, name) != default
-        ]
+        given = _given(args, _TRACE_READING)
         if given:
             raise ValueError(f"{', '.join(given)}: options for reading --trace, given without it")
     elif args.scenario:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_batcher.cli.main import main
+from adaptive_batcher.cli.main import build_parser, main
+from adaptive_batcher.cli.replay_cmd import _REPLAY
 
 ONE_CONTENDER = ["--contender", "triton_like", "--no-best-static"]
 
@@ -130,3 +131,32 @@ def test_a_trace_and_named_scenarios_are_refused_together(
     status = replay(tmp_path, "--trace", str(trace), "--time-unit", "ms", "--scenario", "step_3x")
     assert status == 2
     assert "--scenario and --trace: give one" in err_text(capsys)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--scenario", "step_3x"], "--scenario"),
+        (["--trace", "x.csv"], "--trace"),
+        (["--time-unit", "ms"], "--time-unit"),
+        (["--no-best-static", "--seed", "3"], "--no-best-static, --seed"),
+        (["--contender", "triton_like", "--out", "elsewhere"], "--contender, --out"),
+    ],
+)
+def test_list_refuses_the_options_of_a_replay(
+    capsys: pytest.CaptureFixture[str], options: list[str], named: str
+) -> None:
+    """Before: listed, as if the options had not been given (and ran nothing)."""
+    assert main(["replay", "--list", *options]) == 2
+    captured = capsys.readouterr()
+    message = re.sub(r"\s+", " ", captured.err)
+    assert f"{named}: options for a replay, given with --list" in message
+    assert "give --list alone" in message
+    assert captured.out == ""
+
+
+def test_list_knows_every_option_of_a_replay_and_its_default() -> None:
+    """A new replay option must join the table --list checks (or --list would ignore it)."""
+    parsed = vars(build_parser().parse_args(["replay"]))
+    options = {k: v for k, v in parsed.items() if k not in {"command", "log_level", "func", "list"}}
+    assert options == _REPLAY
