@@ -25,7 +25,8 @@ class SLO:
             for any other percentile and is refused with a TypeError saying so.)
         percentile: the percentile the target applies to, in [1, 100); 99 by default (below
             1 is refused: ``0.99`` is a quantile given where a percentile is meant).
-        preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0).
+        preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0,
+            and below ``target_ms = margin * latency_ms``: the batcher needs time left).
         margin: fraction of the target the controller aims at, in (0, 1]: the online
             controller steers latency to ``margin * latency_ms`` at every tick. Not the
             profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
@@ -38,7 +39,8 @@ class SLO:
     Raises:
         TypeError: a field that is not a real number (message names the field), or the old
             keyword ``p99_ms`` (message names ``latency_ms``).
-        ValueError: on a value out of range (message names the field).
+        ValueError: on a value out of range (message names the field), or a ``preprocess_ms``
+            that leaves the batcher no time (>= ``target_ms``; message gives the figures).
     """
 
     latency_ms: float
@@ -76,6 +78,13 @@ class SLO:
                 f"SLO.preprocess_ms ({self.preprocess_ms}) must be below latency_ms "
                 f"({self.latency_ms})"
             )
+        left = self.target_ms - self.preprocess_ms
+        if left <= 0:  # the controller's aim is all preprocessing: nothing left to steer
+            raise ValueError(
+                f"SLO.preprocess_ms ({self.preprocess_ms}) must be below target_ms = margin * "
+                f"latency_ms ({self.margin} * {self.latency_ms} = {self.target_ms:g}): it leaves "
+                f"{left:g} ms for the batcher"
+            )
 
     @property
     def p99_ms(self) -> NoReturn:
@@ -101,8 +110,9 @@ class SLO:
 
     @property
     def batcher_budget_ms(self) -> float:
-        """Time left for queueing + compute inside the batcher: ``target_ms - preprocess_ms``."""
-        return max(self.target_ms - self.preprocess_ms, 0.0)
+        """Time left for queueing + compute inside the batcher: ``target_ms - preprocess_ms``,
+        > 0 (an SLO that leaves none is refused)."""
+        return self.target_ms - self.preprocess_ms
 
 
 def check_slo(value: object, name: str = "slo") -> SLO | None:

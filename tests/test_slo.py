@@ -93,3 +93,37 @@ def test_the_target_applies_at_its_percentile() -> None:
     p95 = SLO(latency_ms=50.0, percentile=95.0)
     assert (p95.latency_ms, p95.quantile, p95.target_ms) == (50.0, 0.95, 40.0)
     assert SLO(50.0) == SLO(latency_ms=50.0, percentile=99.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"latency_ms": 50, "preprocess_ms": 45},
+            "SLO.preprocess_ms (45.0) must be below target_ms = margin * latency_ms "
+            "(0.8 * 50.0 = 40): it leaves -5 ms for the batcher",
+        ),
+        (
+            {"latency_ms": 50, "preprocess_ms": 25, "margin": 0.5},
+            "SLO.preprocess_ms (25.0) must be below target_ms = margin * latency_ms "
+            "(0.5 * 50.0 = 25): it leaves 0 ms for the batcher",
+        ),
+    ],
+)
+def test_preprocessing_that_leaves_the_batcher_no_time_is_refused(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    """Before: accepted with a batcher budget of 0 ms (clamped), and a run found out only at
+    the controller's first tick (the warning controller.slo_unreachable, budget_ms=0.0)."""
+    with pytest.raises(ValueError, match=exactly(message)):
+        SLO(**kwargs)
+
+
+def test_preprocessing_below_the_target_leaves_the_rest_to_the_batcher() -> None:
+    assert SLO(latency_ms=50.0, preprocess_ms=39.0).batcher_budget_ms == pytest.approx(1.0)
+    assert SLO(latency_ms=50.0, preprocess_ms=45.0, margin=1.0).batcher_budget_ms == 5.0
+    # preprocessing beyond the whole target keeps its own message
+    with pytest.raises(
+        ValueError, match=exactly("SLO.preprocess_ms (60.0) must be below latency_ms (50.0)")
+    ):
+        SLO(latency_ms=50.0, preprocess_ms=60.0)

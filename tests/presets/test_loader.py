@@ -405,6 +405,12 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
             "SLO.preprocess_ms (100.0) must be below latency_ms (100.0)",
         ),
         (
+            "[slo]\nlatency_ms = 50.0\npreprocess_ms = 45.0\n",
+            "slo",
+            "SLO.preprocess_ms (45.0) must be below target_ms = margin * latency_ms "
+            "(0.8 * 50.0 = 40): it leaves -5 ms for the batcher",
+        ),
+        (
             "[slo]\nlatency_ms = inf\n",
             "slo.latency_ms",
             "latency_ms must be a finite number > 0, got inf",
