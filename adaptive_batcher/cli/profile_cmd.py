@@ -301,7 +301,9 @@ def _profile(args: argparse.Namespace) -> int:
     slo: SLO | None = None
     if args.slo_p99_ms is not None:
         try:
-            slo = SLO(latency_ms=args.slo_p99_ms, preprocess_ms=args.preprocess_ms)
+            # margin 1: the offline recommendation budgets the whole SLO (see
+            # adaptive_batcher.profile.recommend); the controller's margin is not applied here
+            slo = SLO(latency_ms=args.slo_p99_ms, preprocess_ms=args.preprocess_ms, margin=1.0)
         except ValueError as exc:
             raise _UsageError(str(exc)) from None
     elif args.preprocess_ms:

@@ -76,6 +76,19 @@ def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "- SLO: p99 <= 5000 ms, can be met" in capsys.readouterr().out
 
 
+def test_preprocessing_beyond_the_controllers_margin_is_profiled(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the offline recommendation budgets the whole SLO (latency - preprocess = 5 ms here), not
+    # the controller's target margin (0.8 * 50 = 40 ms would leave nothing after 45 ms)
+    status = run_cli(
+        "--batch-sizes", "1,2", "--repeats", "2", "--device", "cpu", "--no-progress",
+        "--slo-p99-ms", "50", "--preprocess-ms", "45",
+    )  # fmt: skip
+    assert status == 0
+    assert "- preprocess 45 ms = 5 ms" in capsys.readouterr().out
+
+
 def test_unmeetable_slo_warns_on_stderr_and_still_succeeds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
