@@ -392,6 +392,8 @@ def static_grid(
     With ``shed``, each setting also fails requests still queued ``p99 - 1.1 * service(cap)``
     after arrival (``service`` from the scenario's warm-up figures): the same idea as our
     SLO-aware shedding, given to a fixed setting (an ablation: how much of a gain is shedding).
+    A cap whose ``1.1 * service`` leaves no time at all is left out with ``shed`` (it would shed
+    every request on arrival).
     """
     measured = dict(scenario.warmup)
     runs: list[StaticRun] = []
@@ -399,7 +401,9 @@ def static_grid(
         deadline = None
         if shed:
             service = measured.get(cap, max(measured.values()) if measured else 0.0)
-            deadline = max(0.0, scenario.slo.latency_ms - 1.1 * service)
+            deadline = scenario.slo.latency_ms - 1.1 * service
+            if deadline <= 0:
+                continue
         for window in windows_ms:
             config = replace(_static(window, cap)(scenario), deadline_ms=deadline)
             runs.append(StaticRun(window, cap, shed, run(scenario, config, seed)))

@@ -1,0 +1,48 @@
+"""The static grid searched in hindsight (the replay's reference settings)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from adaptive_batcher.sim.scenarios import (
+    SCENARIOS,
+    Scenario,
+    best_static,
+    cost_oracle,
+    make_scenarios,
+    static_grid,
+)
+from adaptive_batcher.sim.service import TableService
+from adaptive_batcher.sim.workloads import Poisson
+from adaptive_batcher.slo import SLO
+
+
+def _short(rate_rps: float, slo: SLO | None = None) -> Scenario:
+    base = SCENARIOS["poisson_30"]
+    if slo is not None:
+        base = make_scenarios(TableService.from_h200("resnet50"), slo)["poisson_30"]
+    return replace(
+        base, arrivals=lambda seed: Poisson(rate_rps).generate(1.0, np.random.default_rng(seed))
+    )
+
+
+def test_with_shedding_a_cap_that_leaves_no_time_is_left_out() -> None:
+    # SLO 20 ms: 1.1 x resnet50's batch of 512 (~33 ms) leaves nothing, 128 (~9 ms) leaves time
+    scenario = _short(2000.0, SLO(20.0))
+    runs = static_grid(scenario, shed=True, windows_ms=(0.0, 5.0), caps=(128, 512))
+    assert [(r.cap, r.window_ms) for r in runs] == [(128, 0.0), (128, 5.0)]
+    assert all(r.shed for r in runs)
+    assert best_static(runs).result.slo_attainment > 0.9
+
+
+def test_cost_oracle_is_the_cheapest_setting_that_meets_the_slo() -> None:
+    runs = static_grid(_short(3000.0), windows_ms=(0.0, 20.0), caps=(16, 256))
+    oracle = cost_oracle(runs)
+    assert oracle is not None
+    meeting = [r for r in runs if r.result.slo_attainment >= 0.99]
+    assert oracle.result.device_ms_per_request == min(
+        r.result.device_ms_per_request for r in meeting
+    )
+    assert oracle.window_ms == 20.0  # the wider window fills batches: less device time each
