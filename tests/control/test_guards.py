@@ -377,6 +377,16 @@ def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
 
 
+def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
+    """The deadlines enforce the SLO (50 ms), so a full batch behind a full batch may take all
+    of it: 256 (24.5 ms, twice 49 ms) serves more than 128 (14.2 ms) under overload, though
+    twice 24.5 ms is beyond the target (40 ms) that the window's p99 plan aims at."""
+    overload = observe(service_ms=linear_ms(4.0, 0.08), arrival_rate_rps=100000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
+    assert decision.max_batch_size == 256
+    assert decision.shed_after_ms == pytest.approx(50.0 - 24.48)
+
+
 def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
