@@ -140,11 +140,8 @@ class BatcherCore(Generic[H]):
             QueueFullError, ItemTooLargeError, BatcherClosedError: the request is refused
                 (counted as ``rejected``); see :meth:`BatchingEngine.arrive`.
         """
-        shed_after = self.shed_after_s
+        shed_after = self._shed_after_now()
         if shed_after is not None:
-            engine = self.engine
-            if engine.queued_units < engine.limits.max_batch_size:
-                shed_after = self.shed_after_short_s or shed_after
             shed_at = now + shed_after
             if request.deadline_s is None or shed_at < request.deadline_s:
                 request.deadline_s = shed_at
@@ -321,6 +318,14 @@ class BatcherCore(Generic[H]):
             service_estimator=ServiceTimeEstimator(seed=self._service_seed),
         )
 
+    def _shed_after_now(self) -> float | None:
+        """The shedding deadline a request arriving now gets, s (None: no shedding)."""
+        shed_after = self.shed_after_s
+        engine = self.engine
+        if shed_after is not None and engine.queued_units < engine.limits.max_batch_size:
+            return self.shed_after_short_s or shed_after
+        return shed_after
+
     def _decision_in_force(self) -> Decision:
         limits = self.engine.limits
         return Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
@@ -347,7 +352,15 @@ class BatcherCore(Generic[H]):
             engine.set_limits(
                 EngineLimits(decision.window_ms / 1e3, decision.max_batch_size, slots)
             )
+        began = self.shed_after_s is None and controller.shed_after_s is not None
         self.shed_after_s = controller.shed_after_s
         self.shed_after_short_s = controller.shed_after_short_s
+        after = self._shed_after_now()
+        if began and after is not None:
+            # the requests queued before shedding began (a cold burst before the first tick)
+            # would otherwise be served late, for as long as the backlog lasts. (Deadlines
+            # that shorten later are left alone: applied to a burst's queue, they shed requests
+            # that the burst's end would have let through.)
+            engine.expire_after(after)
         if self._on_decision is not None and controller.decision is not None:
             self._on_decision(now, controller.decision)

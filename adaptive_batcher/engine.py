@@ -390,6 +390,19 @@ class BatchingEngine(Generic[H]):
         self._queued, self._queued_units = queued, units
         return index, poll
 
+    def expire_after(self, expire_after_s: float) -> None:
+        """Bring each queued request's deadline forward to ``arrival_s + expire_after_s``
+        (seconds) where that is earlier: a shedding deadline that began, or shortened, after
+        they arrived. The next :meth:`poll` expires those already past it."""
+        queued = RequestState.QUEUED
+        for request in self._queue[self._front :]:
+            shed_at = request.arrival_s + expire_after_s
+            if request.state == queued and (
+                request.deadline_s is None or shed_at < request.deadline_s
+            ):
+                request.deadline_s = shed_at  # its later entry, if any, is skipped when popped
+                self._track_deadline(request)
+
     def _track_deadline(self, request: Request[H]) -> bool:
         """Put a new request's deadline on the heap; True if it comes before the timer."""
         deadline = request.deadline_s

@@ -373,7 +373,7 @@ def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)
     overload = observe(service_ms=slow, arrival_rate_rps=100000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
-    assert decision.max_batch_size == 64  # 2 * 16.8 <= 40, the best throughput that fits
+    assert decision.max_batch_size == 64  # 2 * 16.8 <= 50, the best throughput that fits
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
 
 

@@ -18,6 +18,8 @@ steps = st.lists(
         st.tuples(st.just("arrive"), st.one_of(st.none(), st.integers(1, 40))),
         st.tuples(st.just("poll"), st.integers(0, 4)),  # let this much time pass, then poll
         st.tuples(st.just("cancel"), st.integers(0, 1000)),
+        # every queued request's deadline brought forward to its arrival + this, where earlier
+        st.tuples(st.just("expire_after"), st.integers(0, 40)),
     ),
     max_size=60,
 )
@@ -49,6 +51,14 @@ def test_polls_expire_the_due_requests_in_deadline_order(
         elif kind == "cancel" and live:
             request = live.pop((value or 0) % len(live))
             assert engine.cancel(request)
+        elif kind == "expire_after":
+            after = float(value or 0)
+            expected = {r.handle: r.deadline_s for r in live}
+            engine.expire_after(after)
+            for request in live:
+                old = expected[request.handle]
+                want = request.arrival_s + after
+                assert request.deadline_s == (want if old is None else min(old, want))
         elif kind == "poll":
             now += float(value or 0)
             actions = engine.poll(now)
