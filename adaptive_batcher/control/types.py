@@ -31,7 +31,8 @@ class Decision:
         reason: a short machine-readable tag for the log (``pid``, ``memory_pressure``, ...).
         shed_after_ms: SLO-aware shedding: a request still queued this long after arrival fails
             at once with ``DeadlineExceededError`` instead of being served late (applies to
-            requests that arrive after the decision; None: no shedding); ms (>= 0). It applies to
+            requests that arrive after the decision, and to those queued when shedding begins;
+            None: no shedding); ms (>= 0). It applies to
             requests that arrive into a queue already holding a full batch (their batch will be
             full).
         shed_after_short_ms: the same for requests that arrive into a shorter queue (their
