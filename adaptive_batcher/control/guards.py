@@ -154,7 +154,7 @@ class BudgetGuard(Guard):
 
     * the cap is kept between the stability cap (the smallest that keeps up with the recent
       peak demand: never fewer answers than arrive) and the plan's cap (the largest whose
-      two-batch latency fits the budget, or the stability cap if larger); under overload (no
+      two-batch latency fits the SLO's room, or the stability cap if larger); under overload (no
       cap keeps up) it is the highest-throughput cap, whatever the policy said;
     * the window is cut to the widest whose predicted tail latency, for the batch that will
       really form at that cap, fits the budget; under overload it is 0.
@@ -189,7 +189,7 @@ class BudgetGuard(Guard):
             cap = plan.throughput_cap() or decision.max_batch_size
             window = 0.0
         else:
-            ceiling = plan.cap(budget) or decision.max_batch_size
+            ceiling = plan.cap(budget, observation.room_ms) or decision.max_batch_size
             cap = min(max(decision.max_batch_size, stable), ceiling)
             window = 0.0 if unreachable else plan.widest_window_ms(budget, cap)
         if cap == decision.max_batch_size and decision.window_ms <= window and not unreachable:
@@ -411,7 +411,7 @@ class ShedGuard(Guard):
         slo, plan = observation.slo, observation.plan()
         if slo is None or not plan.ready:
             return decision
-        room = slo.latency_ms - slo.preprocess_ms
+        room = observation.room_ms
         # the deadlines enforce the SLO itself, so a full batch behind a full batch must fit
         # the room, not the target (whose margin is the p99 plan's)
         best = plan.throughput_cap(room) or decision.max_batch_size

@@ -287,6 +287,14 @@ class Observation:
         return self.slo.target_ms if self.slo is not None else math.nan
 
     @property
+    def room_ms(self) -> float:
+        """The SLO's latency less preprocessing, ms: what the batcher's worst case (a burst's
+        full batch behind a full batch, a shed request's start) must fit; the budget adds the
+        target's margin for the p99 plan (NaN without an SLO)."""
+        slo = self.slo
+        return slo.latency_ms - slo.preprocess_ms if slo is not None else math.nan
+
+    @property
     def budget_ms(self) -> float:
         """Queueing + compute time allowed inside the batcher (NaN without an SLO)."""
         return self.slo.batcher_budget_ms if self.slo is not None else math.nan

@@ -211,7 +211,7 @@ class Bandit(ABC):
             return observation.current.with_(reason="bandit.hold")
         budget = observation.budget_ms
         if observation.slo is not None and plan.overloaded(budget):
-            cap = plan.cap(budget) or observation.current.max_batch_size
+            cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
             return Decision(0.0, cap, "bandit.overload")
         cap, widest = self._setting(observation, plan)
         if not self._stats:
@@ -243,7 +243,7 @@ class Bandit(ABC):
         if observation.slo is None:
             return observation.current.max_batch_size, observation.bounds.max_window_ms
         budget = observation.budget_ms
-        cap = plan.cap(budget) or observation.current.max_batch_size
+        cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
         return cap, plan.widest_window_ms(budget, cap)
 
     def _start(self, observation: Observation, plan: Plan, cap: int, widest: float) -> None:

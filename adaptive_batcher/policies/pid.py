@@ -6,7 +6,7 @@ latency budget the SLO leaves, and no more. Each tick the policy asks the tick's
 :class:`~adaptive_batcher.control.plan.Plan` (arrival rate, service-time fit with its error
 bars) for:
 
-* the cap: the largest whose two-batch latency fits the budget (headroom for bursts), never
+* the cap: the largest whose two-batch latency fits the SLO's room (headroom for bursts), never
   below the smallest that keeps up with demand; under overload, the highest-throughput cap;
 * the window: the widest whose predicted tail latency (the realised batch, not the cap's worst
   case) fits a *planning budget*.
@@ -105,10 +105,10 @@ class PID:
         budget = observation.budget_ms
         if plan.overloaded(budget):
             self._overloaded_at = observation.now_s
-            cap = plan.cap(budget) or observation.current.max_batch_size
+            cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
             return Decision(0.0, cap, "pid.overload")
         self._feedback(observation)
-        cap = plan.cap(budget) or observation.current.max_batch_size
+        cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
         window = plan.widest_window_ms(budget * (1.0 + self.output), cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from adaptive_batcher.control.types import Decision
@@ -38,6 +39,21 @@ def test_first_decision_opens_the_window_as_far_as_the_budget_allows() -> None:
     assert 33.5 <= window < 34.0
     tail = 1 + window + 2.33 * math.sqrt(1 + window)
     assert window + service_ms(tail) <= 40.0
+
+
+def test_the_cap_fits_two_batches_within_the_slo_not_the_target() -> None:
+    """resnet50 on an H200 (median times), SLO 20 ms, target 16 ms: a full batch behind a full
+    batch of 128 takes 17.6 ms, within the SLO: 128's throughput (14.6k/s) meets a burst that
+    64's (8.9k/s, the largest within the target) would queue for a tick."""
+    sizes, times = [1, 32, 64, 128, 256], [3.68, 4.04, 7.22, 8.78, 16.65]
+    resnet = observe(
+        slo=SLO(latency_ms=20.0),
+        service_ms=lambda n: float(np.interp(n, sizes, times)),
+        arrival_rate_rps=2000.0,
+    )
+    decision = PID().decide(resnet)
+    assert decision.max_batch_size == 128
+    assert 0.0 < decision.window_ms < 16.0  # the window still plans for the target
 
 
 def test_a_higher_arrival_rate_narrows_the_window_not_the_cap() -> None:
