@@ -301,6 +301,28 @@ class BatcherCore(Generic[H]):
             if self.controller.decision is not None:
                 self.controller.adopt(self._decision_in_force())
 
+    @property
+    def wants_service_times(self) -> bool:
+        """True when a controller with an SLO has no service-time model to start from yet (no
+        ``service_profile``, no batch run): :meth:`seed_service_times` would be taken."""
+        return (
+            self.controller is not None
+            and self.slo is not None
+            and not self._service_seed
+            and self.recorder.batch_count == 0
+        )
+
+    def seed_service_times(self, rows: Sequence[tuple[int, float]]) -> bool:
+        """Start the controller's service-time model from ``(batch_size, median_ms)`` rows
+        measured now (a warm-up), if :attr:`wants_service_times`; True if taken. The plan (and
+        SLO-aware shedding) then works from the first tick instead of after the first batches."""
+        if not self.wants_service_times or not rows:
+            return False
+        assert self.controller is not None
+        self._service_seed = tuple((int(n), float(ms)) for n, ms in rows)
+        self.controller.service_estimator = ServiceTimeEstimator(seed=self._service_seed)
+        return True
+
     # -- internals -------------------------------------------------------------------------
 
     def _make_controller(self, policy: Policy) -> Controller:

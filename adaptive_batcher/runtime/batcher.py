@@ -601,6 +601,12 @@ class AdaptiveBatcher(Generic[X, Y]):
         while they fit the size in units; the batch is then padded as in serving, and the size
         it ran at is what counts as warmed (a size no item fits is skipped).
 
+        With an SLO and a controller but no ``service_profile``, each size then runs once more,
+        warm, and those times start the controller's service-time model: its plan (and
+        SLO-aware shedding) works from the first tick, instead of after its first 8 batches
+        (a burst at start-up was answered late until then). The timings returned are the
+        first, cold calls.
+
         With ``freeze_gc``, the process's heap is then frozen for the cyclic garbage collector
         (:func:`~adaptive_batcher.runtime.collector.freeze_after_warmup`: a full collection,
         then ``gc.freeze()``), so that later full collections skip the model and everything
@@ -618,15 +624,15 @@ class AdaptiveBatcher(Generic[X, Y]):
             raise BatcherClosedError("batcher is closed")
         self._bind()
         sizes = warmup_sizes(self._buckets, self._engine.hard_max_batch_size)
+        batches: dict[int, tuple[list[X], int]] = {}
         timings: dict[int, float] = {}
         for size in sizes:
             items, units = self._warmup_batch(make_item, size)
             if not items:  # an item is larger than this size: it cannot be warmed with them
                 continue
             ran = pad_target(self._buckets, units) if self._buckets else units
-            started = self._now()
-            await self._runner.call_model(items, units)
-            timings[ran] = self._now() - started
+            batches[ran] = (items, units)
+            timings[ran] = await self._timed_call(items, units)
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
             "batcher.warmed_up",
@@ -634,9 +640,19 @@ class AdaptiveBatcher(Generic[X, Y]):
             sizes=sorted(timings),
             total_ms=round(sum(timings.values()) * 1e3, 3),
         )
+        if self._core.wants_service_times:  # warm calls: what serving will see
+            rows = [(n, await self._timed_call(*batch) * 1e3) for n, batch in batches.items()]
+            if self._core.seed_service_times(rows):
+                _log.info("batcher.service_times_seeded", batcher=self.name, sizes=len(rows))
         if freeze_gc:
             _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
         return timings
+
+    async def _timed_call(self, items: list[X], units: int) -> float:
+        """Seconds one model call on ``items`` takes."""
+        started = self._now()
+        await self._runner.call_model(items, units)
+        return self._now() - started
 
     def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
         """Items from ``make_item`` filling ``size`` units without going over it."""
