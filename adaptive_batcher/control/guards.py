@@ -421,11 +421,15 @@ class ShedGuard(Guard):
         overloaded = stable is None or stable > best
         cap = best if overloaded else min(decision.max_batch_size, best)
         high = observation.service_high_ms or observation.service_ms
+        typical = observation.service_upper_ms or observation.service_ms
+        # error bars wider than the room (event-loop stalls on a saturated machine) leave the
+        # typical batch's deadline; only if even that leaves no time is the SLO out of reach
         full = room - high(cap)
+        if full <= 0:
+            full = room - typical(cap)
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all
             return decision.with_(max_batch_size=cap, shed_after_ms=None, shed_after_short_ms=None)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
-        typical = observation.service_upper_ms or observation.service_ms
         short = max(full, room - typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
 
