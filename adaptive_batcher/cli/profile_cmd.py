@@ -32,6 +32,7 @@ from adaptive_batcher.profile.recommend import DEFAULT_WINDOW_FRACTION
 
 if TYPE_CHECKING:
     from adaptive_batcher.profile import Recommendation
+    from adaptive_batcher.slo import SLO
 
 __all__ = ["register"]
 
@@ -278,6 +279,22 @@ def _run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _warn_about_the_online_margin(slo: SLO) -> None:
+    """Warn when the preprocessing leaves the online controller no time at the SLO's default
+    margin (it aims at ``margin * latency_ms``; the recommendation budgets the whole SLO)."""
+    from adaptive_batcher.slo import SLO
+
+    margin = SLO(latency_ms=1.0).margin  # the default
+    if slo.preprocess_ms >= margin * slo.latency_ms:
+        needed = slo.preprocess_ms / slo.latency_ms
+        print(
+            f"warning: online, the controller aims at SLO.margin x the SLO ({margin:g} x "
+            f"{slo.latency_ms:g} ms by default), which {slo.preprocess_ms:g} ms of preprocessing "
+            f"leaves no time: give the batcher SLO(..., margin=...) above {needed:.3g}",
+            file=sys.stderr,
+        )
+
+
 def _print_warnings(rec: Recommendation) -> None:
     """The sweep's warnings, the SLO's, then NOT RELIABLE when the sweep was noisy; on stderr."""
     messages = [*rec.warnings, rec.message, rec.noise_message]
@@ -382,6 +399,8 @@ def _profile(args: argparse.Namespace) -> int:
     report = markdown_report(result, knee=knee, recommendation=rec)
     print(report)
     _print_warnings(rec)
+    if slo is not None:
+        _warn_about_the_online_margin(slo)
     if args.out is not None:
         out: Path = args.out
         written = [

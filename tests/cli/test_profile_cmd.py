@@ -86,7 +86,14 @@ def test_preprocessing_beyond_the_controllers_margin_is_profiled(
         "--slo-p99-ms", "50", "--preprocess-ms", "45",
     )  # fmt: skip
     assert status == 0
-    assert "- preprocess 45 ms = 5 ms" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "- preprocess 45 ms = 5 ms" in captured.out
+    # online, SLO(50, preprocess_ms=45) needs a margin above 0.9: the user is told so
+    assert (
+        "warning: online, the controller aims at SLO.margin x the SLO (0.8 x 50 ms by default), "
+        "which 45 ms of preprocessing leaves no time: give the batcher SLO(..., margin=...) "
+        "above 0.9\n"
+    ) in captured.err
 
 
 def test_unmeetable_slo_warns_on_stderr_and_still_succeeds(
