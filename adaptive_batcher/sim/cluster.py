@@ -162,8 +162,10 @@ class ClusterSimulator:
         """Replay open-loop ``arrivals``: each goes to the router's replica at its time.
 
         Raises:
-            TypeError: ``arrivals`` is not :class:`Arrivals`.
-            ValueError: the router chose something that is not a replica's index.
+            TypeError: ``arrivals`` is not :class:`Arrivals`; the service model returned a
+                time that is not a number (as :meth:`Simulator.run`).
+            ValueError: the router chose something that is not a replica's index; the service
+                model returned a NaN, infinite or negative time (as :meth:`Simulator.run`).
         """
         if not isinstance(arrivals, Arrivals):
             raise TypeError(f"arrivals must be Arrivals, got {type(arrivals).__name__}")

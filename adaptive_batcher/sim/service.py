@@ -29,6 +29,7 @@ memory at a given time), to decide out-of-memory batches and report free memory.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,7 @@ from adaptive_batcher.sim.measured_tables import MIB, Row, load_h200_table
 
 __all__ = [
     "H200_MODELS",
+    "MAX_NOISE_CV",
     "ColdShapes",
     "LinearService",
     "MemoryLimit",
@@ -63,6 +65,9 @@ __all__ = [
 H200_MODELS: Final = ("resnet50", "bert_base_seq128", "llama_1b_decode", "llama_1b_prefill")
 """Model names accepted by :meth:`TableService.from_h200`."""
 
+MAX_NOISE_CV: Final = 10.0
+"""The largest ``cv`` :class:`Noisy` accepts (see its Raises)."""
+
 
 @runtime_checkable
 class ServiceModel(Protocol):
@@ -72,7 +77,8 @@ class ServiceModel(Protocol):
     estimate, in ms, learnt from the batches it sees).
 
     ``name`` identifies the model in reports. ``service_s`` returns seconds (> 0 for every model
-    here) for a batch of ``units`` >= 1 and raises ValueError for ``units`` < 1.
+    here) for a batch of ``units`` >= 1 and raises ValueError for ``units`` < 1. The simulator
+    refuses a time that is not a finite number >= 0 (:func:`check_service_time`).
     ``memory_bytes`` returns the peak memory in bytes of a batch of ``units`` >= 0 (0: idle), or
     NaN when unknown, and raises ValueError for ``units`` < 0.
     """
@@ -99,6 +105,28 @@ def check_service_model(name: str, value: object) -> ServiceModel:
             f"TableService), got {type(value).__name__}"
         )
     return value
+
+
+def check_service_time(model: ServiceModel, units: int, value: object) -> float:
+    """``value``, the seconds ``model.service_s`` returned for a batch of ``units``, as a float
+    if it is a finite number >= 0; else TypeError (not a number) or ValueError naming the model,
+    the batch size and the value, e.g. ``service model 'linear' returned nan s for a batch of
+    64 units; service_s must return a finite number >= 0``. (A NaN time would otherwise stall a
+    replay's clock forever, a negative one turn latencies negative, an infinite one lose every
+    request.)
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"service model {model.name!r} returned a {type(value).__name__} for a batch of "
+            f"{units} units; service_s must return a number of seconds"
+        )
+    seconds = float(value)
+    if not 0.0 <= seconds < math.inf:
+        raise ValueError(
+            f"service model {model.name!r} returned {value!r} s for a batch of {units} units; "
+            "service_s must return a finite number >= 0"
+        )
+    return seconds
 
 
 def _check_batch(units: int) -> None:
@@ -378,14 +406,19 @@ class Noisy:
 
     Args:
         inner: the model whose time is perturbed.
-        cv: coefficient of variation of the factor (>= 0); 0.05 is the default, the order of
-            the p90/median spread of the H200 tables at large batches (resnet50 at 256:
-            16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
+        cv: coefficient of variation of the factor, in [0, :data:`MAX_NOISE_CV`]; 0.05 is the
+            default, the order of the p90/median spread of the H200 tables at large batches
+            (resnet50 at 256: 16.678 / 16.651 ms; bert at 512: 29.238 / 27.825 ms).
 
     Raises:
         TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
             ``cv`` not a number.
-        ValueError: ``cv`` negative or not finite.
+        ValueError: ``cv`` outside [0, 10] (NaN too). The bound keeps the factor finite and
+            meaningful: at cv 10 (sigma 2.15, mu -2.31) the median batch already takes a tenth
+            of the inner time, and the factor could overflow only for a normal draw above 330.
+            Larger cvs only make the factor more degenerate (at cv 1e6 the median is 1e-6 of
+            the inner time), and from cv ~1.3e154 ``cv**2`` overflows: sigma is infinite and
+            every factor NaN.
     """
 
     inner: ServiceModel
@@ -395,7 +428,7 @@ class Noisy:
 
     def __post_init__(self) -> None:
         check_service_model("inner", self.inner)
-        _check_nonnegative("cv", self.cv)
+        check_in_range("cv", self.cv, 0.0, MAX_NOISE_CV)
         sigma = math.sqrt(math.log1p(self.cv * self.cv))
         object.__setattr__(self, "_sigma", sigma)
         object.__setattr__(self, "_mu", -0.5 * sigma * sigma)

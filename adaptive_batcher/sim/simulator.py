@@ -32,7 +32,12 @@ from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherError
 from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.sim.result import Outcome, SimResult
-from adaptive_batcher.sim.service import MemoryLimit, ServiceModel, check_service_model
+from adaptive_batcher.sim.service import (
+    MemoryLimit,
+    ServiceModel,
+    check_service_model,
+    check_service_time,
+)
 from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
@@ -138,7 +143,10 @@ class Simulator:
             The per-request outcomes and the summary metrics (see :class:`SimResult`).
 
         Raises:
-            TypeError: ``workload`` is neither.
+            TypeError: ``workload`` is neither; the service model returned a time that is not
+                a number.
+            ValueError: the service model returned a time that is NaN, infinite or negative
+                (the message names the model, the batch size and the value).
         """
         if not isinstance(workload, Arrivals | ClosedLoop):
             raise TypeError(
@@ -437,9 +445,12 @@ class _Replay:
             else:
                 units = sum(size[i] for i in ids)
 
-        service = self.sim.service.service_s(units, self.rng)
+        model = self.sim.service
+        service = model.service_s(units, self.rng)
+        if type(service) is not float or not 0.0 <= service < math.inf:  # NaN fails too
+            service = check_service_time(model, units, service)
         memory = self.sim.memory
-        if memory is not None and memory.is_oom(self.sim.service, units, start):
+        if memory is not None and memory.is_oom(model, units, start):
             failed_at = start + OOM_DETECT_FRACTION * service
             self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
             self.core.record_device_time(failed_at - start)

@@ -23,6 +23,7 @@ from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.sim.measured_tables import MIB, load_h200_table
 from adaptive_batcher.sim.service import (
     H200_MODELS,
+    MAX_NOISE_CV,
     ColdShapes,
     LinearService,
     MemoryLimit,
@@ -406,8 +407,24 @@ def test_noisy_delegates_memory_and_names() -> None:
     model = Noisy(inner, cv=0.1)
     assert model.memory_bytes(10) == 15.0
     assert model.name == "noisy(lin, cv=0.1)"
-    with pytest.raises(ValueError, match="cv must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"^cv must be a number in \[0, 10\], got -0.1$"):
         Noisy(inner, cv=-0.1)
+
+
+@pytest.mark.parametrize("cv", [10.000001, 1e6, 1e200, math.inf, math.nan])
+def test_noisy_refuses_a_cv_above_its_bound(cv: float) -> None:
+    """Before: accepted while finite; from cv ~1.3e154 on every factor was NaN, and a replay
+    with such a model never returned."""
+    with pytest.raises(ValueError, match=r"^cv must be a number in \[0, 10\], got "):
+        Noisy(LinearService(0.01, 0.0), cv=cv)
+
+
+def test_noisy_at_its_largest_cv_draws_finite_positive_times() -> None:
+    model = Noisy(LinearService(0.01, 0.0), cv=MAX_NOISE_CV)
+    rng = _rng()
+    times = np.array([model.service_s(1, rng) for _ in range(20_000)])
+    assert np.all(np.isfinite(times)) and np.all(times > 0)
+    assert np.median(times) == pytest.approx(0.01 / math.sqrt(101), rel=0.05)
 
 
 # --- ColdShapes ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 from adaptive_batcher.policies import PID, DiscountedThompson
 from adaptive_batcher.sim.result import Outcome
 from adaptive_batcher.sim.scenarios import CAPACITY, SCENARIOS
-from adaptive_batcher.sim.service import LinearService, MemoryLimit
+from adaptive_batcher.sim.service import LinearService, MemoryLimit, Noisy
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.traces import load_trace
 from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, FixedSize, Poisson, Steps
@@ -236,3 +236,67 @@ def test_a_workload_of_the_wrong_type_is_refused() -> None:
     simulator = Simulator(LinearService(1e-3, 1e-4), SimConfig(8, 1.0))
     with pytest.raises(TypeError, match="workload must be Arrivals or a ClosedLoop, got list"):
         simulator.run([0.0, 0.001])  # type: ignore[arg-type]
+
+
+class _Returns:
+    """A custom service model that takes ``value`` seconds for every batch."""
+
+    name = "custom"
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        return self.value  # type: ignore[return-value]
+
+    def memory_bytes(self, units: int) -> float:
+        return float("nan")
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(float("nan"), "nan"), (-1.0, "-1.0"), (float("inf"), "inf")]
+)
+def test_a_service_time_that_is_not_finite_and_nonnegative_is_refused(
+    value: float, shown: str
+) -> None:
+    """Before: NaN stalled the virtual clock (a replay of more than one request never ended;
+    one request came back lost), -1.0 gave p99 -1000 ms, inf lost every request."""
+    simulator = Simulator(_Returns(value), SimConfig(8, 0.0))
+    message = (
+        rf"^service model 'custom' returned {shown} s for a batch of 3 units; "
+        r"service_s must return a finite number >= 0$"
+    )
+    with pytest.raises(ValueError, match=message):
+        simulator.run(arrivals_at(0, sizes=[3]))
+
+
+def test_a_service_time_that_is_not_a_number_is_refused() -> None:
+    """Before: ``unsupported operand type(s) for +=: 'float' and 'str'`` from the simulator's
+    bookkeeping."""
+    simulator = Simulator(_Returns("0.01"), SimConfig(8, 0.0))
+    message = (
+        r"^service model 'custom' returned a str for a batch of 1 units; "
+        r"service_s must return a number of seconds$"
+    )
+    with pytest.raises(TypeError, match=message):
+        simulator.run(arrivals_at(0))
+
+
+def test_a_huge_noise_cv_cannot_reach_the_simulator() -> None:
+    """The trial's case: Noisy(cv=1e200) drew NaN factors and the replay never returned; the cv
+    is refused now, and a NaN from a wrapped model is refused by the simulator either way."""
+    with pytest.raises(ValueError, match=r"^cv must be a number in \[0, 10\], got 1e\+200$"):
+        Noisy(LinearService(0.002, 0.0002), cv=1e200)
+    simulator = Simulator(Noisy(_Returns(float("nan"))), SimConfig(64, 2.0))
+    with pytest.raises(ValueError, match=r"^service model 'noisy\(custom, cv=0.05\)' returned nan"):
+        simulator.run(Poisson(200).generate(1.0, np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize("value", [0, 0.0, np.float64(0.004), np.float32(0.004), 1])
+def test_any_finite_real_service_time_from_zero_up_is_accepted(value: object) -> None:
+    """And is used as a float. Before: a numpy float32 time kept the clock in float32 (numpy's
+    scalar promotion), and at 2 s a 4 ms batch took 3.99995 ms."""
+    result = Simulator(_Returns(value), SimConfig(8, 0.0)).run(arrivals_at(0, 2000))
+    assert result.lost == 0
+    expected = float(value)  # type: ignore[arg-type]
+    np.testing.assert_allclose(result.latency_ms, [expected * 1e3] * 2)
