@@ -137,6 +137,11 @@ def _check_memory_units(units: int) -> None:
     check_int("units", units, 0)
 
 
+def _check_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
+    """Batch sizes given warm (:class:`ColdShapes`' ``warmed`` and :meth:`ColdShapes.warm`)."""
+    return check_ints(name, sizes, 1, empty=True)
+
+
 def _check_nonnegative(name: str, value: float, *, allow_nan: bool = False) -> None:
     if not (allow_nan and math.isnan(check_real(name, value))):
         check_number(name, value, 0.0)
@@ -535,7 +540,7 @@ class ColdShapes:
     ) -> None:
         self.inner = check_service_model("inner", inner)
         _check_nonnegative("cold_s", cold_s)
-        initial = frozenset(check_ints("warmed", warmed, 1, empty=True))
+        initial = frozenset(_check_sizes("warmed", warmed))
         self.cold_s = float(cold_s)
         self._initial = initial
         self._seen: set[int] = set(initial)
@@ -555,8 +560,13 @@ class ColdShapes:
         return units in self._seen
 
     def warm(self, sizes: Iterable[int]) -> None:
-        """Mark ``sizes`` warm, as a ``warmup()`` that runs them once would (no time passes)."""
-        self._seen.update(int(u) for u in sizes)
+        """Mark ``sizes`` warm, as a ``warmup()`` that runs them once would (no time passes).
+
+        Raises:
+            TypeError, ValueError: as the constructor's ``warmed`` (``sizes`` not a sequence
+                of ints, a size < 1); nothing is marked then.
+        """
+        self._seen.update(_check_sizes("sizes", sizes))
 
     def reset(self) -> None:
         """Forget every size run since construction; only the ``warmed`` ones stay warm."""

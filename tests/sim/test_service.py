@@ -463,6 +463,31 @@ def test_cold_shapes_validation_and_delegation() -> None:
         ColdShapes(inner, warmed=[4, 0])
 
 
+@pytest.mark.parametrize(
+    ("sizes", "error", "message"),
+    [
+        ([0, -3, 1.7], ValueError, r"^sizes\[0\] must be >= 1, got 0$"),
+        ([4, -3], ValueError, r"^sizes\[1\] must be >= 1, got -3$"),
+        ([4, 1.7], TypeError, r"^sizes\[1\] must be an int, got float$"),
+        ([True], TypeError, r"^sizes\[0\] must be an int, got bool$"),
+        (8, TypeError, r"^sizes must be a sequence of ints, got int$"),
+        ("16", TypeError, r"^sizes must be a sequence of ints, got str$"),
+    ],
+)
+def test_cold_shapes_warm_checks_sizes_as_the_constructor_does(
+    sizes: Any, error: type[Exception], message: str
+) -> None:
+    """Before: ``warm([0, -3, 1.7])`` marked 0, -3 and 1 warm, sizes the constructor refuses."""
+    model = ColdShapes(LinearService(0.001, 0.0), warmed=[32])
+    with pytest.raises(error, match=message):
+        model.warm(sizes)
+    assert model.warm_sizes == frozenset({32})  # nothing marked
+    with pytest.raises(error, match=message.replace("sizes", "warmed")):
+        ColdShapes(LinearService(0.001, 0.0), warmed=sizes)
+    model.warm(np.array([64, 128]))  # numpy ints are ints
+    assert model.warm_sizes == frozenset({32, 64, 128})
+
+
 @pytest.mark.parametrize("wrapper", [Noisy, Stalls, ColdShapes])
 def test_a_wrapper_refuses_an_inner_model_that_is_no_instance(wrapper: Any) -> None:
     """Before: accepted, and the run failed at its first batch (``TableService.service_s()
