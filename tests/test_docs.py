@@ -9,12 +9,14 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 import adaptive_batcher
+from adaptive_batcher.sim.simulator import SimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -260,3 +262,14 @@ def test_sphinx_roles_resolve_in_the_scope_of_the_docstring() -> None:
 
     collect(package)
     assert not left, f"Sphinx roles left in: {left}"
+
+
+def test_the_tuning_guide_lists_exactly_the_settings_of_simconfig() -> None:
+    """Before: it listed ``control_interval_s`` (the keyword is ``control_interval_ms``) and
+    ``service_seed`` (no argument; the controller's prior is ``service_profile``), and left out
+    half the settings."""
+    text = (DOCS / "tuning.md").read_text(encoding="utf-8")
+    paragraphs = [p for p in text.split("\n\n") if p.startswith("`SimConfig` takes")]
+    assert len(paragraphs) == 1
+    named = set(re.findall(r"`([a-z][a-z0-9_]*)`", paragraphs[0]))
+    assert named == {f.name for f in fields(SimConfig) if f.init}
