@@ -22,7 +22,7 @@ refused rather than read as a static batcher without an SLO; units are in the ke
 
     [slo]                        # an SLO; without it the batcher has no latency objective
     latency_ms = 200.0           # required: the latency target at percentile, ms (> 0)
-    percentile = 99.0            # the percentile it applies to, in (0, 100)
+    percentile = 99.0            # the percentile it applies to, in [1, 100)
     preprocess_ms = 10.0         # time spent outside the batcher, ms (>= 0, < margin * latency_ms)
     margin = 0.8                 # fraction of the target the controller aims at, in (0, 1]
 

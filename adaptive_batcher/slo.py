@@ -26,7 +26,8 @@ class SLO:
         percentile: the percentile the target applies to, in [1, 100); 99 by default (below
             1 is refused: ``0.99`` is a quantile given where a percentile is meant).
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0,
-            and below ``target_ms = margin * latency_ms``: the batcher needs time left).
+            and below ``target_ms = margin * latency_ms``: the batcher needs time left); -0.0
+            is stored as 0.0.
         margin: fraction of the target the controller aims at, in (0, 1]: the online
             controller steers latency to ``margin * latency_ms`` at every tick. Not the
             profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
@@ -62,15 +63,19 @@ class SLO:
             object.__setattr__(self, name, check_real(f"SLO.{name}", getattr(self, name)))
         if not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise ValueError(f"SLO.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
-        if not 0.0 < self.percentile < 100.0:
-            raise ValueError(f"SLO.percentile must be in (0, 100), got {self.percentile!r}")
-        if self.percentile < 1.0:  # a quantile given for a percentile: p0.99 is no real SLO
-            raise ValueError(
-                f"SLO.percentile is a percentile in [1, 100), got {self.percentile!r}: for the "
-                f"{self.percentile * 100:g}th percentile write percentile={self.percentile * 100:g}"
-            )
+        if not 1.0 <= self.percentile < 100.0:
+            message = f"SLO.percentile must be in [1, 100), got {self.percentile!r}"
+            if 0.0 < self.percentile < 1.0:  # a quantile given for a percentile: p0.99 is no SLO
+                message += (
+                    f": for the {self.percentile * 100:g}th percentile write "
+                    f"percentile={self.percentile * 100:g}"
+                )
+            raise ValueError(message)
         if not (math.isfinite(self.preprocess_ms) and self.preprocess_ms >= 0):
-            raise ValueError(f"SLO.preprocess_ms must be >= 0, got {self.preprocess_ms!r}")
+            raise ValueError(
+                f"SLO.preprocess_ms must be a finite number >= 0, got {self.preprocess_ms!r}"
+            )
+        object.__setattr__(self, "preprocess_ms", self.preprocess_ms + 0.0)  # -0.0 -> 0.0
         if not 0.0 < self.margin <= 1.0:
             raise ValueError(f"SLO.margin must be in (0, 1], got {self.margin!r}")
         if self.preprocess_ms >= self.latency_ms:

@@ -52,8 +52,18 @@ def test_numpy_scalars_are_numbers_and_are_stored_as_floats() -> None:
         ({"latency_ms": math.nan}, "SLO.latency_ms must be a finite number > 0, got nan"),
         ({"latency_ms": math.inf}, "SLO.latency_ms must be a finite number > 0, got inf"),
         ({"latency_ms": 0}, "SLO.latency_ms must be a finite number > 0, got 0.0"),
-        ({"latency_ms": 50, "percentile": math.nan}, "SLO.percentile must be in (0, 100), got nan"),
-        ({"latency_ms": 50, "preprocess_ms": math.inf}, "SLO.preprocess_ms must be >= 0, got inf"),
+        ({"latency_ms": 50, "percentile": math.nan}, "SLO.percentile must be in [1, 100), got nan"),
+        ({"latency_ms": 50, "percentile": 100}, "SLO.percentile must be in [1, 100), got 100.0"),
+        ({"latency_ms": 50, "percentile": 0}, "SLO.percentile must be in [1, 100), got 0.0"),
+        ({"latency_ms": 50, "percentile": -5}, "SLO.percentile must be in [1, 100), got -5.0"),
+        (
+            {"latency_ms": 50, "preprocess_ms": math.inf},
+            "SLO.preprocess_ms must be a finite number >= 0, got inf",
+        ),
+        (
+            {"latency_ms": 50, "preprocess_ms": -0.5},
+            "SLO.preprocess_ms must be a finite number >= 0, got -0.5",
+        ),
         ({"latency_ms": 50, "margin": np.float64(2.0)}, "SLO.margin must be in (0, 1], got 2.0"),
     ],
 )
@@ -78,7 +88,11 @@ def test_a_quantile_given_for_a_percentile_is_refused_with_the_percentile(
     given: float, meant: str
 ) -> None:
     """Before: SLO(50, percentile=0.99) was accepted as a p0.99 target."""
-    with pytest.raises(ValueError, match=f"write percentile={meant}$"):
+    message = (
+        f"SLO.percentile must be in [1, 100), got {given}: for the {meant}th percentile "
+        f"write percentile={meant}"
+    )
+    with pytest.raises(ValueError, match=exactly(message)):
         SLO(50.0, percentile=given)
     assert SLO(50.0, percentile=float(meant)).quantile == pytest.approx(given)
 
@@ -127,3 +141,21 @@ def test_preprocessing_below_the_target_leaves_the_rest_to_the_batcher() -> None
         ValueError, match=exactly("SLO.preprocess_ms (60.0) must be below latency_ms (50.0)")
     ):
         SLO(latency_ms=50.0, preprocess_ms=60.0)
+
+
+def test_the_percentile_messages_give_the_range_that_is_accepted() -> None:
+    """Before: 100 was refused as outside "(0, 100)", 0.5 as outside "[1, 100)": the accepted
+    range is [1, 100), both ends exactly."""
+    assert SLO(50.0, percentile=1.0).percentile == 1.0
+    assert SLO(50.0, percentile=math.nextafter(100.0, 0.0)).percentile < 100.0
+    for refused in (math.nextafter(1.0, 0.0), 100.0, 0.5):
+        with pytest.raises(ValueError, match=r"^SLO\.percentile must be in \[1, 100\), got "):
+            SLO(50.0, percentile=refused)
+
+
+def test_a_negative_zero_preprocessing_time_is_stored_as_zero() -> None:
+    """Before: kept as -0.0 (shown as ``preprocess_ms=-0.0`` in reprs and reports)."""
+    slo = SLO(latency_ms=50.0, preprocess_ms=-0.0)
+    assert slo.preprocess_ms == 0.0 and math.copysign(1.0, slo.preprocess_ms) == 1.0
+    assert repr(slo) == repr(SLO(latency_ms=50.0))
+    assert math.copysign(1.0, SLO(50.0, preprocess_ms=np.float64(-0.0)).preprocess_ms) == 1.0

@@ -392,7 +392,7 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
         (
             "[slo]\nlatency_ms = 100.0\npercentile = 100\n",
             "slo.percentile",
-            "SLO.percentile must be in (0, 100), got 100",
+            "SLO.percentile must be in [1, 100), got 100.0",
         ),
         (
             "[slo]\nlatency_ms = 100.0\nmargin = 1.5\n",
