@@ -279,6 +279,7 @@ def test_names() -> None:
         (lambda: Poisson(-1.0), "rate_rps must be a finite number >= 0"),
         (lambda: Poisson(math.nan), "rate_rps must be a finite number >= 0"),
         (lambda: Gamma(10.0, 0.0), "cv must be a finite number > 0"),
+        (lambda: Gamma(10.0, 1e3), "cv must be at most 100, got 1000.0"),
         (lambda: MMPPBursts(1.0, 2.0, 0.0, 1.0), "mean_on_s must be a finite number > 0"),
         (lambda: MMPPBursts(1.0, -2.0, 1.0, 1.0), "burst_rps must be a finite number >= 0"),
         (lambda: Diurnal(10.0, 1.5, 60.0), r"amplitude must be in \[0, 1\]"),
