@@ -312,12 +312,7 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         service_ms_at_cap=_round(observation.service_ms(decision.max_batch_size)),
         free_memory_fraction=observation.telemetry.free_fraction,
         device_ms_per_request=_round(observation.device_ms_per_request),
-        service_spread=_round(
-            observation.service_high_ms(decision.max_batch_size)
-            / observation.service_ms(decision.max_batch_size)
-            if observation.service_high_ms is not None
-            else math.nan
-        ),
+        service_spread=_round(_spread(observation, decision.max_batch_size)),
         contention=round(observation.contention, 3),
         co_tenant_fraction=observation.co_tenant_fraction,
         oom_errors=observation.oom_errors,
@@ -338,6 +333,15 @@ def _idle_fraction(before: Counts, after: Counts, window_ms: float) -> float:
         return math.nan
     idle_s = after.window_idle_s - before.window_idle_s
     return min(1.0, idle_s / released / (window_ms / 1e3))
+
+
+def _spread(observation: Observation, cap: int) -> float:
+    """The error bars at ``cap`` (high over median), NaN without them or at a 0 ms median (a
+    model measured at 0 ms: the tick must not fail on its log line)."""
+    median = observation.service_ms(cap)
+    if observation.service_high_ms is None or not median > 0:
+        return math.nan
+    return observation.service_high_ms(cap) / median
 
 
 def _round(value: float) -> float | None:

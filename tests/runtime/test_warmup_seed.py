@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from adaptive_batcher import SLO, AdaptiveBatcher, DeadlineExceededError
 from adaptive_batcher.testing import run_in_virtual_time
@@ -54,7 +55,7 @@ def test_after_warm_up_shedding_starts_at_the_first_tick(warm_up: bool) -> None:
         assert max(late_after_first_tick) <= 0.5 + 2 * BATCH_S
 
 
-def test_warm_up_runs_each_size_once_more_warm_only_for_a_controller_with_an_slo() -> None:
+def test_warm_up_runs_each_size_twice_more_warm_only_for_a_controller_with_an_slo() -> None:
     calls: list[int] = []
 
     async def counting(batch: list[Any]) -> list[Any]:
@@ -66,10 +67,51 @@ def test_warm_up_runs_each_size_once_more_warm_only_for_a_controller_with_an_slo
             await batcher.warmup(lambda: 0)
 
     run_in_virtual_time(warm(slo=SLO_300))
-    assert calls == [1, 2, 4, 1, 2, 4]  # cold, then warm: the model's start
+    assert calls == [1, 2, 4, 1, 1, 2, 2, 4, 4]  # cold, then twice warm: the model's start
     calls.clear()
     run_in_virtual_time(warm())
     assert calls == [1, 2, 4]
     calls.clear()
     run_in_virtual_time(warm(slo=SLO_300, service_profile=[(1, 1.0), (4, 2.0)]))
     assert calls == [1, 2, 4]  # the profile given is the start
+
+
+def test_one_stalled_warm_call_does_not_become_the_model() -> None:
+    """The faster of two warm calls seeds the model: a 100 ms stall on one call of the largest
+    size (which serving may not reach for a while) does not hold the cap below it."""
+    calls_at_64 = [0]
+
+    async def stalling(batch: list[Any]) -> list[Any]:
+        calls_at_64[0] += len(batch) == 64
+        stall_s = 0.1 if len(batch) == 64 and calls_at_64[0] == 2 else 0.0  # first warm call
+        await asyncio.sleep(0.005 + 0.0004 * len(batch) + stall_s)
+        return batch
+
+    async def seeded() -> float:
+        async with AdaptiveBatcher(stalling, max_batch_size=64, slo=SLO(latency_ms=100.0)) as b:
+            await b.warmup(lambda: 0)
+            controller = b._core.controller
+            assert controller is not None
+            return controller.service_estimator.predict_ms(64)
+
+    assert run_in_virtual_time(seeded()) == pytest.approx(5.0 + 0.4 * 64)
+
+
+def test_a_model_measured_at_0_ms_does_not_fail_the_controllers_ticks() -> None:
+    """On the virtual clock an instant model takes 0 ms: the seeded model predicts 0, and the
+    tick's log line divided by it (every tick failed with ZeroDivisionError)."""
+
+    async def instant(batch: list[Any]) -> list[Any]:
+        return batch
+
+    async def serve() -> None:
+        async with AdaptiveBatcher(instant, max_batch_size=8, slo=SLO_300) as batcher:
+            await batcher.warmup(lambda: 0)
+            for _ in range(40):
+                await batcher.submit_many(range(4))
+                await asyncio.sleep(0.05)
+
+    with capture_logs() as logs:
+        run_in_virtual_time(serve())
+    assert [e for e in logs if e["event"] == "controller.failed"] == []
+    assert any(e["event"] == "controller.decision" for e in logs)
