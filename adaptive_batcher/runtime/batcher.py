@@ -616,6 +616,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             TypeError: ``freeze_gc`` is not a bool.
+            BatcherClosedError: the batcher is closed, or was closed during the warm-up (it
+                stops calling the model then).
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
@@ -664,7 +666,13 @@ class AdaptiveBatcher(Generic[X, Y]):
             )
 
     async def _timed_call(self, items: list[X], units: int) -> float:
-        """Seconds one model call on ``items`` takes."""
+        """Seconds one model call on ``items`` takes.
+
+        Raises:
+            BatcherClosedError: the batcher was closed (warm-up stops calling the model).
+        """
+        if self._closed:
+            raise BatcherClosedError("batcher closed during warm-up")
         started = self._now()
         await self._runner.call_model(items, units)
         return self._now() - started

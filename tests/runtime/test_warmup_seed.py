@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from adaptive_batcher import SLO, AdaptiveBatcher, DeadlineExceededError
+from adaptive_batcher import SLO, AdaptiveBatcher, BatcherClosedError, DeadlineExceededError
 from adaptive_batcher.testing import run_in_virtual_time
 
 SLO_300 = SLO(latency_ms=300.0)
@@ -115,3 +115,23 @@ def test_a_model_measured_at_0_ms_does_not_fail_the_controllers_ticks() -> None:
         run_in_virtual_time(serve())
     assert [e for e in logs if e["event"] == "controller.failed"] == []
     assert any(e["event"] == "controller.decision" for e in logs)
+
+
+def test_closing_during_warm_up_stops_it() -> None:
+    calls: list[int] = []
+
+    async def slow(batch: list[Any]) -> list[Any]:
+        calls.append(len(batch))
+        await asyncio.sleep(0.05)
+        return batch
+
+    async def close_midway() -> None:
+        batcher = AdaptiveBatcher(slow, max_batch_size=64, slo=SLO_300)
+        warming = asyncio.ensure_future(batcher.warmup(lambda: 0))
+        await asyncio.sleep(0.12)  # in the third warm-up call
+        await batcher.aclose()
+        with pytest.raises(BatcherClosedError, match="closed during warm-up"):
+            await warming
+
+    run_in_virtual_time(close_midway())
+    assert len(calls) == 3  # no call after the close (of 7 cold and 14 warm)
