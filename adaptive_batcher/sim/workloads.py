@@ -30,6 +30,7 @@ from adaptive_batcher._validate import check_number, check_str
 
 __all__ = [
     "MAX_GAMMA_CV",
+    "MIN_GAMMA_CV",
     "Arrivals",
     "ClosedLoop",
     "Diurnal",
@@ -220,6 +221,10 @@ class LognormalSizes:
 # --- shared machinery --------------------------------------------------------------------------
 
 
+MIN_GAMMA_CV: Final = 1e-3
+"""The smallest inter-arrival CV :class:`Gamma` takes: gaps within 0.1 % of their mean are
+regular arrivals already; near 1e-150 the shape ``1 / cv**2`` overflows (ZeroDivisionError)."""
+
 MAX_GAMMA_CV: Final = 100.0
 """The largest inter-arrival CV :class:`Gamma` takes: several times the burstiest public trace's
 (the Azure LLM code trace of 2023: 13.2)."""
@@ -366,7 +371,8 @@ class Gamma:
     comes one gap after 0 (not the stationary start; it matters only for the first gap).
 
     Raises:
-        ValueError: ``rate_rps`` < 0 or not finite, or ``cv`` outside (0, :data:`MAX_GAMMA_CV`]
+        ValueError: ``rate_rps`` < 0 or not finite, or ``cv`` outside
+            [:data:`MIN_GAMMA_CV`, :data:`MAX_GAMMA_CV`]
             (beyond it the shape ``1 / cv**2`` is so small that numpy's gamma draws are mostly
             0 and one sample's rate is far from ``rate_rps``: at CV 1000, 254,486 arrivals in
             1 s at 100 req/s; near CV 1e154 the shape underflows to 0).
@@ -379,8 +385,8 @@ class Gamma:
     def __post_init__(self) -> None:
         _check_rate("rate_rps", self.rate_rps)
         _check_positive("cv", self.cv)
-        if self.cv > MAX_GAMMA_CV:
-            raise ValueError(f"cv must be at most {MAX_GAMMA_CV:g}, got {self.cv!r}")
+        if not MIN_GAMMA_CV <= self.cv <= MAX_GAMMA_CV:
+            raise ValueError(f"cv must be in [{MIN_GAMMA_CV:g}, {MAX_GAMMA_CV:g}], got {self.cv!r}")
 
     @property
     def name(self) -> str:
