@@ -395,13 +395,18 @@ class BatchingEngine(Generic[H]):
         (seconds) where that is earlier: a shedding deadline that began, or shortened, after
         they arrived. The next :meth:`poll` expires those already past it."""
         queued = RequestState.QUEUED
-        for request in self._queue[self._front :]:
+        waiting = [r for r in self._queue[self._front :] if r.state == queued]
+        # one heap of the queued requests' deadlines, numbered in arrival order so that equal
+        # deadlines still expire in arrival order (a rebuild: rare, when shedding begins)
+        self._deadline_fifo.clear()
+        self._deadlines = []
+        for request in waiting:
             shed_at = request.arrival_s + expire_after_s
-            if request.state == queued and (
-                request.deadline_s is None or shed_at < request.deadline_s
-            ):
-                request.deadline_s = shed_at  # its later entry, if any, is skipped when popped
-                self._track_deadline(request)
+            if request.deadline_s is not None and request.deadline_s < shed_at:
+                shed_at = request.deadline_s
+            request.deadline_s = shed_at
+            self._deadlines.append((shed_at, next(self._seq), request))
+        heapq.heapify(self._deadlines)
 
     def _track_deadline(self, request: Request[H]) -> bool:
         """Put a new request's deadline on the heap; True if it comes before the timer."""
