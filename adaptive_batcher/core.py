@@ -140,9 +140,9 @@ class BatcherCore(Generic[H]):
             QueueFullError, ItemTooLargeError, BatcherClosedError: the request is refused
                 (counted as ``rejected``); see :meth:`BatchingEngine.arrive`.
         """
-        shed_after = self._shed_after_now()
+        shed_after = self.shed_after_s  # None, without shedding: no call on this hot path
         if shed_after is not None:
-            shed_at = now + shed_after
+            shed_at = now + self._shed_after_now(shed_after)
             if request.deadline_s is None or shed_at < request.deadline_s:
                 request.deadline_s = shed_at
         self.recorder.submitted += 1
@@ -340,11 +340,11 @@ class BatcherCore(Generic[H]):
             service_estimator=ServiceTimeEstimator(seed=self._service_seed),
         )
 
-    def _shed_after_now(self) -> float | None:
-        """The shedding deadline a request arriving now gets, s (None: no shedding)."""
-        shed_after = self.shed_after_s
+    def _shed_after_now(self, shed_after: float) -> float:
+        """The shedding deadline a request arriving now gets, s: ``shed_after`` (the one in
+        force for a queue holding a full batch) or the short one for a shorter queue."""
         engine = self.engine
-        if shed_after is not None and engine.queued_units < engine.limits.max_batch_size:
+        if engine.queued_units < engine.limits.max_batch_size:
             return self.shed_after_short_s or shed_after
         return shed_after
 
@@ -377,12 +377,11 @@ class BatcherCore(Generic[H]):
         began = self.shed_after_s is None and controller.shed_after_s is not None
         self.shed_after_s = controller.shed_after_s
         self.shed_after_short_s = controller.shed_after_short_s
-        after = self._shed_after_now()
-        if began and after is not None:
+        if began and self.shed_after_s is not None:
             # the requests queued before shedding began (a cold burst before the first tick)
             # would otherwise be served late, for as long as the backlog lasts. (Deadlines
             # that shorten later are left alone: applied to a burst's queue, they shed requests
             # that the burst's end would have let through.)
-            engine.expire_after(after)
+            engine.expire_after(self._shed_after_now(self.shed_after_s))
         if self._on_decision is not None and controller.decision is not None:
             self._on_decision(now, controller.decision)
