@@ -50,6 +50,7 @@ import numpy as np
 from adaptive_batcher.metrics.recorder import BatchSample
 
 __all__ = [
+    "DEEP_Z",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
     "OUTLIER_FACTOR",
@@ -72,6 +73,15 @@ OUTLIER_WINDOW = 8
 OUTLIER_CONFIRM = 5
 """Outliers among the last ``OUTLIER_WINDOW`` batches that make them a change of service time,
 not isolated stalls (a stall spans one batch per execution slot)."""
+
+
+DEEP_Z = 3.09
+"""Standard normal quantile of :attr:`ServiceTimeEstimator.deep_spread` (99.9 %): two batches
+each at it are exceeded together with probability ~1.5e-5 under 30 % lognormal noise (Monte
+Carlo), so a request that waits out one batch and rides the next misses its SLO about once in
+60,000 such pairs."""
+
+_NORMAL_IQR = 1.349  # interquartile range of a standard normal distribution
 
 
 class ServiceTimeEstimator:
@@ -131,6 +141,8 @@ class ServiceTimeEstimator:
         self._ordered_ratios: list[float] = []  # the same ratios, kept sorted
         self._spread = 1.0
         self._spread_at = 0  # the ratios taken when the spread was last computed
+        self._deep_spread = 1.0
+        self._deep_at = 0
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
@@ -237,6 +249,33 @@ class ServiceTimeEstimator:
             self._spread = max(1.0, ordered[index])
             self._spread_at = self._ratios_taken
         return self._spread
+
+    @property
+    def deep_spread(self) -> float:
+        """The error bars of a rare batch of the noise's body: its ``DEEP_QUANTILE`` (>= 1; 1
+        before any ratio was seen).
+
+        A lognormal fitted robustly to the measured / predicted ratios (median, and sigma from
+        the interquartile range of their logarithms, IQR / 1.349 for a normal), so the quantile
+        extrapolates beyond what a few hundred ratios show, and isolated stalls (a few per cent
+        of batches, far out) leave it alone: no window protects against a stall, while
+        multiplicative noise is what a smaller batch does escape.
+        """
+        count = len(self._ratios)
+        if count < 4:
+            return 1.0
+        if self._ratios_taken != self._deep_at:
+            ordered = self._ordered_ratios
+            q25, q50, q75 = (ordered[int(q * (count - 1))] for q in (0.25, 0.5, 0.75))
+            sigma = math.log(q75 / q25) / _NORMAL_IQR if q25 > 0 else 0.0
+            self._deep_spread = max(1.0, q50 * math.exp(DEEP_Z * sigma)) if q50 > 0 else 1.0
+            self._deep_at = self._ratios_taken
+        return self._deep_spread
+
+    def deep_ms(self, batch_size: int) -> float:
+        """:meth:`upper_ms` times :attr:`deep_spread`, ms (NaN before a fit): a rare batch's
+        time under the noise observed (see :attr:`deep_spread`)."""
+        return self.upper_ms(batch_size) * self.deep_spread
 
     def high_ms(self, batch_size: int) -> float:
         """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with

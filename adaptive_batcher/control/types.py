@@ -182,6 +182,8 @@ class Observation:
             contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.high_ms`.
         service_upper_ms: the fitted service time, growing in proportion beyond the sizes the
             model knows (not optimistically), ms: what latency promises use.
+        service_deep_ms: a rare batch's service time under the noise observed, ms; see
+            :meth:`~adaptive_batcher.control.ServiceTimeEstimator.deep_ms`.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
         last_stall_s: when the latest batch ended that the service-time fit held out as an
@@ -225,6 +227,7 @@ class Observation:
     service_samples: int = 0
     service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_deep_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
     arrival_rate_peak_rps: float = math.nan
@@ -269,6 +272,8 @@ class Observation:
             service_ms=self.service_ms,
             service_high_ms=self.service_high_ms or self.service_ms,
             service_upper_ms=self.service_upper_ms,
+            service_deep_ms=self.service_deep_ms,
+            room_ms=self.room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,
             max_window_ms=bounds.max_window_ms,

@@ -7,6 +7,7 @@ Service 4 ms + 0.05 ms/item unless noted: 8 -> 4.4 ms (1.8k/s), 64 -> 7.2 ms (8.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -107,6 +108,24 @@ def test_tail_latency_and_the_widest_window() -> None:
 def test_error_bars_narrow_the_window() -> None:
     noisy = plan(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
     assert noisy.widest_window_ms(40.0, 256) < plan().widest_window_ms(40.0, 256)
+
+
+def test_rare_batches_must_fit_the_room() -> None:
+    """The tail latency with rare batches' times must fit the SLO's room (50 ms) as the p99
+    plan fits the budget: it narrows the window only where it is the tighter of the two."""
+    p99 = plan().widest_window_ms(40.0, 256)
+    calm = plan(service_deep_ms=lambda n: 1.2 * (4.0 + 0.05 * n))
+    assert calm.room_ms == 50.0
+    assert calm.widest_window_ms(40.0, 256) == p99  # 1.2x within 50 ms: the budget binds
+    noisy = plan(service_deep_ms=lambda n: 3.0 * (4.0 + 0.05 * n))
+    widest = noisy.widest_window_ms(40.0, 256)
+    assert widest < p99
+    deep = Plan(**{**_fields(noisy), "service_high_ms": noisy.service_deep_ms})
+    assert deep.latency_ms(widest, 256) <= 50.0 < deep.latency_ms(widest + 0.1, 256)
+
+
+def _fields(p: Plan) -> dict[str, object]:
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.init}
 
 
 def test_cost_falls_as_the_window_fills_batches() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_batcher.control.service_estimator import (
+    DEEP_Z,
     OPTIMISM,
     OUTLIER_FACTOR,
     ServiceTimeEstimator,
@@ -242,3 +243,38 @@ def test_isotonic_fit_is_non_decreasing_and_pools_as_the_reference(
     assert fitted == _pooled_blocks_reference(values, weights)  # the same floats, exactly
     assert all(b >= a for a, b in itertools.pairwise(fitted))
     assert isotonic_fit(values) == _pooled_blocks_reference(values, [1.0] * len(values))
+
+
+def _with_ratios(ratios: list[float]) -> ServiceTimeEstimator:
+    """An estimator whose fit is 4 ms for batches of 4 and whose error-bar window holds
+    ``ratios`` (measured / predicted), no refit after the first batch."""
+    estimator = ServiceTimeEstimator(min_samples=1, refit_every=100_000, spread_window=4096)
+    estimator.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)
+    batches = [BatchSample(0.0, 4, 4, 0.004 * ratio) for ratio in ratios]
+    estimator.update(batches, total_seen=1 + len(batches))
+    return estimator
+
+
+def test_rare_batch_error_bars_extrapolate_lognormal_noise() -> None:
+    """The 99.9th percentile of 30 % lognormal noise (sigma 0.294: exp(3.09 * 0.294) = 2.48)
+    from 2000 ratios, where their own 95th percentile is 1.62."""
+    sigma = math.sqrt(math.log1p(0.09))
+    ratios = np.random.default_rng(0).lognormal(0.0, sigma, 2000).tolist()
+    estimator = _with_ratios(ratios)
+    assert estimator.spread == pytest.approx(1.62, abs=0.05)
+    assert estimator.deep_spread == pytest.approx(math.exp(DEEP_Z * sigma), rel=0.06)
+    assert estimator.deep_ms(4) == pytest.approx(4.0 * estimator.deep_spread)
+
+
+def test_rare_batch_error_bars_ignore_isolated_stalls() -> None:
+    """Stalls on 5 % of batches (10x) move the 95th percentile, not the body's quantile: no
+    window escapes a stall, so it must not narrow the window."""
+    ratios = [1.0 + 0.01 * (i % 5) for i in range(1900)] + [10.0] * 100
+    estimator = _with_ratios(ratios)
+    assert estimator.deep_spread < 1.2
+    assert estimator.spread == 10.0
+
+
+def test_rare_batch_error_bars_without_ratios_are_none() -> None:
+    assert ServiceTimeEstimator().deep_spread == 1.0
+    assert _with_ratios([0.5] * 10).deep_spread == 1.0  # faster than the fit: never below it
