@@ -122,6 +122,9 @@ def test_rare_batches_must_fit_the_room() -> None:
     assert widest < p99
     deep = Plan(**{**_fields(noisy), "service_high_ms": noisy.service_deep_ms})
     assert deep.latency_ms(widest, 256) <= 50.0 < deep.latency_ms(widest + 0.1, 256)
+    # out of reach at any window (two rare batches of 30 ms and more): the p99 plan alone
+    hopeless = plan(service_deep_ms=lambda n: 3.0 * (10.0 + 0.05 * n))
+    assert hopeless.widest_window_ms(40.0, 256) == p99
 
 
 def _fields(p: Plan) -> dict[str, object]:
