@@ -274,6 +274,7 @@ class Controller:
             service_samples=model.samples,
             service_high_ms=model.high_ms,
             service_upper_ms=model.upper_ms,
+            service_noise_ms=model.noise_ms,
             service_deep_ms=model.deep_ms,
             contention=model.contention,
             last_stall_s=model.last_stall_s,

@@ -15,7 +15,9 @@ The model (one tick's worth; the controller's feedback corrects what it misses):
 * **Tail latency.** The oldest request of a batch waits the whole cycle and then its batch runs:
   ``L = max(W, s_hi(n) / slots) + s_hi(n_hi)``, where ``n_hi`` adds 2.33 standard deviations of
   Poisson noise to ``n`` (its 99th percentile) and ``s_hi`` is the service time with the error
-  bars the service-time estimator has observed (see :meth:`ServiceTimeEstimator.high_ms`).
+  bars of the noise the service-time estimator has observed (see
+  :meth:`ServiceTimeEstimator.noise_ms`: stalls and spikes on a few per cent of the batches,
+  which no window escapes, are left to the PID's feedback and its stall hold).
   That ``L`` must fit the budget (the target's p99). The same ``L`` with rare batches' times
   (``s_deep``, the noise's 99.9th percentile each) must fit the SLO's room as well: the p99 plan
   alone let a request that waited out one slow batch and rode a second miss the SLO once in
@@ -71,7 +73,7 @@ class Plan:
         service_upper_ms: median service time, never optimistic beyond the sizes known, ms
             (what latency promises use; default: ``service_ms``).
         service_deep_ms: a rare batch's service time (the noise's 99.9th percentile, see
-            :attr:`ServiceTimeEstimator.deep_spread`), ms (None: no such constraint).
+            :meth:`ServiceTimeEstimator.deep_ms`), ms (None: no such constraint).
         room_ms: what a window's tail latency with ``service_deep_ms`` must fit: the SLO's
             latency less preprocessing, ms (windows only; :meth:`cap` takes its room as an
             argument).

@@ -44,6 +44,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from statistics import NormalDist
 
 import numpy as np
 
@@ -76,7 +77,7 @@ not isolated stalls (a stall spans one batch per execution slot)."""
 
 
 DEEP_Z = 3.09
-"""Standard normal quantile of :attr:`ServiceTimeEstimator.deep_spread` (99.9 %): two batches
+"""Standard normal quantile of :meth:`ServiceTimeEstimator.deep_ms` (99.9 %): two batches
 each at it are exceeded together with probability ~1.5e-5 under 30 % lognormal noise (Monte
 Carlo), so a request that waits out one batch and rides the next misses its SLO about once in
 60,000 such pairs."""
@@ -141,8 +142,9 @@ class ServiceTimeEstimator:
         self._ordered_ratios: list[float] = []  # the same ratios, kept sorted
         self._spread = 1.0
         self._spread_at = 0  # the ratios taken when the spread was last computed
-        self._deep_spread = 1.0
-        self._deep_at = 0
+        self._spread_z = NormalDist().inv_cdf(spread_quantile)
+        self._body = (1.0, 0.0)
+        self._body_at = 0  # the ratios taken when the body was last fitted
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
@@ -250,32 +252,39 @@ class ServiceTimeEstimator:
             self._spread_at = self._ratios_taken
         return self._spread
 
-    @property
-    def deep_spread(self) -> float:
-        """The error bars of a rare batch of the noise's body: its ``DEEP_QUANTILE`` (>= 1; 1
-        before any ratio was seen).
+    def body(self) -> tuple[float, float]:
+        """The noise's body: ``(median, sigma)`` of a lognormal fitted robustly to the
+        measured / predicted ratios of the last ``spread_window`` batches (their median, and
+        sigma from the interquartile range of their logarithms over 1.349, a normal's);
+        ``(1, 0)`` before 4 ratios were seen.
 
-        A lognormal fitted robustly to the measured / predicted ratios (median, and sigma from
-        the interquartile range of their logarithms, IQR / 1.349 for a normal), so the quantile
-        extrapolates beyond what a few hundred ratios show, and isolated stalls (a few per cent
-        of batches, far out) leave it alone: no window protects against a stall, while
-        multiplicative noise is what a smaller batch does escape.
+        Its quantiles extrapolate beyond what a few hundred ratios show, and stalls or spikes
+        on a few per cent of the batches leave them alone, where a raw 95th percentile jumps
+        when they cross 5 % of the window (from 1.6 to 9 under 10x spikes on 5 % of the
+        batches: the window of a light load shut, and on a launch-bound model its natural
+        batches took five times the device time and met the SLO less often, since each batch
+        risks a spike). Noise of the body (a third of the batches slower, a busy machine)
+        widens them.
         """
-        count = len(self._ratios)
-        if count < 4:
-            return 1.0
-        if self._ratios_taken != self._deep_at:
-            ordered = self._ordered_ratios
-            q25, q50, q75 = (ordered[int(q * (count - 1))] for q in (0.25, 0.5, 0.75))
-            sigma = math.log(q75 / q25) / _NORMAL_IQR if q25 > 0 else 0.0
-            self._deep_spread = max(1.0, q50 * math.exp(DEEP_Z * sigma)) if q50 > 0 else 1.0
-            self._deep_at = self._ratios_taken
-        return self._deep_spread
+        if self._body_at != self._ratios_taken:
+            self._body = _robust_lognormal(self._ordered_ratios)
+            self._body_at = self._ratios_taken
+        return self._body
+
+    def _body_quantile(self, z: float) -> float:
+        median, sigma = self.body()
+        return max(1.0, median * math.exp(z * sigma))
+
+    def noise_ms(self, batch_size: int) -> float:
+        """:meth:`upper_ms` times the ``spread_quantile`` of the noise's :meth:`body`, ms (NaN
+        before a fit): a batch's time with the noise a window can escape, what window plans
+        use."""
+        return self.upper_ms(batch_size) * self._body_quantile(self._spread_z)
 
     def deep_ms(self, batch_size: int) -> float:
-        """:meth:`upper_ms` times :attr:`deep_spread`, ms (NaN before a fit): a rare batch's
-        time under the noise observed (see :attr:`deep_spread`)."""
-        return self.upper_ms(batch_size) * self.deep_spread
+        """:meth:`upper_ms` times the noise's :meth:`body` at its 99.9th percentile
+        (``DEEP_Z``), ms (NaN before a fit): a rare batch's time."""
+        return self.upper_ms(batch_size) * self._body_quantile(DEEP_Z)
 
     def high_ms(self, batch_size: int) -> float:
         """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with
@@ -393,6 +402,17 @@ def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None
     for mean, count in zip(means, counts, strict=True):
         fitted.extend([mean] * count)
     return fitted
+
+
+def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:
+    """``(median, sigma)`` of sorted positive ratios (see :meth:`ServiceTimeEstimator.body`);
+    ``(1, 0)`` for fewer than 4."""
+    count = len(ordered)
+    if count < 4:
+        return 1.0, 0.0
+    q25, q50, q75 = (ordered[int(q * (count - 1))] for q in (0.25, 0.5, 0.75))
+    sigma = math.log(q75 / q25) / _NORMAL_IQR if q25 > 0 else 0.0
+    return q50, sigma
 
 
 def _median(values: Iterable[float]) -> float:

@@ -182,6 +182,10 @@ class Observation:
             contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.high_ms`.
         service_upper_ms: the fitted service time, growing in proportion beyond the sizes the
             model knows (not optimistically), ms: what latency promises use.
+        service_noise_ms: the fitted service time with the error bars of the noise's body
+            (stalls on a few per cent of batches left out), ms: what window plans use
+            (default: ``service_high_ms``); see
+            :meth:`~adaptive_batcher.control.ServiceTimeEstimator.noise_ms`.
         service_deep_ms: a rare batch's service time under the noise observed, ms; see
             :meth:`~adaptive_batcher.control.ServiceTimeEstimator.deep_ms`.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
@@ -227,6 +231,7 @@ class Observation:
     service_samples: int = 0
     service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_noise_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_deep_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
@@ -270,7 +275,7 @@ class Observation:
             backlog_units=self.queued_units,
             caps=tuple(bounds.cap_candidates()),
             service_ms=self.service_ms,
-            service_high_ms=self.service_high_ms or self.service_ms,
+            service_high_ms=self.service_noise_ms or self.service_high_ms or self.service_ms,
             service_upper_ms=self.service_upper_ms,
             service_deep_ms=self.service_deep_ms,
             room_ms=self.room_ms if self.slo is not None else math.inf,

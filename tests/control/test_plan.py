@@ -110,6 +110,18 @@ def test_error_bars_narrow_the_window() -> None:
     assert noisy.widest_window_ms(40.0, 256) < plan().widest_window_ms(40.0, 256)
 
 
+def test_windows_are_planned_with_the_noise_body_not_with_stalls() -> None:
+    """Error bars set by stalls (10x on a few per cent of batches) would shut the window;
+    windows use the body's (``service_noise_ms``) when the observation has them."""
+    stalled = plan(
+        service_high_ms=lambda n: 10.0 * (4.0 + 0.05 * n),
+        service_noise_ms=lambda n: 1.1 * (4.0 + 0.05 * n),
+    )
+    body = plan(service_high_ms=lambda n: 1.1 * (4.0 + 0.05 * n))
+    assert stalled.widest_window_ms(40.0, 256) == body.widest_window_ms(40.0, 256) > 10.0
+    assert plan(service_high_ms=lambda n: 10.0 * (4.0 + 0.05 * n)).widest_window_ms(40.0, 256) == 0
+
+
 def test_rare_batches_must_fit_the_room() -> None:
     """The tail latency with rare batches' times must fit the SLO's room (50 ms) as the p99
     plan fits the budget: it narrows the window only where it is the tighter of the two."""
