@@ -315,6 +315,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: dict[asyncio.Task[None], Batch[Any]] = {}  # batch tasks not yet ended
+        self._warming: set[asyncio.Future[Any]] = set()  # warm-up model calls not yet ended
         self._unstarted: set[Batch[asyncio.Future[Any]]] = set()  # dispatched, task not yet run
         self._running: list[list[Any]] = []
         self._closed = False
@@ -674,7 +675,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._closed:
             raise BatcherClosedError("batcher closed during warm-up")
         started = self._now()
-        await self._runner.call_model(items, units)
+        call = asyncio.ensure_future(self._runner.call_model(items, units))
+        self._warming.add(call)  # a close waits for it, as for a running batch
+        call.add_done_callback(self._warming.discard)
+        await call
         return self._now() - started
 
     def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
@@ -721,7 +725,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._fail_unstarted(rejected)
         if first or rejected:
             _log.info("batcher.closing", batcher=self.name, drain=drain, rejected=len(rejected))
-        if self._tasks and asyncio.current_task() in self._tasks:  # awaited by the model
+        current = asyncio.current_task()
+        if current in self._tasks or current in self._warming:  # awaited by the model
             self._closer = asyncio.ensure_future(self._finish_close(timeout_s))
             return
         await self._finish_close(timeout_s)
@@ -742,7 +747,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         The wait ends at the timeout itself (``wait_for`` would first wait for its cancellation,
         while inline batches went on starting)."""
         if timeout_s == 0:
-            return not self._tasks and self._engine.idle
+            return not self._tasks and not self._warming and self._engine.idle
         settled = asyncio.ensure_future(self._settled())
         try:
             done, _ = await asyncio.wait({settled}, timeout=timeout_s)
@@ -763,9 +768,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         return sum(self._settle_error(request, error()) for request in requests)
 
     async def _settled(self) -> None:
-        while self._tasks or not self._engine.idle:
-            if self._tasks:
-                await asyncio.wait(set(self._tasks))
+        while self._tasks or self._warming or not self._engine.idle:
+            if self._tasks or self._warming:
+                await asyncio.wait({*self._tasks, *self._warming})
             else:
                 await asyncio.sleep(0)
 
@@ -778,7 +783,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             )
         for batch in self._unstarted:  # their tasks are cancelled before they run
             self._fail_never_ran(batch)
-        tasks = set(self._tasks)
+        tasks = {*self._tasks, *self._warming}
         for task in tasks:
             task.cancel()
         if tasks:  # one turn of the loop to take the cancellation; no longer (timeout_s holds)

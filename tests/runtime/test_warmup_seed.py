@@ -4,6 +4,7 @@ from the first tick, instead of after the first 8 batches (virtual time)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -135,3 +136,35 @@ def test_closing_during_warm_up_stops_it() -> None:
 
     run_in_virtual_time(close_midway())
     assert len(calls) == 3  # no call after the close (of 7 cold and 14 warm)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_closing_during_warm_up_waits_for_the_call_running(sync: bool) -> None:
+    """``aclose()`` returns once the model call of the warm-up has ended, as it waits for a
+    running batch: after it, nothing runs in the model (it returned 0.2 s early)."""
+    ended: list[float] = []
+
+    async def slow_async(batch: list[Any]) -> list[Any]:
+        await asyncio.sleep(0.3)
+        ended.append(asyncio.get_running_loop().time())
+        return batch
+
+    def slow_sync(batch: list[Any]) -> list[Any]:
+        time.sleep(0.3)
+        ended.append(time.monotonic())
+        return batch
+
+    async def close_midway() -> tuple[float, float]:
+        batcher = AdaptiveBatcher(slow_sync if sync else slow_async, max_batch_size=8)
+        warming = asyncio.ensure_future(batcher.warmup(lambda: 0))
+        await asyncio.sleep(0.4)  # in the second call
+        await batcher.aclose()
+        closed = time.monotonic() if sync else asyncio.get_running_loop().time()
+        with pytest.raises(BatcherClosedError, match="closed during warm-up"):
+            await warming
+        return closed, ended[-1]
+
+    closed, last_ended = (
+        asyncio.run(close_midway()) if sync else run_in_virtual_time(close_midway())
+    )
+    assert last_ended <= closed
