@@ -30,6 +30,7 @@ from adaptive_batcher.sim.scenarios import (
 )
 from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.traces import TIME_UNITS, TIMESTAMP_COLUMN, TRACE_DIR, load_trace
+from adaptive_batcher.sim.workloads import Arrivals
 from adaptive_batcher.slo import SLO
 
 try:
@@ -222,6 +223,8 @@ def run_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
         return 2
+    if args.trace is not None:
+        console.print(_trace_note(scenarios[0].arrivals(args.seed), args.compress))
     contenders = args.contender or list(DEFAULT_CONTENDERS)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +286,17 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
             arrivals=lambda seed: load_trace(path, **options),
         )
     ]
+
+
+def _trace_note(arrivals: Arrivals, compress: float) -> str:
+    """What the replay makes of a trace: its requests, span and rate after ``--compress``
+    (a user's real-time trace, compressed 1000x by default, is a far heavier load)."""
+    span_s = arrivals.duration_s if arrivals.times_s.size else 0.0
+    rate = f"{arrivals.rate_rps:,.0f} req/s" if span_s > 0 else "all at once"
+    return (
+        f"trace: {arrivals.times_s.size:,} requests over {span_s:.3g} s after --compress "
+        f"{compress:g} ({span_s * compress:.3g} s in the file): {rate}"
+    )
 
 
 def _check_traces(scenarios: list[Scenario], seed: int) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from adaptive_batcher.cli.main import main
+from adaptive_batcher.sim.traces import load_trace
 
 FIXTURE = Path(__file__).parents[1] / "sim" / "fixtures" / "tiny_trace.csv"
 
@@ -122,7 +123,15 @@ def test_replay_of_a_trace_writes_table_and_plots(
     assert "| trace | adaptive_pid_shed |" in table
     for png in ("replay_goodput.png", "replay_trace.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "goodput" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "goodput" in out
+    # what the compression made of the trace is said, before the table
+    arrivals = load_trace(FIXTURE, compress=10.0)
+    span_s = arrivals.duration_s
+    assert (
+        f"trace: {arrivals.times_s.size:,} requests over {span_s:.3g} s after --compress 10 "
+        f"({span_s * 10:.3g} s in the file): {arrivals.rate_rps:,.0f} req/s"
+    ) in out
 
 
 def test_replay_lists_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
