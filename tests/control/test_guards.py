@@ -369,6 +369,20 @@ def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
     assert decision.max_batch_size == 64
 
 
+def test_shed_guard_keeps_a_cap_that_fits_when_the_fit_says_a_smaller_one_is_faster() -> None:
+    """A spike in the fit (64 at 9 ms where 32 takes 4.04 ms) makes 32 the fit's
+    highest-throughput cap; at light load the cap only has to fit the SLO (64: twice 9 ms),
+    so the policy's 64 stays (cutting it to 32 for the fit's throughput shed 4 points of a
+    light load that the same controller without shedding served)."""
+
+    def spiked(n: int) -> float:
+        return 4.04 if n <= 32 else (9.0 if n <= 64 else 34.0)
+
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(observe(service_ms=spiked))
+    assert observe(service_ms=spiked).plan().throughput_cap(50.0) == 32
+    assert decision.max_batch_size == 64
+
+
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)
     overload = observe(service_ms=slow, arrival_rate_rps=100000.0)
