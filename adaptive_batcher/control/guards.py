@@ -219,6 +219,7 @@ class BudgetGuard(Guard):
             _log.warning(
                 "controller.slo_unreachable",
                 budget_ms=round(budget, 3),
+                two_batches_ms=round(2.0 * floor_service, 3),
                 service_ms_at_smallest=round(floor_service, 3),
                 smallest_batch_size=smallest,
             )

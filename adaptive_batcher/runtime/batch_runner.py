@@ -20,6 +20,7 @@ What the model raises, by type:
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Mapping, Sequence, Set
 from operator import attrgetter
 from typing import Any
@@ -204,8 +205,14 @@ def check_results(results: Any, expected: int) -> None:
     try:
         count = len(results)
     except TypeError:
+        hint = (
+            " (a plain function returned a coroutine: make the model itself `async def`)"
+            if inspect.iscoroutine(results)
+            else ""
+        )
         raise ResultCountError(
-            f"model returned {type(results).__name__}, expected a sequence of {expected} results"
+            f"model returned {type(results).__name__}, expected a sequence of {expected} "
+            f"results{hint}"
         ) from None
     if count != expected:
         raise ResultCountError(f"model returned {count} results for a batch of {expected}")

@@ -715,8 +715,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         its own and ends after the calling batch has.
 
         Raises:
+            TypeError: ``drain`` not a bool, ``timeout_s`` not a number.
             ValueError: a negative ``timeout_s``.
         """
+        drain = check_bool("drain", drain)
         if timeout_s is not None:
             check_number("timeout_s", timeout_s, 0.0)
         first = not self._closed

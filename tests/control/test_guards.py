@@ -170,6 +170,8 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
     assert first.slo_unreachable is True
     assert guard.slo_unreachable is True
     assert [e["event"] for e in logs] == ["controller.slo_unreachable"]
+    # the event shows what is compared with the budget: two batches of the smallest cap
+    assert (logs[0]["two_batches_ms"], logs[0]["budget_ms"]) == (60.0, 40.0)
     assert guard.decide(observe()).slo_unreachable is False
     assert guard.slo_unreachable is False
 

@@ -112,3 +112,21 @@ async def test_cancelled_caller_while_its_batch_runs_breaks_nothing() -> None:
         assert await neighbour == "b"
         assert await batcher.submit("c") == "c"
     assert model.seen == ["a", "b", "c"]
+
+
+async def test_a_plain_function_returning_a_coroutine_is_told_to_be_async() -> None:
+    async def forward(batch: list[int]) -> list[int]:
+        return batch
+
+    made: list[Any] = []
+
+    def model(batch: list[int]) -> Any:
+        made.append(forward(batch))  # a coroutine, never awaited by a plain function
+        return made[-1]
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=1, executor="inline") as b:
+        outcomes = await gather_outcomes(b, [0, 1])
+    for coroutine in made:
+        coroutine.close()  # no "never awaited" warning later, in another test
+    assert all(isinstance(o, ResultCountError) for o in outcomes)
+    assert "make the model itself `async def`" in str(outcomes[0])

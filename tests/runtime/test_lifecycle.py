@@ -96,3 +96,11 @@ async def test_many_concurrent_submitters_all_resolve_exactly_once() -> None:
     assert stats.counts.completed == 5000
     assert stats.latency.count == 5000
     assert stats.queue_depth == 0 and stats.in_flight_batches == 0
+
+
+async def test_close_refuses_a_drain_that_is_not_a_bool() -> None:
+    batcher = AdaptiveBatcher(EchoModel(), max_batch_size=4)
+    with pytest.raises(TypeError, match="drain"):
+        await batcher.aclose(drain="no")  # type: ignore[arg-type]
+    assert batcher.closed is False  # refused before closing anything
+    await batcher.aclose()
