@@ -1,7 +1,8 @@
 """``adaptive-batcher profile``: sweep batch sizes, find the knee, recommend a cap and a window.
 
 Exit status: 0 on success (also when the SLO cannot be met: the report says so), 1 when the very
-first batch size already runs out of memory (nothing to report), 2 on a bad argument.
+first batch size already runs out of memory (nothing to report), 2 on a bad argument, 3 when the
+model (or --input) raises.
 
 Logging is left to the entry point (``adaptive-batcher --log-level ...``); the progress bar and
 warnings go to stderr, the report to stdout.
@@ -31,7 +32,7 @@ from adaptive_batcher._validate import (
 from adaptive_batcher.profile.recommend import DEFAULT_WINDOW_FRACTION
 
 if TYPE_CHECKING:
-    from adaptive_batcher.profile import Recommendation
+    from adaptive_batcher.profile import ProfileResult, Recommendation
     from adaptive_batcher.slo import SLO
 
 __all__ = ["register"]
@@ -67,7 +68,8 @@ your own model:
   items (e.g. a tensor of shape (n, ...)), already on the model's device. The current directory
   is importable, so 'mymodel:build' finds ./mymodel.py.
 
-exit status: 0 done, 1 the smallest batch size ran out of memory, 2 bad arguments.
+exit status: 0 done, 1 the smallest batch size ran out of memory, 2 bad arguments, 3 the model
+  or --input raised (the error is printed).
 """
 
 _BUILTIN_NAME = "adaptive_batcher.examples.mlp:mlp_batch_fn"
@@ -303,12 +305,33 @@ def _print_warnings(rec: Recommendation) -> None:
             print(f"warning: {message}", file=sys.stderr)
 
 
+def _sweep(
+    args: argparse.Namespace, model: Any, make_batch: Any, device: Any, name: str
+) -> ProfileResult:
+    """The batch-size sweep the arguments ask for."""
+    from adaptive_batcher.profile import profile_model
+
+    return profile_model(
+        model,
+        make_batch,
+        batch_sizes=args.batch_sizes,
+        max_batch_size=args.max_batch_size,
+        repeats=args.repeats,
+        max_repeats=args.max_repeats,
+        cv_threshold=args.cv_threshold,
+        warmup=args.warmup,
+        device=device,
+        torch_threads=args.threads,
+        progress=not args.no_progress,
+        model_name=name,
+    )
+
+
 def _profile(args: argparse.Namespace) -> int:
     from adaptive_batcher.profile import (
         find_knee,
         markdown_report,
         plot_profile,
-        profile_model,
         recommend,
         resolve_device,
         write_profile,
@@ -373,20 +396,14 @@ def _profile(args: argparse.Namespace) -> int:
             )
         name = args.model
 
-    result = profile_model(
-        model,
-        make_batch,
-        batch_sizes=args.batch_sizes,
-        max_batch_size=args.max_batch_size,
-        repeats=args.repeats,
-        max_repeats=args.max_repeats,
-        cv_threshold=args.cv_threshold,
-        warmup=args.warmup,
-        device=device,
-        torch_threads=args.threads,
-        progress=not args.no_progress,
-        model_name=name,
-    )
+    try:
+        result = _sweep(args, model, make_batch, device, name)
+    except Exception as exc:  # the user's model or input function failed: say so, no traceback
+        print(
+            f"adaptive-batcher profile: the model or --input raised {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 3
     if not result.rows:
         print(
             f"adaptive-batcher profile: the smallest batch size ({result.oom_batch_size}) ran out "

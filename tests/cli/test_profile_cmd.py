@@ -157,6 +157,11 @@ NOT_CALLABLE = 3
 def no_memory(n):
     raise MemoryError
 
+def broken():
+    def model(batch):
+        raise ValueError("broken model")
+    return model
+
 def contended():
     # batch 2 waits 20 ms on every call, as a batch size slowed by contention would:
     # larger batches run measurably faster than it
@@ -204,6 +209,20 @@ def test_out_of_memory_at_the_smallest_size_exits_1(
         "adaptive-batcher profile: the smallest batch size (1) ran out of memory; "
         "nothing to report\n"
     )
+
+
+def test_a_model_that_raises_exits_3_with_its_error_and_no_traceback(
+    user_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = run_cli(
+        f"{user_module}:broken", "--input", f"{user_module}:make_batch", "--no-progress",
+    )  # fmt: skip
+    assert status == 3
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "adaptive-batcher profile: the model or --input raised ValueError: broken model\n"
+    )
+    assert "Traceback" not in err
 
 
 # --- argument errors: exit status 2, a clear message, no traceback ---
