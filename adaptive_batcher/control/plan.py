@@ -281,32 +281,35 @@ class Plan:
         """Whether a window's tail latency fits ``budget_ms`` and, with the rare batches'
         times, the room (see the module docstring)."""
         latency_ms = self._latency_function(cap)
+
+        def within_budget(window_ms: float) -> bool:
+            return latency_ms(window_ms) <= budget_ms
+
         if self.service_deep_ms is None or not self.room_ms < math.inf:
-            return lambda window_ms: latency_ms(window_ms) <= budget_ms
+            return within_budget
         deep_latency_ms, room_ms = self._latency_function(cap, self._service_deep), self.room_ms
         if deep_latency_ms(self.min_window_ms) > room_ms:
             # out of reach at any window: the smallest would only cost more (natural batches
             # at an SLO of 20 ms on resnet50: 1.44x the cost oracle's device time, and more
             # late answers than the p99 plan's window)
-            return lambda window_ms: latency_ms(window_ms) <= budget_ms
-        return lambda window_ms: (
-            latency_ms(window_ms) <= budget_ms and deep_latency_ms(window_ms) <= room_ms
-        )
+            return within_budget
+        return lambda window_ms: within_budget(window_ms) and deep_latency_ms(window_ms) <= room_ms
 
     def _service(self, units: float) -> float:
         return self.service_ms(max(1, round(units)))
 
     def _service_deep(self, units: float) -> float:
-        n = max(1, round(units))
-        deep = self._deep_ms.get(n)
-        if deep is None:
-            assert self.service_deep_ms is not None
-            deep = self._deep_ms[n] = self.service_deep_ms(n)
-        return deep
+        assert self.service_deep_ms is not None
+        return _memoised(self._deep_ms, self.service_deep_ms, units)
 
     def _service_high(self, units: float) -> float:
-        n = max(1, round(units))
-        high = self._high_ms.get(n)
-        if high is None:
-            high = self._high_ms[n] = self.service_high_ms(n)
-        return high
+        return _memoised(self._high_ms, self.service_high_ms, units)
+
+
+def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:
+    """``service`` at ``units`` rounded to a batch size (at least 1), computed once per size."""
+    n = max(1, round(units))
+    value = cache.get(n)
+    if value is None:
+        value = cache[n] = service(n)
+    return value
