@@ -58,6 +58,7 @@ __all__ = [
     "MemoryLimit",
     "Noisy",
     "ServiceModel",
+    "Spikes",
     "Stalls",
     "TableService",
 ]
@@ -504,6 +505,51 @@ class Stalls:
         if float(rng.random()) >= self.probability:
             return base
         return base + self.scale_s * (1.0 + float(rng.pareto(self.alpha)))
+
+    def memory_bytes(self, units: int) -> float:
+        """The inner model's peak bytes (NaN when unknown)."""
+        return self.inner.memory_bytes(units)
+
+
+@dataclass(frozen=True)
+class Spikes:
+    """Another model's service time, ``factor`` times longer on a fraction of the batches.
+
+    Unlike :class:`Stalls` (a pause added whatever the batch), a spike scales with the batch's
+    own work: a clock throttled down, another tenant's kernels interleaved with this one's, a
+    batch evicted from the cache. A smaller batch escapes part of it, so the right window
+    differs: against spikes, fewer batches meet fewer of them, but each lasts longer. Each call
+    draws one uniform from ``rng`` after the inner model's draws.
+
+    Args:
+        inner: the model whose times spike.
+        probability: share of batches that spike, in [0, 1].
+        factor: how many times longer a spiking batch runs, in [1, 1000].
+
+    Raises:
+        TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
+            another argument that is not a number.
+        ValueError: an argument out of range.
+    """
+
+    inner: ServiceModel
+    probability: float = 0.05
+    factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_service_model("inner", self.inner)
+        check_in_range("probability", self.probability, 0.0, 1.0)
+        check_in_range("factor", self.factor, 1.0, 1000.0)
+
+    @property
+    def name(self) -> str:
+        """``spikes(<inner>, p=<probability>, x<factor>)``."""
+        return f"spikes({self.inner.name}, p={self.probability:g}, x{self.factor:g})"
+
+    def service_s(self, units: int, rng: np.random.Generator) -> float:
+        """Seconds for a batch of ``units`` (>= 1): the inner time, ``factor`` times at times."""
+        base = self.inner.service_s(units, rng)
+        return base * self.factor if float(rng.random()) < self.probability else base
 
     def memory_bytes(self, units: int) -> float:
         """The inner model's peak bytes (NaN when unknown)."""

@@ -29,6 +29,7 @@ from adaptive_batcher.sim.service import (
     MemoryLimit,
     Noisy,
     ServiceModel,
+    Spikes,
     Stalls,
     TableService,
 )
@@ -374,6 +375,32 @@ def test_stalls_validation(kwargs: dict[str, Any], error: type[Exception], messa
     assert str(caught.value) == message
 
 
+# --- Spikes -------------------------------------------------------------------------------------
+
+
+def test_spikes_scale_a_share_of_the_batches() -> None:
+    model = Spikes(LinearService(0.001, 0.0001), probability=0.2, factor=10.0)
+    rng = _rng(5)
+    draws = np.array([model.service_s(10, rng) for _ in range(20_000)])
+    assert set(np.round(draws, 12)) == {0.002, 0.02}  # the batch's own time, or 10x it
+    assert np.mean(draws > 0.002 + 1e-12) == pytest.approx(0.2, abs=0.01)
+    assert model.name == "spikes(linear, p=0.2, x10)"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"probability": -0.1}, ValueError, "probability must be a number in [0, 1], got -0.1"),
+        ({"factor": 0.5}, ValueError, "factor must be a number in [1, 1000], got 0.5"),
+        ({"factor": "2"}, TypeError, "factor must be a number, got str"),
+    ],
+)
+def test_spikes_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as caught:
+        Spikes(LinearService(0.001, 0.0), **kwargs)
+    assert str(caught.value) == message
+
+
 # --- Noisy --------------------------------------------------------------------------------------
 
 
@@ -488,7 +515,7 @@ def test_cold_shapes_warm_checks_sizes_as_the_constructor_does(
     assert model.warm_sizes == frozenset({32, 64, 128})
 
 
-@pytest.mark.parametrize("wrapper", [Noisy, Stalls, ColdShapes])
+@pytest.mark.parametrize("wrapper", [Noisy, Stalls, Spikes, ColdShapes])
 def test_a_wrapper_refuses_an_inner_model_that_is_no_instance(wrapper: Any) -> None:
     """Before: accepted, and the run failed at its first batch (``TableService.service_s()
     missing 1 required positional argument: 'rng'``; ``'str' object has no attribute
