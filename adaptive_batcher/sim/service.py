@@ -401,8 +401,19 @@ def _interpolate(x: float, xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float
     return float(np.interp(x, xs, ys))
 
 
+class _Wrapper:
+    """A service model around another (``inner``): its memory is the inner model's."""
+
+    __slots__ = ()
+    inner: ServiceModel
+
+    def memory_bytes(self, units: int) -> float:
+        """The inner model's peak bytes (NaN when unknown)."""
+        return self.inner.memory_bytes(units)
+
+
 @dataclass(frozen=True, slots=True)
-class Noisy:
+class Noisy(_Wrapper):
     """Another model's service time times a lognormal factor with mean 1 and CV ``cv``.
 
     The factor is ``exp(N(mu, sigma))`` with ``sigma**2 = ln(1 + cv**2)`` and
@@ -451,13 +462,9 @@ class Noisy:
             return base
         return base * math.exp(self._mu + self._sigma * float(rng.standard_normal()))
 
-    def memory_bytes(self, units: int) -> float:
-        """The inner model's peak bytes (NaN when unknown)."""
-        return self.inner.memory_bytes(units)
-
 
 @dataclass(frozen=True)
-class Stalls:
+class Stalls(_Wrapper):
     """Another model's service time, plus a heavy-tailed stall on a fraction of the batches.
 
     With probability ``probability`` a batch stalls for ``scale_s * (1 + L)`` more seconds,
@@ -506,13 +513,9 @@ class Stalls:
             return base
         return base + self.scale_s * (1.0 + float(rng.pareto(self.alpha)))
 
-    def memory_bytes(self, units: int) -> float:
-        """The inner model's peak bytes (NaN when unknown)."""
-        return self.inner.memory_bytes(units)
-
 
 @dataclass(frozen=True)
-class Spikes:
+class Spikes(_Wrapper):
     """Another model's service time, ``factor`` times longer on a fraction of the batches.
 
     Unlike :class:`Stalls` (a pause added whatever the batch), a spike scales with the batch's
@@ -551,12 +554,8 @@ class Spikes:
         base = self.inner.service_s(units, rng)
         return base * self.factor if float(rng.random()) < self.probability else base
 
-    def memory_bytes(self, units: int) -> float:
-        """The inner model's peak bytes (NaN when unknown)."""
-        return self.inner.memory_bytes(units)
 
-
-class ColdShapes:
+class ColdShapes(_Wrapper):
     """Adds ``cold_s`` to the first call at each batch size not seen (or warmed) before.
 
     On GPUs the first call at a new input shape selects kernels/algorithms: on an H200 cold
@@ -625,10 +624,6 @@ class ColdShapes:
             return base
         self._seen.add(units)
         return base + self.cold_s
-
-    def memory_bytes(self, units: int) -> float:
-        """The inner model's peak bytes (NaN when unknown)."""
-        return self.inner.memory_bytes(units)
 
     def __repr__(self) -> str:
         return f"ColdShapes({self.inner!r}, cold_s={self.cold_s!r}, warm={sorted(self._seen)})"
