@@ -48,7 +48,7 @@ named so (also in the log field ``batcher``), or all at once with :func:`load_pr
 A one-batcher file goes through the same code: it is a group of one, whose tables sit at the top.
 
 Cross-checks: the bounds' cap must not exceed the batcher's cap, the batcher's window must lie
-within the bounds' window range, and the cap must not exceed the largest bucket.
+within the bounds' window range, and the largest bucket must be the cap.
 
 Every error is a :class:`PresetError` (a ``ValueError``) whose message reads
 ``<file>: key '<dotted.key>': <what is wrong>``; range errors reuse the messages of
@@ -256,17 +256,31 @@ class Preset:
         instance on every call. Unless ``bounds`` is overridden too, the preset's bounds follow
         overridden settings so that they still hold: ``max_batch_size`` becomes the bounds' cap
         (``min_batch_size`` lowered to it if needed), ``window_ms`` widens the window range to
-        include it, ``batch_sizes`` replaces the bounds' buckets.
+        include it, ``batch_sizes`` replaces the bounds' buckets. Unless ``batch_sizes`` is
+        overridden too, an overridden ``max_batch_size`` drops the preset's buckets above it
+        (in ``[batcher]`` and in the bounds): no bucket may exceed the cap.
 
         Raises nothing itself; the batcher's constructor validates the overrides.
         """
         kwargs: dict[str, Any] = {"name": self.name, **self.batcher, "slo": self.slo}
         if "policy" not in overrides:
             kwargs["policy"] = self.make_policy()
+        overrides = _buckets_follow_cap(kwargs, overrides)
         if self.bounds is not None and "bounds" not in overrides:
             kwargs["bounds"] = _follow(self.bounds, overrides)
         kwargs.update(overrides)
         return kwargs
+
+
+def _buckets_follow_cap(kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` plus the preset's ``batch_sizes`` without those above an overridden cap.
+    Unchanged when ``batch_sizes`` is overridden, the cap is invalid, the preset has no buckets
+    or none fits (the constructor then names the buckets above the cap)."""
+    cap = _valid_override(overrides, "max_batch_size", _int(1))
+    if cap is None or "batch_sizes" in overrides:
+        return dict(overrides)
+    fitting = tuple(b for b in kwargs.get("batch_sizes") or () if b <= cap)
+    return {**overrides, "batch_sizes": fitting} if fitting else dict(overrides)
 
 
 def _follow(bounds: Bounds, overrides: Mapping[str, Any]) -> Bounds:

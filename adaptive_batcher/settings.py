@@ -15,8 +15,9 @@ Rules that join the settings (each refused at construction with the message show
 * Without ``bounds`` the controller's range is window 0 to ``max(100, window_ms)`` ms and cap 1
   to ``max_batch_size``, on ``batch_sizes`` if given; with ``bounds`` but no buckets in them, the
   batcher's ``batch_sizes`` are used.
-* ``batch_sizes`` must be strictly increasing and hold the cap (the cap may not exceed the
-  largest bucket).
+* ``batch_sizes`` must be strictly increasing and end at the cap: no bucket may exceed
+  ``max_batch_size`` (a batch would be padded past the cap) and ``max_batch_size`` may not
+  exceed the largest bucket (a full batch would have no bucket to pad to).
 * ``shed_late`` needs an ``slo``.
 """
 

@@ -33,6 +33,34 @@ def test_bounds_above_the_hard_cap_are_refused_everywhere_with_one_message(
     assert caught.value.key == "bounds.max_batch_size"
 
 
+BUCKET_ABOVE_CAP = re.escape("batch_sizes [16] exceed max_batch_size (8), the hard cap")
+CAP_ABOVE_BUCKETS = re.escape(
+    "max_batch_size (8) must not exceed the largest of batch_sizes (4): a full batch would "
+    "have no bucket to pad to"
+)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "message"), [([1, 16], BUCKET_ABOVE_CAP), ([1, 4], CAP_ABOVE_BUCKETS)]
+)
+def test_the_largest_bucket_must_be_the_cap_everywhere(
+    tmp_path: Path, buckets: list[int], message: str
+) -> None:
+    # cap 8 with buckets [1, 16] padded every batch of 2..8 up to 16, past the cap (Triton
+    # refuses preferred_batch_size > max_batch_size); cap 8 with buckets [1, 4] would leave a
+    # full batch without a bucket, and the message says so
+    kwargs = {"max_batch_size": 8, "batch_sizes": buckets}
+    with pytest.raises(ValueError, match=message):
+        AdaptiveBatcher(lambda b: b, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        SimConfig(**kwargs)  # type: ignore[arg-type]
+    preset = tmp_path / "p.toml"
+    preset.write_text(f"[batcher]\nmax_batch_size = 8\nbatch_sizes = {buckets}\n")
+    with pytest.raises(PresetError, match=message) as caught:
+        load_preset(preset)
+    assert caught.value.key == "batcher.batch_sizes"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -158,8 +158,10 @@ class AdaptiveBatcher(Generic[X, Y]):
             Default: 1 per item. A request larger than ``max_batch_size`` raises
             ``ItemTooLargeError``.
         batch_sizes: allowed batch sizes ("buckets"), increasing, in units. A batch is padded up to
-            the next bucket by ``pad_fn`` and the padding's results are dropped. The cap may not
-            exceed the largest bucket.
+            the next bucket by ``pad_fn`` and the padding's results are dropped. The largest
+            bucket must be ``max_batch_size`` (ValueError otherwise: a bucket above the cap
+            would pad past it, a cap above the largest bucket would leave full batches without
+            one).
         pad_fn: ``pad_fn(items, target_size) -> padded items``. Default (count units only): repeat
             the last item. Required with ``size_fn`` and ``batch_sizes`` (see ``collate.pad_rows``).
         executor: ``"auto"`` (async model: on the loop; sync: worker thread), ``"async"``,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,21 @@ async def test_overrides_win_and_the_bounds_follow_them() -> None:
     bounds = controller_of(batcher).bounds
     assert (bounds.max_window_ms, bounds.max_batch_size) == (25.0, 8)
     assert (bounds.min_window_ms, bounds.min_batch_size) == (0.0, 1)
+    assert bounds.batch_sizes == (1, 2, 4, 8)  # the preset's 16 is above the new cap: dropped
     assert stats.slo == load_preset("realtime_chat").slo
     await batcher.aclose()
+
+
+def test_a_cap_override_drops_the_buckets_above_it_unless_buckets_are_overridden() -> None:
+    preset = load_preset("realtime_chat")  # batch_sizes [1, 2, 4, 8, 16], cap 16
+    assert preset.batcher_kwargs(max_batch_size=8)["batch_sizes"] == (1, 2, 4, 8)
+    given = preset.batcher_kwargs(max_batch_size=8, batch_sizes=[2, 8])
+    assert (given["batch_sizes"], given["bounds"].batch_sizes) == ([2, 8], (2, 8))
+    with pytest.raises(ValueError, match=re.escape("max_batch_size (12) must not exceed")):
+        AdaptiveBatcher(EchoModel(), **preset.batcher_kwargs(max_batch_size=12))
+    video = load_preset("video_review")  # batch_sizes [16, ..., 256]: none fits a cap of 8
+    with pytest.raises(ValueError, match=re.escape("batch_sizes [16, 32, 64, 128, 256] exceed")):
+        AdaptiveBatcher(EchoModel(), **video.batcher_kwargs(max_batch_size=8))
 
 
 async def test_the_bounds_follow_numpy_overrides_too() -> None:
@@ -162,7 +176,7 @@ async def test_the_bounds_follow_numpy_overrides_too() -> None:
     )
     bounds = controller_of(batcher).bounds
     assert (bounds.max_window_ms, bounds.max_batch_size) == (50.0, 8)
-    assert bounds.batch_sizes == (1, 8, 32, 64, 128)
+    assert bounds.batch_sizes == (1, 8)
     kwargs = load_preset("search").batcher_kwargs(batch_sizes=np.array([1, 4, 16, 128]))
     assert kwargs["bounds"].batch_sizes == (1, 4, 16, 128)
     await batcher.aclose()
