@@ -296,10 +296,15 @@ def make_executor(
     :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor` otherwise.
 
     Raises:
+        TypeError: ``kind`` is not a str (None included); an ``async def`` model with a sync
+            executor kind, or the reverse; an async generator model with a kind other than
+            ``"auto"`` or ``"async"``.
         ValueError: unknown ``kind``.
-        TypeError: an ``async def`` model with a sync executor kind, or the reverse; an async
-            generator model with a kind other than ``"auto"`` or ``"async"``.
     """
+    if not isinstance(kind, str):
+        raise TypeError(
+            f"executor must be a str, one of {', '.join(EXECUTOR_KINDS)}; got {type(kind).__name__}"
+        )
     if kind not in EXECUTOR_KINDS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
     if is_stream_callable(fn):

@@ -94,6 +94,12 @@ async def test_two_slots_run_batches_concurrently() -> None:
         (lambda b: b, "async", TypeError, "executor='async' needs an async def model"),
         (None, "inline", TypeError, "executor='inline' needs a sync model"),
         (lambda b: b, "gpu", ValueError, "executor must be one of auto, async, inline"),
+        (
+            lambda b: b,
+            None,
+            TypeError,
+            "^executor must be a str, one of auto, async, inline, thread, cuda; got NoneType$",
+        ),
     ],
 )
 def test_executor_mismatch_is_a_clear_error(
