@@ -42,7 +42,7 @@ from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits, Request
 from adaptive_batcher.errors import BatcherError, describe
 from adaptive_batcher.metrics.recorder import Recorder
-from adaptive_batcher.settings import BatcherSettings, check_policy
+from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings, check_policy
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
@@ -238,8 +238,12 @@ class BatcherCore(Generic[H]):
 
         Raises:
             TypeError: ``slo`` is not an SLO or None.
+            ValueError: ``slo`` is None while the settings have ``shed_late`` (nothing changes).
         """
-        self.slo = check_slo(slo)
+        check_slo(slo)
+        if slo is None and self.settings.shed_late:
+            raise ValueError(f"{SHED_LATE_NEEDS_SLO}; set another SLO instead of None")
+        self.slo = slo
         self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
         if self.controller is not None:
             self.controller.set_slo(slo)

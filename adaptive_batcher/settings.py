@@ -18,7 +18,7 @@ Rules that join the settings (each refused at construction with the message show
 * ``batch_sizes`` must be strictly increasing and end at the cap: no bucket may exceed
   ``max_batch_size`` (a batch would be padded past the cap) and ``max_batch_size`` may not
   exceed the largest bucket (a full batch would have no bucket to pad to).
-* ``shed_late`` needs an ``slo``.
+* ``shed_late`` needs an ``slo`` (and ``set_slo(None)`` is refused while it is on).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MIN_WINDOW_RANGE_MS",
     "DEFAULT_WINDOW_MS",
+    "SHED_LATE_NEEDS_SLO",
     "WINDOW_ORIGINS",
     "BatcherSettings",
     "GuardFactory",
@@ -69,6 +70,9 @@ DEFAULT_MIN_WINDOW_RANGE_MS: Final = 100.0
 WINDOW_ORIGINS: Final = ("arrival", "slot_free")
 """Where a window counts from: the oldest request's arrival (ours), or a free slot (the
 TorchServe-like baseline; see :class:`~adaptive_batcher.engine.BatchingEngine`)."""
+
+SHED_LATE_NEEDS_SLO: Final = "shed_late=True needs an slo: shedding is relative to the SLO"
+"""Why ``shed_late`` without an ``slo`` is refused: at construction and by ``set_slo(None)``."""
 
 ServiceProfile = str | os.PathLike[str] | Sequence[tuple[int, float]]
 """A profile JSON path (``adaptive-batcher profile``) or ``(batch_size, median_ms)`` rows."""
@@ -136,7 +140,7 @@ class BatcherSettings:
         check_optional_int("control_interval_batches", self.control_interval_batches, 1)
         self._set("shed_late", check_bool("shed_late", self.shed_late))
         if self.shed_late and self.slo is None:
-            raise ValueError("shed_late=True needs an slo: shedding is relative to the SLO")
+            raise ValueError(SHED_LATE_NEEDS_SLO)
         check_choice("window_origin", self.window_origin, WINDOW_ORIGINS)
         self._check_bounds(self.controller_bounds)
         if self.service_profile is not None:  # read once: a file becomes its rows

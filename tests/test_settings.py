@@ -112,3 +112,21 @@ def test_settings_survive_dataclasses_replace() -> None:
     assert replace(config, deadline_ms=20.0).batch_sizes is None
     bucketed = SimConfig(max_batch_size=64, batch_sizes=[16, 64])
     assert replace(bucketed, window_ms=1.0).buckets == (16, 64)
+
+
+async def test_removing_the_slo_is_refused_while_shedding_late_everywhere() -> None:
+    # the constructor refuses shed_late=True without an slo; set_slo(None) at run time left
+    # shedding on with nothing to shed against
+    message = re.escape("shed_late=True needs an slo: shedding is relative to the SLO")
+    slo = SLO(latency_ms=50)
+    async with AdaptiveBatcher(lambda b: b, slo=slo, shed_late=True) as batcher:
+        with pytest.raises(ValueError, match=message):
+            batcher.set_slo(None)
+        assert batcher.slo == slo  # unchanged
+        batcher.set_slo(SLO(latency_ms=80))  # another SLO is fine
+        assert await batcher.submit(1) == 1
+    with pytest.raises(ValueError, match="SimConfig.slo_changes entries: " + message):
+        SimConfig(slo=slo, shed_late=True, slo_changes=((1.0, None),))  # type: ignore[arg-type]
+    async with AdaptiveBatcher(lambda b: b, slo=slo) as unshed:
+        unshed.set_slo(None)  # without shedding, removing the SLO is allowed
+        assert unshed.slo is None

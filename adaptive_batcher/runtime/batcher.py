@@ -578,6 +578,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             TypeError: ``slo`` is not an SLO or None.
+            ValueError: ``slo`` is None on a batcher made with ``shed_late=True`` (shedding is
+                relative to the SLO, as the constructor says); the SLO in force stays.
         """
         self._core.set_slo(slo)
 

@@ -30,7 +30,7 @@ from adaptive_batcher.control.types import Decision
 from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherError
-from adaptive_batcher.settings import BatcherSettings
+from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.service import (
     MemoryLimit,
@@ -64,7 +64,8 @@ class SimConfig(BatcherSettings):
     Raises:
         TypeError, ValueError: as :class:`~adaptive_batcher.settings.BatcherSettings`; a
             ``deadline_ms`` that is not a number > 0; an ``slo_changes`` time < 0 or an entry
-            that is not an SLO.
+            that is not an SLO (None, removing the SLO, is refused with ``shed_late``, as
+            ``set_slo(None)`` is).
     """
 
     deadline_ms: float | None = None
@@ -78,7 +79,8 @@ class SimConfig(BatcherSettings):
             check_number("SimConfig.deadline_ms", self.deadline_ms, 0.0, strict=True)
         for time_s, slo in self.slo_changes:
             check_number("SimConfig.slo_changes time_s", time_s, 0.0)
-            check_slo(slo, "SimConfig.slo_changes entries")
+            if check_slo(slo, "SimConfig.slo_changes entries") is None and self.shed_late:
+                raise ValueError(f"SimConfig.slo_changes entries: {SHED_LATE_NEEDS_SLO}")
 
 
 _Part = tuple[float, float, Sequence[int], int, bool]
