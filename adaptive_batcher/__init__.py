@@ -17,6 +17,7 @@ from adaptive_batcher.errors import (
     BatchFailedError,
     DeadlineExceededError,
     ItemTooLargeError,
+    PaddingError,
     QueueFullError,
     ResultCountError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "DeadlineExceededError",
     "GCPauseProbe",
     "ItemTooLargeError",
+    "PaddingError",
     "Preset",
     "PresetError",
     "QueueFullError",

@@ -8,6 +8,7 @@ Hierarchy::
     ├── BatcherClosedError     submitted after ``aclose()``, or queued when closed without draining
     ├── ItemTooLargeError      the item's size exceeds the configured batch cap (a ValueError)
     ├── ResultCountError       the model returned a different number of results than items
+    ├── PaddingError           ``pad_fn`` returned a wrong number of items; the model never ran
     └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
 
 A model may also return an exception *instance* in one result slot: only that caller receives it,
@@ -24,6 +25,7 @@ __all__ = [
     "BatcherError",
     "DeadlineExceededError",
     "ItemTooLargeError",
+    "PaddingError",
     "QueueFullError",
     "ResultCountError",
     "describe",
@@ -53,6 +55,13 @@ class ItemTooLargeError(BatcherError, ValueError):
 
 class ResultCountError(BatcherError):
     """The model returned a number of results different from the number of items it was given."""
+
+
+class PaddingError(BatcherError):
+    """``pad_fn`` returned a wrong number of items for the bucket it was asked to fill: not a
+    sequence, or (items counted one unit each) not the bucket size, or (items with a size
+    function) fewer items than the batch had. The model was not called; every caller of the
+    batch gets its own ``PaddingError``."""
 
 
 class BatchFailedError(BatcherError):

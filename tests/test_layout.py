@@ -68,6 +68,7 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
             "DeadlineExceededError",
             "GCPauseProbe",
             "ItemTooLargeError",
+            "PaddingError",
             "Preset",
             "PresetError",
             "QueueFullError",

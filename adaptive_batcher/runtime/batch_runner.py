@@ -26,12 +26,18 @@ from operator import attrgetter
 from typing import Any
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.errors import BatcherError, BatchFailedError, ResultCountError, describe
+from adaptive_batcher.errors import (
+    BatcherError,
+    BatchFailedError,
+    PaddingError,
+    ResultCountError,
+    describe,
+)
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.buckets import pad_target
 from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
-__all__ = ["STOPS_THE_TASK", "BatchRunner", "check_results", "fail_pending"]
+__all__ = ["STOPS_THE_TASK", "BatchRunner", "check_padded", "check_results", "fail_pending"]
 
 #: Raised by the model, these end the batch task after its callers are failed: a cancellation
 #: (a time-limited close), or a request to stop the program.
@@ -50,8 +56,8 @@ def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder
         future = request.handle
         if not future.done():
             error: BatcherError = (
-                ResultCountError(str(exc))
-                if isinstance(exc, ResultCountError)
+                type(exc)(str(exc))  # each caller its own
+                if isinstance(exc, ResultCountError | PaddingError)
                 else BatchFailedError(exc, len(requests))
             )
             future.set_exception(error)
@@ -116,6 +122,9 @@ class BatchRunner:
         except STOPS_THE_TASK as exc:
             fail_pending(requests, exc, self.recorder)
             raise
+        except PaddingError as exc:  # the user's pad_fn, not an item: no split, no bisection
+            self.padding_failed(requests, exc)
+            return
         except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
             await self._model_failed(requests, exc)
             return
@@ -142,21 +151,48 @@ class BatchRunner:
             error=describe(exc),
         )
 
+    def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
+        """Fail the requests still pending with ``exc`` (each its own); log
+        ``batch.pad_failed``. Returns how many were failed."""
+        failed = fail_pending(requests, exc, self.recorder)
+        _log.warning(
+            "batch.pad_failed",
+            batcher=self.name,
+            batch_size=len(requests),
+            failed=failed,
+            error=describe(exc),
+        )
+        return failed
+
+    def pad(self, items: list[Any], units: int) -> list[Any]:
+        """``items`` padded by ``pad_fn`` up to the next bucket (as they are without buckets,
+        or when ``units`` fills a bucket).
+
+        Raises:
+            PaddingError: ``pad_fn`` returned a wrong number of items (see ``check_padded``).
+            Exception: whatever ``pad_fn`` raised.
+        """
+        if not self.buckets:
+            return items
+        target = pad_target(self.buckets, units)
+        if target <= units:
+            return items
+        padded = self.pad_fn(list(items), target)
+        check_padded(padded, len(items), target, self.counts_units)
+        return padded
+
     async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
         """Pad to a bucket, call the model, check the results; returns one result per item.
 
         Raises:
+            PaddingError: ``pad_fn`` returned a wrong number of items; the model did not run.
             ResultCountError: the model returned no sequence, a mapping or set, or the wrong
                 number of results.
-            Exception: whatever the model raised.
+            Exception: whatever the model (or ``pad_fn``) raised.
         """
         if not items:
             return []
-        batch = items
-        if self.buckets:
-            target = pad_target(self.buckets, units)
-            if target > units:
-                batch = self.pad_fn(list(items), target)
+        batch = self.pad(items, units)
         results = await self.executor.run(batch)
         check_results(results, len(batch))
         return results if batch is items else results[: len(items)]
@@ -194,6 +230,29 @@ class BatchRunner:
         if oom:
             self.on_oom()
         return oom
+
+
+def check_padded(padded: Any, items: int, target: int, counts_units: bool) -> None:
+    """Raise ``PaddingError`` unless ``pad_fn`` returned a sequence of ``target`` items, or,
+    when items have sizes (``counts_units``: ``target`` is in units), at least ``items`` items:
+    every caller needs its own result slot, and the padding's are dropped."""
+    if isinstance(padded, _NOT_RESULT_SEQUENCES) or not hasattr(padded, "__len__"):
+        raise PaddingError(
+            f"pad_fn returned {type(padded).__name__}, expected a list of "
+            f"{f'at least {items}' if counts_units else target} items"
+        )
+    count = len(padded)
+    if count == target if not counts_units else count >= items:
+        return
+    if counts_units:
+        raise PaddingError(
+            f"pad_fn returned {count} items for a batch of {items} padded to {target} units; "
+            f"expected at least {items} items, the batch's own first"
+        )
+    raise PaddingError(
+        f"pad_fn returned {count} items for a batch of {items} padded to {target}; "
+        f"expected {target}"
+    )
 
 
 def check_results(results: Any, expected: int) -> None:

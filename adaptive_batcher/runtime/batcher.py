@@ -162,8 +162,11 @@ class AdaptiveBatcher(Generic[X, Y]):
             bucket must be ``max_batch_size`` (ValueError otherwise: a bucket above the cap
             would pad past it, a cap above the largest bucket would leave full batches without
             one).
-        pad_fn: ``pad_fn(items, target_size) -> padded items``. Default (count units only): repeat
-            the last item. Required with ``size_fn`` and ``batch_sizes`` (see ``collate.pad_rows``).
+        pad_fn: ``pad_fn(items, target_size) -> padded items``, the batch's own items first.
+            Default (count units only): repeat the last item. Required with ``size_fn`` and
+            ``batch_sizes`` (see ``collate.pad_rows``). It must return ``target_size`` items
+            (with ``size_fn``: at least the batch's items), else the batch's callers get
+            ``PaddingError`` and the model is not called.
         executor: ``"auto"`` (async model: on the loop; sync: worker thread), ``"async"``,
             ``"inline"`` (sync model on the loop thread), ``"thread"``, or ``"cuda"`` (launch on
             the loop thread, wait for a CUDA event in a thread; see ``CudaExecutor``).
@@ -374,6 +377,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             DeadlineExceededError: the deadline passed before the request started.
             BatchFailedError: the model raised for this request's batch (cause attached).
             ResultCountError: the model returned the wrong number of results.
+            PaddingError: ``pad_fn`` returned a wrong number of items for this request's batch.
             Exception: whatever exception instance the model returned in this request's slot.
         """
         loop = _running_loop()
@@ -416,7 +420,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         The stream raises, after the elements it delivered: ``DeadlineExceededError``,
         ``BatcherClosedError`` (closed without draining, or a close that timed out),
         ``BatchFailedError`` (the model raised; cause attached), ``ResultCountError`` (a step
-        of the wrong length), or the exception instance the model put in this caller's slot.
+        of the wrong length), ``PaddingError`` (``pad_fn`` returned a wrong number of items), or
+        the exception instance the model put in this caller's slot.
         """
         if not self._streams:
             raise TypeError(
@@ -623,6 +628,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             TypeError: ``freeze_gc`` is not a bool.
             BatcherClosedError: the batcher is closed, or was closed during the warm-up (it
                 stops calling the model then).
+            PaddingError: ``pad_fn`` returned a wrong number of items.
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.

@@ -12,7 +12,8 @@ What an element in a caller's slot means:
 
 Every stream ends with its elements and then either its normal end or one error: the model's
 failure (``BatchFailedError``, the cause attached; its elements so far are delivered first), a
-step of the wrong length (``ResultCountError``), a deadline, or the batcher's closing. A batch
+step of the wrong length (``ResultCountError``), a ``pad_fn`` that returned a wrong number of
+items (``PaddingError``, before the model runs), a deadline, or the batcher's closing. A batch
 holds its execution slot until the model's generator is exhausted; when every caller of a batch
 has left (ended, failed or stopped reading), the generator is closed at once and the slot freed.
 Elements are buffered per caller: the model is not held back by a slow reader.
@@ -33,10 +34,9 @@ from typing import Any
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.engine import Request, RequestState
-from adaptive_batcher.errors import BatchFailedError, describe
+from adaptive_batcher.errors import BatchFailedError, PaddingError, describe
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
-from adaptive_batcher.runtime.buckets import pad_target
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
 __all__ = ["StreamRequest", "StreamRunner", "consume", "ends_stream"]
@@ -156,13 +156,15 @@ class StreamRunner(BatchRunner):
         delivery = _Delivery(requests, self.recorder, self.clock)
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
-            batch = self._padded(list(map(_item_of, requests)), self._units(requests))
+            batch = self.pad(list(map(_item_of, requests)), self._units(requests))
             stream = self.streamer.stream(batch)
             async for step in stream:
                 check_results(step, len(batch))
                 if not delivery.deliver(step):
                     break  # every caller has ended or left: stop the model now
             delivery.end_all()
+        except PaddingError as exc:  # before the model ran: nothing was delivered
+            self.padding_failed(requests, exc)
         except Exception as exc:
             self._note_oom(exc)
             failed = delivery.fail_all(exc)
@@ -189,7 +191,7 @@ class StreamRunner(BatchRunner):
         """
         if not items:
             return []
-        batch = self._padded(items, units)
+        batch = self.pad(items, units)
         stream = self.streamer.stream(batch)
         try:
             async for step in stream:
@@ -200,13 +202,6 @@ class StreamRunner(BatchRunner):
 
     def _units(self, requests: list[Any]) -> int:
         return sum(r.size for r in requests) if self.counts_units else len(requests)
-
-    def _padded(self, items: list[Any], units: int) -> list[Any]:
-        if self.buckets:
-            target = pad_target(self.buckets, units)
-            if target > units:
-                return self.pad_fn(list(items), target)
-        return items
 
     async def _close(self, stream: AsyncIterator[Any]) -> None:
         try:

@@ -12,6 +12,7 @@ from adaptive_batcher import (
     AdaptiveBatcher,
     BatcherError,
     BatchFailedError,
+    PaddingError,
     ResultCountError,
 )
 from adaptive_batcher.testing import EchoModel
@@ -89,6 +90,53 @@ async def test_wrong_result_count_fails_every_caller_clearly(returned: Any) -> N
         else f"model returned {len(returned)} results for a batch of 4"
     )
     assert str(outcomes[0]) == expected
+
+
+@pytest.mark.parametrize(
+    ("pad_fn", "message"),
+    [
+        (lambda items, n: items, "pad_fn returned 3 items for a batch of 3 padded to 4"),
+        (lambda items, n: items[:2], "pad_fn returned 2 items for a batch of 3 padded to 4"),
+        (lambda items, n: items * 2, "pad_fn returned 6 items for a batch of 3 padded to 4"),
+        (lambda items, n: None, "pad_fn returned NoneType, expected a list of 4 items"),
+    ],
+)
+@pytest.mark.parametrize("bisect", [False, True])
+async def test_a_pad_fn_of_the_wrong_length_fails_its_batch_clearly(
+    pad_fn: Any, message: str, bisect: bool
+) -> None:
+    # it used to run the model on an unpadded (cold) shape, or hand one caller a zip() error
+    model = EchoModel()
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(
+            model, max_batch_size=4, window_ms=20, batch_sizes=[4], pad_fn=pad_fn,
+            bisect_on_error=bisect,
+        ) as b:  # fmt: skip
+            outcomes = await gather_outcomes(b, [0, 1, 2])
+            full = await gather_outcomes(b, [4, 5, 6, 7])  # a full bucket needs no padding
+    assert all(isinstance(o, PaddingError) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 3  # each caller gets its own exception object
+    assert str(outcomes[0]).startswith(message)
+    assert full == [4, 5, 6, 7] and model.sizes == [4]  # the padded batch never ran
+    assert b.stats().counts.failed == 3
+    events = [e for e in logs if e["event"] == "batch.pad_failed"]
+    assert len(events) == 1 and events[0]["log_level"] == "warning"
+    assert (events[0]["batch_size"], events[0]["failed"]) == (3, 3)
+
+
+async def test_a_pad_fn_returning_fewer_items_than_sized_requests_fails_them() -> None:
+    model = EchoModel()
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=20, batch_sizes=[8], size_fn=len,
+        pad_fn=lambda items, n: items[:1],
+    ) as b:  # fmt: skip
+        outcomes = await gather_outcomes(b, ["ab", "cde"])
+    assert all(isinstance(o, PaddingError) for o in outcomes)
+    assert str(outcomes[0]) == (
+        "pad_fn returned 1 items for a batch of 2 padded to 8 units; expected at least 2 "
+        "items, the batch's own first"
+    )
+    assert model.sizes == []
 
 
 async def test_a_failed_batch_does_not_stop_later_batches() -> None:

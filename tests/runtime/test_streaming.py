@@ -13,6 +13,7 @@ from adaptive_batcher import (
     BatcherClosedError,
     BatchFailedError,
     DeadlineExceededError,
+    PaddingError,
     ResultCountError,
     batched,
 )
@@ -286,6 +287,24 @@ async def test_padding_to_a_bucket_drops_the_padded_elements() -> None:
         results = await asyncio.gather(*(read(batcher.submit_stream(x)) for x in "abc"))
     assert results == [["a"], ["b"], ["c"]]
     assert sizes == [4]
+
+
+async def test_a_pad_fn_of_the_wrong_length_fails_the_streams_clearly() -> None:
+    sizes: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        sizes.append(len(batch))
+        yield list(batch)
+
+    async with AdaptiveBatcher(
+        model, max_batch_size=4, window_ms=20, batch_sizes=[4], pad_fn=lambda items, n: items
+    ) as batcher:
+        outcomes = await asyncio.gather(
+            *(read_until_error(batcher.submit_stream(x)) for x in "abc")
+        )
+    assert all(type(error) is PaddingError for _, error in outcomes)
+    assert str(outcomes[0][1]).startswith("pad_fn returned 3 items for a batch of 3 padded to 4")
+    assert sizes == []
 
 
 async def test_streaming_options_that_cannot_apply_are_refused() -> None:
