@@ -37,6 +37,10 @@ class Counts:
     of these. Once every request has ended, ``submitted`` is the sum of the five outcome
     counts (``within_slo`` is part of ``completed``).
 
+    ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
+    several items, which is then split and re-run, and a single item, whose caller gets the
+    error (it cannot be split); streaming batches too.
+
     ``device_busy_s`` is the device cost: the summed wall time of every model call, seconds
     (split and failed calls included; concurrent batches add up, as device-seconds do).
     """

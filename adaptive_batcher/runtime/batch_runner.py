@@ -134,7 +134,8 @@ class BatchRunner:
         """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause."""
         if type(exc) is CarriedModelError:
             exc = exc.carried
-        if len(requests) > 1 and (self._note_oom(exc) or self.bisect):
+        oom = self._note_oom(exc)  # every OOM counts, a single item's too (not split)
+        if len(requests) > 1 and (oom or self.bisect):
             middle = len(requests) // 2
             _log.warning(
                 "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)

@@ -66,7 +66,8 @@ class SimResult:
         name: label of the configuration.
         requests, completed, expired, rejected, failed: counts (completed = answered with a
             result).
-        oom_errors: model calls that ran out of memory (each was split and re-run).
+        oom_errors: model calls that ran out of memory (a batch of several was split and
+            re-run; a single item failed).
         duration_s: the time the rates divide by, s: the span from the first to the last
             arrival; when that span is 0 (a single request, or all arriving at one instant),
             the span from the first arrival to the last request's end (answer or error)

@@ -75,6 +75,22 @@ async def test_out_of_memory_batch_is_split_and_nothing_is_lost() -> None:
     assert b.stats().counts.oom_errors == 3
 
 
+async def test_every_out_of_memory_error_is_counted_split_or_not() -> None:
+    # a single item that ran out of memory cannot be split: it was not counted
+    def model(batch: list[int]) -> list[int]:
+        if 9 in batch:
+            raise MemoryError("out of memory")
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1, executor="inline") as b:
+        alone = await gather_outcomes(b, [9])
+        assert b.stats().counts.oom_errors == 1
+        pair = await gather_outcomes(b, [1, 9])  # the pair, then 9 alone: two OOMs
+    assert isinstance(alone[0], BatchFailedError) and isinstance(pair[1], BatchFailedError)
+    assert pair[0] == 1
+    assert b.stats().counts.oom_errors == 3
+
+
 @pytest.mark.parametrize("returned", [[1], [1, 2, 3, 4, 5], None])
 async def test_wrong_result_count_fails_every_caller_clearly(returned: Any) -> None:
     def model(batch: list[int]) -> Any:
