@@ -22,12 +22,14 @@ import numbers
 import operator
 from collections.abc import Callable, Iterable
 from itertools import pairwise
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
 
 __all__ = [
+    "MAX_SERVICE_S",
     "argument_type",
+    "check_batch_time",
     "check_bool",
     "check_callable",
     "check_choice",
@@ -50,6 +52,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+MAX_SERVICE_S: Final = 1e5
+"""The longest batch time a service-time model, table or profile may give, s (about 28 hours).
+No inference batch takes longer, the latency histograms end there
+(:data:`~adaptive_batcher.metrics.histogram.MAX_S`), and far longer times (from ~1e302 s)
+overflow the simulator's and the histograms' arithmetic."""
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -92,6 +100,16 @@ def check_number(name: str, value: object, minimum: float, *, strict: bool = Fal
     if not math.isfinite(number) or too_small:
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
+    return number
+
+
+def check_batch_time(name: str, value: object, unit: str = "s", *, strict: bool = False) -> float:
+    """``value``, a batch time in ``unit`` (``"s"`` or ``"ms"``), as a finite float >= 0 (> 0 if
+    ``strict``) and at most :data:`MAX_SERVICE_S`; ValueError names ``name`` and the limit."""
+    number = check_number(name, value, 0.0, strict=strict)
+    limit = MAX_SERVICE_S * (1e3 if unit == "ms" else 1.0)
+    if number > limit:
+        raise ValueError(f"{name} must be at most {limit:g} {unit} (MAX_SERVICE_S), got {value!r}")
     return number
 
 

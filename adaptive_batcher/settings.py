@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from adaptive_batcher._validate import (
+    MAX_SERVICE_S,
+    check_batch_time,
     check_bool,
     check_callable,
     check_choice,
@@ -218,7 +220,8 @@ def read_service_profile(profile: ServiceProfile | None) -> tuple[tuple[int, flo
     Raises:
         FileNotFoundError: a path that does not exist (the message names ``service_profile``).
         ValueError: a file that does not follow the profile schema, or rows that are not
-            ``(int >= 1, number > 0)`` pairs (the message names ``service_profile``).
+            ``(int >= 1, number in (0, 1e8])`` pairs, median_ms at most ``MAX_SERVICE_S``
+            (the message names ``service_profile``).
         TypeError: neither a path nor a sequence of rows.
     """
     if profile is None:
@@ -243,13 +246,14 @@ def read_service_profile(profile: ServiceProfile | None) -> tuple[tuple[int, flo
 
 def _profile_row(row: object) -> tuple[int, float]:
     problem = (
-        f"service_profile rows must be (batch_size: int >= 1, median_ms: number > 0), got {row!r}"
+        "service_profile rows must be (batch_size: int >= 1, median_ms: number in "
+        f"(0, {MAX_SERVICE_S * 1e3:g}]), got {row!r}"
     )
     if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 2:
         raise ValueError(problem)
     try:
         size = check_int("batch_size", row[0], 1)
-        median = check_number("median_ms", row[1], 0.0, strict=True)
+        median = check_batch_time("median_ms", row[1], "ms", strict=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(problem) from exc
     return size, median

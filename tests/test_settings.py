@@ -76,6 +76,10 @@ def test_the_largest_bucket_must_be_the_cap_everywhere(
         ({"guards": 5}, "guards must be a sequence of guard factories, got int"),
         ({"window_origin": "worker"}, "window_origin must be one of 'arrival', 'slot_free'"),
         ({"service_profile": [("a", "b")]}, "service_profile rows must be"),
+        (
+            {"service_profile": [(1, 1e305)]},
+            re.escape("median_ms: number in (0, 1e+08]), got (1, 1e+305)"),
+        ),
     ],
 )
 def test_contradicting_settings_are_refused_at_construction(

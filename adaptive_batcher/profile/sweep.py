@@ -31,6 +31,7 @@ from adaptive_batcher._threads import (
     use_torch_threads,
 )
 from adaptive_batcher._validate import (
+    check_batch_time,
     check_bool,
     check_callable,
     check_int,
@@ -68,7 +69,8 @@ class ProfileRow:
 
     Attributes:
         batch_size: items per call (>= 1).
-        median_ms: median wall-clock latency of one call, milliseconds (> 0).
+        median_ms: median wall-clock latency of one call, milliseconds (> 0, at most 1e8:
+            ``MAX_SERVICE_S``, about 28 hours; so is ``p99_ms``).
         p99_ms: 99th percentile of the same samples, ms (>= ``median_ms``); computed with
             ``numpy.percentile`` (linear interpolation, Hyndman & Fan type 7).
         items_per_s: throughput, ``batch_size / median`` in items per second (> 0).
@@ -99,9 +101,11 @@ class ProfileRow:
 
     def __post_init__(self) -> None:
         check_int("ProfileRow.batch_size", self.batch_size, 1)
-        for name in ("median_ms", "p99_ms", "items_per_s"):
-            value = check_number(f"ProfileRow.{name}", getattr(self, name), 0.0, strict=True)
+        for name in ("median_ms", "p99_ms"):
+            value = check_batch_time(f"ProfileRow.{name}", getattr(self, name), "ms", strict=True)
             object.__setattr__(self, name, value)
+        value = check_number("ProfileRow.items_per_s", self.items_per_s, 0.0, strict=True)
+        object.__setattr__(self, "items_per_s", value)
         check_optional_int("ProfileRow.peak_mem_bytes", self.peak_mem_bytes, 0)
         check_optional_int("ProfileRow.repeats", self.repeats, 1)
         for name in ("cv", "robust_cv"):

@@ -41,6 +41,8 @@ import numpy as np
 import numpy.typing as npt
 
 from adaptive_batcher._validate import (
+    MAX_SERVICE_S,
+    check_batch_time,
     check_in_range,
     check_int,
     check_ints,
@@ -79,7 +81,8 @@ class ServiceModel(Protocol):
 
     ``name`` identifies the model in reports. ``service_s`` returns seconds (> 0 for every model
     here) for a batch of ``units`` >= 1 and raises ValueError for ``units`` < 1. The simulator
-    refuses a time that is not a finite number >= 0 (:func:`check_service_time`).
+    refuses a time that is not a finite number in [0, ``MAX_SERVICE_S``] (1e5 s; see
+    :func:`check_service_time`).
     ``memory_bytes`` returns the peak memory in bytes of a batch of ``units`` >= 0 (0: idle), or
     NaN when unknown, and raises ValueError for ``units`` < 0.
     """
@@ -112,9 +115,10 @@ def check_service_time(model: ServiceModel, units: int, value: object) -> float:
     """``value``, the seconds ``model.service_s`` returned for a batch of ``units``, as a float
     if it is a finite number >= 0; else TypeError (not a number) or ValueError naming the model,
     the batch size and the value, e.g. ``service model 'linear' returned nan s for a batch of
-    64 units; service_s must return a finite number >= 0``. (A NaN time would otherwise stall a
-    replay's clock forever, a negative one turn latencies negative, an infinite one lose every
-    request.)
+    64 units; service_s must return a finite number >= 0``; likewise a time above
+    ``MAX_SERVICE_S`` (1e5 s). (A NaN time would otherwise stall a replay's clock forever, a
+    negative one turn latencies negative, an infinite one lose every request, one from ~1e302 s
+    overflow the latency histogram.)
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -126,6 +130,11 @@ def check_service_time(model: ServiceModel, units: int, value: object) -> float:
         raise ValueError(
             f"service model {model.name!r} returned {value!r} s for a batch of {units} units; "
             "service_s must return a finite number >= 0"
+        )
+    if seconds > MAX_SERVICE_S:
+        raise ValueError(
+            f"service model {model.name!r} returned {value!r} s for a batch of {units} units; "
+            f"service_s must return at most {MAX_SERVICE_S:g} s (MAX_SERVICE_S)"
         )
     return seconds
 
@@ -166,7 +175,8 @@ class LinearService:
 
     Raises:
         TypeError: a figure that is not a number.
-        ValueError: a time is negative or not finite, or a memory figure is negative or infinite.
+        ValueError: a time is negative, not finite or above ``MAX_SERVICE_S`` (1e5 s), or a
+            memory figure is negative or infinite.
     """
 
     fixed_s: float
@@ -176,8 +186,8 @@ class LinearService:
     name: str = "linear"
 
     def __post_init__(self) -> None:
-        _check_nonnegative("fixed_s", self.fixed_s)
-        _check_nonnegative("per_unit_s", self.per_unit_s)
+        check_batch_time("fixed_s", self.fixed_s)
+        check_batch_time("per_unit_s", self.per_unit_s)
         _check_nonnegative("memory_fixed_bytes", self.memory_fixed_bytes, allow_nan=True)
         _check_nonnegative("memory_per_unit_bytes", self.memory_per_unit_bytes, allow_nan=True)
 
@@ -192,7 +202,9 @@ class LinearService:
         return self.memory_fixed_bytes + self.memory_per_unit_bytes * units
 
 
-def _as_table(values: Any, what: str, n: int | None) -> npt.NDArray[np.float64]:
+def _as_table(
+    values: Any, what: str, n: int | None, maximum: float = math.inf
+) -> npt.NDArray[np.float64]:
     array = np.array(values, dtype=np.float64)
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {array.shape}")
@@ -200,6 +212,10 @@ def _as_table(values: Any, what: str, n: int | None) -> npt.NDArray[np.float64]:
         raise ValueError(f"{what} must have {n} values (one per size), got {array.size}")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
         raise ValueError(f"{what} must be finite numbers >= 0, got {array.tolist()}")
+    if np.any(array > maximum):
+        raise ValueError(
+            f"{what} must be at most {maximum:g} s (MAX_SERVICE_S), got {array.tolist()}"
+        )
     array.flags.writeable = False
     return array
 
@@ -217,14 +233,15 @@ class TableService:
 
     Args:
         sizes: measured batch sizes in units, 1-D, strictly increasing integers >= 1.
-        latencies_s: seconds per batch at each size, same shape, finite and >= 0.
+        latencies_s: seconds per batch at each size, same shape, finite, in [0,
+            ``MAX_SERVICE_S``] (1e5 s).
         memory_bytes: peak bytes at each size, same shape, finite and >= 0; None when unknown
             (then :meth:`memory_bytes` returns NaN).
         name: the model's name in reports.
 
     Raises:
         ValueError: empty or mismatched arrays, sizes not strictly increasing integers >= 1,
-            negative or non-finite values.
+            negative or non-finite values, latencies above ``MAX_SERVICE_S``.
     """
 
     __slots__ = (
@@ -256,7 +273,7 @@ class TableService:
         self.sizes: npt.NDArray[np.int64] = sizes_int
         """Measured batch sizes in units, int64, shape (n,), read-only."""
         self.latencies_s: npt.NDArray[np.float64] = _as_table(
-            latencies_s, "latencies_s", size_values.size
+            latencies_s, "latencies_s", size_values.size, MAX_SERVICE_S
         )
         """Seconds per batch at each size, float64, shape (n,), read-only."""
         self.memory_table_bytes: npt.NDArray[np.float64] | None = (
@@ -478,7 +495,7 @@ class Stalls(_Wrapper):
     Args:
         inner: the model whose times stall.
         probability: share of batches that stall, in [0, 1].
-        scale_s: the stall's scale, seconds (> 0).
+        scale_s: the stall's scale, seconds (> 0, at most ``MAX_SERVICE_S``).
         alpha: the tail's shape (> 1: a finite mean).
 
     Raises:
@@ -495,7 +512,7 @@ class Stalls(_Wrapper):
     def __post_init__(self) -> None:
         check_service_model("inner", self.inner)
         check_in_range("probability", self.probability, 0.0, 1.0)
-        check_number("scale_s", self.scale_s, 0.0, strict=True)
+        check_batch_time("scale_s", self.scale_s, strict=True)
         check_number("alpha", self.alpha, 1.0, strict=True)
 
     @property
@@ -575,7 +592,7 @@ class ColdShapes(_Wrapper):
     Raises:
         TypeError: ``inner`` not a :class:`ServiceModel` instance (a class given for one too),
             ``cold_s`` not a number, ``warmed`` not a sequence of ints.
-        ValueError: ``cold_s`` negative or not finite, a warmed size < 1.
+        ValueError: ``cold_s`` negative, not finite or above ``MAX_SERVICE_S``, a warmed size < 1.
     """
 
     __slots__ = ("_initial", "_seen", "cold_s", "inner")
@@ -584,7 +601,7 @@ class ColdShapes(_Wrapper):
         self, inner: ServiceModel, cold_s: float = 0.3, warmed: Iterable[int] = ()
     ) -> None:
         self.inner = check_service_model("inner", inner)
-        _check_nonnegative("cold_s", cold_s)
+        check_batch_time("cold_s", cold_s)
         initial = frozenset(_check_sizes("warmed", warmed))
         self.cold_s = float(cold_s)
         self._initial = initial

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from adaptive_batcher._validate import check_int, check_number, check_str
+from adaptive_batcher._validate import MAX_SERVICE_S, check_int, check_number, check_str
 from adaptive_batcher.control.types import Decision
 from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
@@ -449,7 +449,7 @@ class _Replay:
 
         model = self.sim.service
         service = model.service_s(units, self.rng)
-        if type(service) is not float or not 0.0 <= service < math.inf:  # NaN fails too
+        if type(service) is not float or not 0.0 <= service <= MAX_SERVICE_S:  # NaN fails too
             service = check_service_time(model, units, service)
         memory = self.sim.memory
         if memory is not None and memory.is_oom(model, units, start):

@@ -71,6 +71,27 @@ def test_linear_validation(kwargs: dict[str, Any], message: str) -> None:
         LinearService(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: TableService([1, 8], [0.01, 1e302]),
+            r"latencies_s must be at most 100000 s \(MAX_SERVICE_S\), got \[0.01, 1e\+302\]",
+        ),
+        (lambda: LinearService(1e302, 0.0), r"fixed_s must be at most 100000 s"),
+        (lambda: LinearService(0.0, 1e303), r"per_unit_s must be at most 100000 s"),
+        (lambda: Stalls(LinearService(0.0, 0.001), scale_s=1e302), r"scale_s must be at most"),
+        (lambda: ColdShapes(LinearService(0.0, 0.001), cold_s=1e302), r"cold_s must be at most"),
+    ],
+)
+def test_service_times_beyond_max_service_s_are_refused_at_construction(
+    make: Any, message: str
+) -> None:
+    # from ~1e302 s a replay raised a bare OverflowError from the latency histogram
+    with pytest.raises(ValueError, match=f"^{message}"):
+        make()
+
+
 def test_units_out_of_range() -> None:
     model = LinearService(0.001, 0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match=r"units must be >= 1, got 0"):
@@ -309,6 +330,11 @@ def _row_edit(index: int, key: str, value: Any) -> dict[str, Any]:
         (_row_edit(0, "batch_size", True), "key 'rows[0].batch_size': must be an int, got a boo"),
         (_row_edit(1, "median_ms", "fast"), "key 'rows[1].median_ms': must be a number, got a s"),
         (_row_edit(1, "median_ms", 0), "key 'rows[1]': ProfileRow.median_ms must be a finite"),
+        (  # from ~1e302 s a replay raised a bare OverflowError
+            _row_edit(1, "median_ms", 1e305),
+            "key 'rows[1]': ProfileRow.median_ms must be at most 1e+08 ms (MAX_SERVICE_S), "
+            "got 1e+305",
+        ),
         (_row_edit(0, "peak_mem_bytes", -1), "key 'rows[0].peak_mem_bytes': must be >= 0, got -1"),
         (_profile_doc(knee=None), "key 'knee': must be an object, got null"),
     ],

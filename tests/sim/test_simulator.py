@@ -270,6 +270,17 @@ def test_a_service_time_that_is_not_finite_and_nonnegative_is_refused(
         simulator.run(arrivals_at(0, sizes=[3]))
 
 
+def test_a_service_time_beyond_max_service_s_is_refused() -> None:
+    """Before: from ~1e302 s, a bare OverflowError from the latency histogram."""
+    simulator = Simulator(_Returns(1e303), SimConfig(8, 0.0))
+    message = (
+        r"^service model 'custom' returned 1e\+303 s for a batch of 3 units; "
+        r"service_s must return at most 100000 s \(MAX_SERVICE_S\)$"
+    )
+    with pytest.raises(ValueError, match=message):
+        simulator.run(arrivals_at(0, sizes=[3]))
+
+
 def test_a_service_time_that_is_not_a_number_is_refused() -> None:
     """Before: ``unsupported operand type(s) for +=: 'float' and 'str'`` from the simulator's
     bookkeeping."""
