@@ -281,20 +281,21 @@ def _run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _warn_about_the_online_margin(slo: SLO) -> None:
-    """Warn when the preprocessing leaves the online controller no time at the SLO's default
-    margin (it aims at ``margin * latency_ms``; the recommendation budgets the whole SLO)."""
+def _online_margin_warning(slo: SLO | None) -> str | None:
+    """The warning when the preprocessing leaves the online controller no time at the SLO's
+    default margin (it aims at ``margin * latency_ms``; the recommendation budgets the whole
+    SLO); None otherwise or without an SLO."""
     from adaptive_batcher.slo import SLO
 
     margin = SLO(latency_ms=1.0).margin  # the default
-    if slo.preprocess_ms >= margin * slo.latency_ms:
-        needed = slo.preprocess_ms / slo.latency_ms
-        print(
-            f"warning: online, the controller aims at SLO.margin x the SLO ({margin:g} x "
-            f"{slo.latency_ms:g} ms by default), which {slo.preprocess_ms:g} ms of preprocessing "
-            f"leaves no time: give the batcher SLO(..., margin=...) above {needed:.3g}",
-            file=sys.stderr,
-        )
+    if slo is None or slo.preprocess_ms < margin * slo.latency_ms:
+        return None
+    needed = slo.preprocess_ms / slo.latency_ms
+    return (
+        f"online, the controller aims at SLO.margin x the SLO ({margin:g} x "
+        f"{slo.latency_ms:g} ms by default), which {slo.preprocess_ms:g} ms of preprocessing "
+        f"leaves no time: give the batcher SLO(..., margin=...) above {needed:.3g}"
+    )
 
 
 def _print_warnings(rec: Recommendation) -> None:
@@ -413,11 +414,13 @@ def _profile(args: argparse.Namespace) -> int:
         return 1
     knee = find_knee(result)
     rec = recommend(result, slo, args.window_fraction, knee=knee)
-    report = markdown_report(result, knee=knee, recommendation=rec)
+    margin_warning = _online_margin_warning(slo)
+    more = () if margin_warning is None else (margin_warning,)
+    report = markdown_report(result, knee=knee, recommendation=rec, more_warnings=more)
     print(report)
     _print_warnings(rec)
-    if slo is not None:
-        _warn_about_the_online_margin(slo)
+    if margin_warning is not None:
+        print(f"warning: {margin_warning}", file=sys.stderr)
     if args.out is not None:
         out: Path = args.out
         written = [

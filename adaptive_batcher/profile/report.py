@@ -5,6 +5,7 @@ The JSON file format (schema, reader, writer) is :mod:`adaptive_batcher.profile.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from adaptive_batcher.profile.knee import Knee
@@ -86,10 +87,10 @@ def _threads_sentence(result: ProfileResult) -> str | None:
     return None
 
 
-def _warnings_section(result: ProfileResult) -> list[str]:
-    if not result.warnings:
+def _warnings_section(warnings: Sequence[str]) -> list[str]:
+    if not warnings:
         return []
-    return ["## Warnings", "", *(f"- {warning}" for warning in result.warnings), ""]
+    return ["## Warnings", "", *(f"- {warning}" for warning in warnings), ""]
 
 
 def _recommendation_section(recommendation: Recommendation) -> list[str]:
@@ -119,10 +120,12 @@ def markdown_report(
     *,
     knee: Knee | None = None,
     recommendation: Recommendation | None = None,
+    more_warnings: Sequence[str] = (),
 ) -> str:
     """A markdown report: title, how the calls were timed and with how many threads,
-    :func:`markdown_table`, the sweep's warnings (section "Warnings", when there are any), then
-    the recommendation and its reasons, headed by a bold NOT RELIABLE line when it comes from a
+    :func:`markdown_table`, the sweep's warnings and then ``more_warnings`` (e.g. the command
+    line's about the online controller; section "Warnings", when there are any), then the
+    recommendation and its reasons, headed by a bold NOT RELIABLE line when it comes from a
     noisy sweep."""
     threads = _threads_sentence(result)
     lines = [
@@ -132,7 +135,7 @@ def markdown_report(
         "",
         *([threads, ""] if threads is not None else []),
         markdown_table(result, knee=knee, recommendation=recommendation),
-        *_warnings_section(result),
+        *_warnings_section([*result.warnings, *more_warnings]),
     ]
     if recommendation is not None:
         lines += _recommendation_section(recommendation)

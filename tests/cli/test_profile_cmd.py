@@ -77,23 +77,28 @@ def test_builtin_mlp_with_slo(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_preprocessing_beyond_the_controllers_margin_is_profiled(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the offline recommendation budgets the whole SLO (latency - preprocess = 5 ms here), not
     # the controller's target margin (0.8 * 50 = 40 ms would leave nothing after 45 ms)
     status = run_cli(
         "--batch-sizes", "1,2", "--repeats", "2", "--device", "cpu", "--no-progress",
-        "--slo-p99-ms", "50", "--preprocess-ms", "45",
+        "--slo-p99-ms", "50", "--preprocess-ms", "45", "--out", str(tmp_path),
     )  # fmt: skip
     assert status == 0
     captured = capsys.readouterr()
     assert "- preprocess 45 ms = 5 ms" in captured.out
     # online, SLO(50, preprocess_ms=45) needs a margin above 0.9: the user is told so
-    assert (
-        "warning: online, the controller aims at SLO.margin x the SLO (0.8 x 50 ms by default), "
+    warning = (
+        "online, the controller aims at SLO.margin x the SLO (0.8 x 50 ms by default), "
         "which 45 ms of preprocessing leaves no time: give the batcher SLO(..., margin=...) "
-        "above 0.9\n"
-    ) in captured.err
+        "above 0.9"
+    )
+    assert f"warning: {warning}\n" in captured.err
+    # and the report says so too (it used to be on the console only), after any of the sweep's
+    report = (tmp_path / "profile.md").read_text(encoding="utf-8")
+    _, _, warnings = report.partition("\n## Warnings\n\n")
+    assert f"- {warning}\n" in warnings.partition("\n## ")[0]
 
 
 def test_unmeetable_slo_warns_on_stderr_and_still_succeeds(
