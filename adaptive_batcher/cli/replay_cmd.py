@@ -16,16 +16,29 @@ from typing import Any
 
 from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._validate import int_argument, number_argument
-from adaptive_batcher.sim.report import Cell, comparison_markdown, plot_goodput, plot_timeseries
+from adaptive_batcher.sim.report import (
+    BEST_STATIC,
+    BEST_STATIC_SHED,
+    COST_ORACLE,
+    Cell,
+    comparison_markdown,
+    format_ratio,
+    plot_goodput,
+    plot_timeseries,
+    versus,
+)
 from adaptive_batcher.sim.scenarios import (
     CONTENDERS,
     SCENARIOS,
     SLO_50,
+    STATIC_CAPS,
+    STATIC_WINDOWS_MS,
     Scenario,
     best_static,
     cost_oracle,
     make_scenarios,
     run,
+    sheds,
     static_grid,
 )
 from adaptive_batcher.sim.service import TableService
@@ -42,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 __all__ = ["register"]
 
+_GRID_RUNS = len(STATIC_WINDOWS_MS) * len(STATIC_CAPS)
 DEFAULT_CONTENDERS = (
     "adaptive_pid_shed",
     "adaptive_pid",
@@ -78,7 +92,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-best-static",
         action="store_true",
-        help="skip the static grid searched in hindsight (it takes 8 runs)",
+        help="skip the static grids searched in hindsight: the best static setting and the "
+        f"cost oracle ({_GRID_RUNS} replays a scenario), and the best static setting with "
+        f"shedding, the yardstick of a contender that sheds ({_GRID_RUNS} more, only then)",
     )
     _add_trace_options(parser)
     parser.add_argument(
@@ -202,7 +218,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the replays, or list the scenarios and contenders for ``--list`` (given alone);
     returns the exit status."""
     # piped or logged output: wide enough that names and figures are never cut
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     if args.list:
         given = _given(args, _REPLAY)
         if given:
@@ -313,17 +329,26 @@ def _check_traces(scenarios: list[Scenario], seed: int) -> None:
 def _run_all(
     scenarios: list[Scenario], contenders: list[str], grid: bool, seed: int, console: Console
 ) -> list[Cell]:
+    """Every contender on every scenario, then (with ``grid``) the static references: the best
+    static setting and the cost oracle, and the best static setting with shedding when a
+    contender sheds (it is that contender's yardstick)."""
     cells: list[Cell] = []
-    total = len(scenarios) * (len(contenders) + (1 if grid else 0))
+    total = len(scenarios) * (len(contenders) + (2 if grid else 0))
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("replaying", total=total)
         for scenario in scenarios:
+            shedding = False
             for name in contenders:
-                result = run(scenario, CONTENDERS[name](scenario), seed)
-                cells.append(Cell(scenario.name, name, result))
+                config = CONTENDERS[name](scenario)
+                shedding = shedding or sheds(config)
+                result = run(scenario, config, seed)
+                cells.append(Cell(scenario.name, name, result, sheds=sheds(config)))
                 progress.advance(task)
             if grid:
                 cells.extend(_static_cells(scenario, seed))
+                progress.advance(task)
+                if shedding:
+                    cells.append(_best_static_shed(scenario, seed))
                 progress.advance(task)
     return cells
 
@@ -332,28 +357,58 @@ def _static_cells(scenario: Scenario, seed: int) -> list[Cell]:
     """The best static setting and the cost oracle, from one replay of the static grid."""
     runs = static_grid(scenario, seed=seed)
     best = best_static(runs)
-    cells = [Cell(scenario.name, "best_static", best.result, best.label)]
+    cells = [Cell(scenario.name, BEST_STATIC, best.result, best.label)]
     oracle = cost_oracle(runs)
     if oracle is not None:
-        cells.append(Cell(scenario.name, "cost_oracle", oracle.result, oracle.label))
+        cells.append(Cell(scenario.name, COST_ORACLE, oracle.result, oracle.label))
     return cells
 
 
+def _best_static_shed(scenario: Scenario, seed: int) -> Cell:
+    """The best static setting of the same grid with SLO-aware shedding."""
+    best = best_static(static_grid(scenario, shed=True, seed=seed))
+    return Cell(scenario.name, BEST_STATIC_SHED, best.result, best.label, sheds=True)
+
+
+_COLUMNS = (
+    "goodput/s",
+    "vs best",
+    "in SLO",
+    "p99 ms",
+    "dev ms/req",
+    "vs oracle",
+    "ms per good",
+    "batch",
+    "shed",
+    "lost",
+)
+
+
 def _table(cells: list[Cell]) -> Table:
-    table = Table(title="replay (goodput: answers within the SLO per second)")
+    """The figures of ``replay.md`` (its ``vs best`` and ``vs oracle`` from the same
+    :func:`~adaptive_batcher.sim.report.versus`), without its notes."""
+    table = Table(
+        title="replay (goodput: answers within the SLO per second)",
+        caption="vs best: goodput over the best static setting's (with shedding, for a "
+        "contender that sheds); vs oracle: device ms per request over the cost oracle's (the "
+        "cheapest static setting that met the SLO); both in hindsight; - where there is none",
+    )
     table.add_column("scenario", no_wrap=True)
     table.add_column("contender", no_wrap=True)
-    for column in ("goodput/s", "in SLO", "p99 ms", "dev ms/req", "batch", "shed", "lost"):
+    for column in _COLUMNS:
         table.add_column(column, justify="right", no_wrap=True)
-    for cell in cells:
+    for cell, ratios in zip(cells, versus(cells), strict=True):
         r = cell.result
         table.add_row(
             cell.scenario,
             cell.contender,
             f"{r.goodput_rps:,.0f}",
+            format_ratio(ratios.best),
             f"{r.slo_attainment:.2%}",
             f"{r.p99_ms:,.1f}",
             f"{r.device_ms_per_request:.4f}",
+            format_ratio(ratios.oracle),
+            f"{r.device_ms_per_good:.4f}",
             f"{r.mean_batch_size:.1f}",
             f"{r.expired:,}",
             str(r.lost),

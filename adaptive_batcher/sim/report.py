@@ -1,9 +1,12 @@
 """Tables and plots of replay results: the comparison table (markdown) and two figures.
 
 * :func:`comparison_markdown`: one row per (scenario, contender) with goodput and its ratio to
-  the best static setting in hindsight, SLO attainment, p99, device cost per request and its
-  ratio to the cost oracle (the cheapest static setting that met the SLO, in hindsight),
-  device cost per answer within the SLO, batch size, shed and lost requests.
+  the best static setting in hindsight (with shedding, for a contender that sheds), SLO
+  attainment, p99, device cost per request and its ratio to the cost oracle (the cheapest
+  static setting that met the SLO, in hindsight), device cost per answer within the SLO, batch
+  size, shed and lost requests.
+* :func:`versus`: the two ratios alone, for other tables (``adaptive-batcher replay``'s console
+  table shows the same figures as its markdown).
 * :func:`plot_timeseries`: window, cap and p99 over time for the contenders of one scenario.
 * :func:`plot_goodput`: goodput per contender, one group of bars per scenario.
 """
@@ -18,53 +21,125 @@ from pathlib import Path
 from adaptive_batcher._optional import agg_figure
 from adaptive_batcher.sim.result import SimResult
 
-__all__ = ["Cell", "comparison_markdown", "plot_goodput", "plot_timeseries"]
+__all__ = [
+    "BEST_STATIC",
+    "BEST_STATIC_SHED",
+    "COST_ORACLE",
+    "Cell",
+    "Versus",
+    "comparison_markdown",
+    "format_ratio",
+    "plot_goodput",
+    "plot_timeseries",
+    "versus",
+]
+
+BEST_STATIC = "best_static"
+"""The contender name of the best static setting in hindsight, without shedding."""
+BEST_STATIC_SHED = "best_static_shed"
+"""The same with SLO-aware shedding: the reference of a contender that sheds."""
+COST_ORACLE = "cost_oracle"
+"""The contender name of the cheapest static setting that met the SLO, in hindsight."""
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One replay: which scenario, which contender, what came out."""
+    """One replay: which scenario, which contender, what came out.
+
+    Attributes:
+        scenario, contender: names.
+        result: what the replay measured.
+        note: free text for the report (e.g. the static setting's label).
+        sheds: whether the contender sheds the requests it can no longer answer within the SLO
+            (its goodput is then compared with the best static setting *with* shedding).
+    """
 
     scenario: str
     contender: str
     result: SimResult
     note: str = ""
+    sheds: bool = False
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One cell's figures over its scenario's references; NaN where the scenario has none.
+
+    Attributes:
+        best: goodput over the best static setting's (the one with shedding for a cell that
+            sheds: shedding alone is a gain a fixed setting can have too).
+        oracle: device ms per request over the cost oracle's.
+    """
+
+    best: float
+    oracle: float
+
+
+def versus(
+    cells: Sequence[Cell],
+    reference: str = BEST_STATIC,
+    oracle: str = COST_ORACLE,
+    shed_reference: str = BEST_STATIC_SHED,
+) -> list[Versus]:
+    """Each cell's goodput over its reference's and device ms per request over the ``oracle``
+    contender's, in the order of ``cells``. The reference is the ``reference`` contender of the
+    same scenario, or ``shed_reference`` for a cell that sheds (NaN, never the other one, where
+    the scenario has no such cell: a setting without shedding is no yardstick for one with)."""
+    goodputs = {c.scenario: c.result.goodput_rps for c in cells if c.contender == reference}
+    shed_goodputs = {
+        c.scenario: c.result.goodput_rps for c in cells if c.contender == shed_reference
+    }
+    costs = {c.scenario: c.result.device_ms_per_request for c in cells if c.contender == oracle}
+    out: list[Versus] = []
+    for cell in cells:
+        r = cell.result
+        best = (shed_goodputs if cell.sheds else goodputs).get(cell.scenario)
+        out.append(
+            Versus(
+                _over(r.goodput_rps, best),
+                _over(r.device_ms_per_request, costs.get(cell.scenario)),
+            )
+        )
+    return out
 
 
 def comparison_markdown(
-    cells: Sequence[Cell], reference: str = "best_static", oracle: str = "cost_oracle"
+    cells: Sequence[Cell],
+    reference: str = BEST_STATIC,
+    oracle: str = COST_ORACLE,
+    shed_reference: str = BEST_STATIC_SHED,
 ) -> str:
-    """A markdown table. ``vs best`` is goodput over the ``reference`` contender's goodput;
-    ``vs oracle`` is device ms per request over the ``oracle`` contender's (the cheapest static
-    setting that met the SLO), ``-`` where a scenario has none."""
+    """A markdown table. ``vs best`` is goodput over the ``reference`` contender's goodput
+    (``shed_reference``'s for a cell that sheds); ``vs oracle`` is device ms per request over
+    the ``oracle`` contender's (the cheapest static setting that met the SLO); ``-`` where a
+    scenario has none (see :func:`versus`)."""
     lines = [
         "| scenario | contender | goodput req/s | vs best | SLO attainment | p99 ms "
         "| device ms/req | vs oracle | ms per good | mean batch | shed | lost | note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    goodputs = {c.scenario: c.result.goodput_rps for c in cells if c.contender == reference}
-    costs = {c.scenario: c.result.device_ms_per_request for c in cells if c.contender == oracle}
-    for cell in cells:
+    for cell, ratios in zip(cells, versus(cells, reference, oracle, shed_reference), strict=True):
         r = cell.result
         lines.append(
             f"| {cell.scenario} | {cell.contender} | {r.goodput_rps:,.0f} "
-            f"| {_ratio(_over(r.goodput_rps, goodputs.get(cell.scenario)))} "
+            f"| {format_ratio(ratios.best)} "
             f"| {r.slo_attainment:.4f} | {_ms(r.p99_ms)} | {r.device_ms_per_request:.4f} "
-            f"| {_ratio(_over(r.device_ms_per_request, costs.get(cell.scenario)))} "
+            f"| {format_ratio(ratios.oracle)} "
             f"| {r.device_ms_per_good:.4f} | {r.mean_batch_size:.1f} "
             f"| {r.expired:,} | {r.lost} | {cell.note} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def format_ratio(value: float) -> str:
+    """A ratio with two decimals, ``-`` for NaN (no reference)."""
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
 def _over(value: float, reference: float | None) -> float:
     if reference is None or not reference > 0 or math.isnan(reference):
         return math.nan
     return value / reference
-
-
-def _ratio(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def _ms(value: float) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from adaptive_batcher.control.controller import default_guards
+from adaptive_batcher.control.guards import ShedGuard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
@@ -52,6 +53,7 @@ __all__ = [
     "cost_oracle",
     "make_scenarios",
     "run",
+    "sheds",
     "static_grid",
     "warmup_seed",
 ]
@@ -348,6 +350,19 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
         service_profile=s.warmup,
     ),
 }
+
+
+def sheds(config: SimConfig) -> bool:
+    """Whether ``config`` fails requests that are late rather than serve them: SLO-aware
+    shedding (``shed_late``, or a :class:`~adaptive_batcher.control.guards.ShedGuard` among its
+    guards) or a per-request deadline. Such a contender is compared with the best static
+    setting with shedding (``static_grid(..., shed=True)``), not the one without."""
+    guards = config.guards or ()
+    return (
+        config.shed_late
+        or config.deadline_ms is not None
+        or any(isinstance(g, type) and issubclass(g, ShedGuard) for g in guards)
+    )
 
 
 def run(scenario: Scenario, config: SimConfig, seed: int = 0) -> SimResult:

@@ -160,3 +160,57 @@ def test_list_knows_every_option_of_a_replay_and_its_default() -> None:
     parsed = vars(build_parser().parse_args(["replay"]))
     options = {k: v for k, v in parsed.items() if k not in {"command", "log_level", "func", "list"}}
     assert options == _REPLAY
+
+
+def _markdown_rows(text: str) -> dict[str, list[str]]:
+    """replay.md's rows by contender: the cells after the contender's."""
+    rows = [line.strip("|").split("|") for line in text.splitlines()[2:] if line]
+    return {cells[1].strip(): [c.strip() for c in cells[2:]] for cells in rows}
+
+
+def _console_rows(out: str) -> dict[str, list[str]]:
+    """The console table's rows by contender (rich's box characters split the cells)."""
+    rows = [line.strip("│").split("│") for line in out.splitlines() if line.startswith("│")]
+    return {cells[1].strip(): [c.strip() for c in cells[2:]] for cells in rows}
+
+
+def test_console_and_markdown_compare_a_shedding_contender_with_the_shedding_grid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the console table had no ``vs best``, ``vs oracle`` or ``ms per good``, and
+    both tables compared ``adaptive_pid_shed`` with the best static setting *without*
+    shedding (under overload shedding alone doubles a fixed setting's goodput)."""
+    trace = tmp_path / "overload.csv"
+    # 3000 requests at 25k req/s: 1.6x resnet50's capacity under the 50 ms SLO
+    trace.write_text("ts\n" + "".join(f"{0.04 * i:.3f}\n" for i in range(3000)))
+    status = main(
+        [
+            "replay",
+            *("--trace", str(trace), "--time-column", "ts", "--time-unit", "ms"),
+            *("--compress", "1", "--contender", "triton_like"),
+            *("--contender", "adaptive_pid_shed", "--out", str(tmp_path / "out")),
+        ]
+    )
+    assert status == 0
+    markdown = _markdown_rows((tmp_path / "out" / "replay.md").read_text())
+    console = _console_rows(capsys.readouterr().out)
+    # no cost oracle: no static setting meets the SLO under this overload
+    expected = {"triton_like", "adaptive_pid_shed", "best_static", "best_static_shed"}
+    assert set(markdown) == set(console) == expected
+
+    def goodput(row: list[str]) -> float:
+        return float(row[0].replace(",", ""))
+
+    best, best_shed = goodput(markdown["best_static"]), goodput(markdown["best_static_shed"])
+    assert best_shed > 1.5 * best  # the two yardsticks differ
+    for name, reference in [
+        ("triton_like", best),
+        ("adaptive_pid_shed", best_shed),
+        ("best_static_shed", best_shed),
+    ]:
+        # markdown: goodput, vs best, attainment, p99, ms/req, vs oracle, ms per good, ...
+        md, con = markdown[name], console[name]
+        assert md[1] == f"{goodput(md) / reference:.2f}"
+        # console: goodput/s, vs best, in SLO, p99 ms, dev ms/req, vs oracle, ms per good, ...
+        assert (con[0], con[1], con[4], con[5], con[6]) == (md[0], md[1], md[4], md[5], md[6])
+        assert con[5] == "-"  # vs oracle: there is no oracle

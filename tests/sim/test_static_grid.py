@@ -7,14 +7,17 @@ from dataclasses import replace
 import numpy as np
 
 from adaptive_batcher.sim.scenarios import (
+    CONTENDERS,
     SCENARIOS,
     Scenario,
     best_static,
     cost_oracle,
     make_scenarios,
+    sheds,
     static_grid,
 )
 from adaptive_batcher.sim.service import TableService
+from adaptive_batcher.sim.simulator import SimConfig
 from adaptive_batcher.sim.workloads import Poisson
 from adaptive_batcher.slo import SLO
 
@@ -46,3 +49,10 @@ def test_cost_oracle_is_the_cheapest_setting_that_meets_the_slo() -> None:
         r.result.device_ms_per_request for r in meeting
     )
     assert oracle.window_ms == 20.0  # the wider window fills batches: less device time each
+
+
+def test_the_shedding_contenders_are_told_apart_by_their_configuration() -> None:
+    scenario = SCENARIOS["poisson_30"]
+    shedding = {name for name, make in CONTENDERS.items() if sheds(make(scenario))}
+    assert shedding == {"adaptive_pid_shed", "bandit_ucb_shed", "bandit_thompson_shed"}
+    assert sheds(SimConfig(64, 0.0, deadline_ms=40.0))  # a static setting with shedding
