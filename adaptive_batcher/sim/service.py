@@ -418,6 +418,12 @@ def _interpolate(x: float, xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float
     return float(np.interp(x, xs, ys))
 
 
+def _set_float(model: object, name: str, value: float) -> None:
+    """Store a field of a frozen model as the float its check returned: a ``Fraction``,
+    numpy scalar or int given for it reads (``name``, ``repr``) and computes as that float."""
+    object.__setattr__(model, name, value)
+
+
 class _Wrapper:
     """A service model around another (``inner``): its memory is the inner model's."""
 
@@ -462,7 +468,7 @@ class Noisy(_Wrapper):
 
     def __post_init__(self) -> None:
         check_service_model("inner", self.inner)
-        check_in_range("cv", self.cv, 0.0, MAX_NOISE_CV)
+        _set_float(self, "cv", check_in_range("cv", self.cv, 0.0, MAX_NOISE_CV))
         sigma = math.sqrt(math.log1p(self.cv * self.cv))
         object.__setattr__(self, "_sigma", sigma)
         object.__setattr__(self, "_mu", -0.5 * sigma * sigma)
@@ -511,9 +517,9 @@ class Stalls(_Wrapper):
 
     def __post_init__(self) -> None:
         check_service_model("inner", self.inner)
-        check_in_range("probability", self.probability, 0.0, 1.0)
-        check_batch_time("scale_s", self.scale_s, strict=True)
-        check_number("alpha", self.alpha, 1.0, strict=True)
+        _set_float(self, "probability", check_in_range("probability", self.probability, 0.0, 1.0))
+        _set_float(self, "scale_s", check_batch_time("scale_s", self.scale_s, strict=True))
+        _set_float(self, "alpha", check_number("alpha", self.alpha, 1.0, strict=True))
 
     @property
     def name(self) -> str:
@@ -558,8 +564,8 @@ class Spikes(_Wrapper):
 
     def __post_init__(self) -> None:
         check_service_model("inner", self.inner)
-        check_in_range("probability", self.probability, 0.0, 1.0)
-        check_in_range("factor", self.factor, 1.0, 1000.0)
+        _set_float(self, "probability", check_in_range("probability", self.probability, 0.0, 1.0))
+        _set_float(self, "factor", check_in_range("factor", self.factor, 1.0, 1000.0))
 
     @property
     def name(self) -> str:

@@ -245,12 +245,18 @@ def _check_duration(duration_s: float, rng: object) -> float:
     return check_number("duration_s", duration_s, 0.0)
 
 
-def _check_rate(name: str, value: float) -> None:
-    check_number(name, value, 0.0)
+def _check_rate(name: str, value: float) -> float:
+    return check_number(name, value, 0.0)
 
 
-def _check_positive(name: str, value: float) -> None:
-    check_number(name, value, 0.0, strict=True)
+def _check_positive(name: str, value: float) -> float:
+    return check_number(name, value, 0.0, strict=True)
+
+
+def _set_float(workload: object, name: str, value: float) -> None:
+    """Store a field of a frozen workload as the float its check returned: a ``Fraction``,
+    numpy scalar or int given for it reads (``name``, ``repr``) and computes as that float."""
+    object.__setattr__(workload, name, value)
 
 
 def _renewal_times(
@@ -346,7 +352,7 @@ class Poisson:
     sizes: SizeSampler | None = None
 
     def __post_init__(self) -> None:
-        _check_rate("rate_rps", self.rate_rps)
+        _set_float(self, "rate_rps", _check_rate("rate_rps", self.rate_rps))
 
     @property
     def name(self) -> str:
@@ -383,8 +389,8 @@ class Gamma:
     sizes: SizeSampler | None = None
 
     def __post_init__(self) -> None:
-        _check_rate("rate_rps", self.rate_rps)
-        _check_positive("cv", self.cv)
+        _set_float(self, "rate_rps", _check_rate("rate_rps", self.rate_rps))
+        _set_float(self, "cv", _check_positive("cv", self.cv))
         if not MIN_GAMMA_CV <= self.cv <= MAX_GAMMA_CV:
             raise ValueError(f"cv must be in [{MIN_GAMMA_CV:g}, {MAX_GAMMA_CV:g}], got {self.cv!r}")
 
@@ -428,10 +434,10 @@ class MMPPBursts:
     sizes: SizeSampler | None = None
 
     def __post_init__(self) -> None:
-        _check_rate("base_rps", self.base_rps)
-        _check_rate("burst_rps", self.burst_rps)
-        _check_positive("mean_on_s", self.mean_on_s)
-        _check_positive("mean_off_s", self.mean_off_s)
+        _set_float(self, "base_rps", _check_rate("base_rps", self.base_rps))
+        _set_float(self, "burst_rps", _check_rate("burst_rps", self.burst_rps))
+        _set_float(self, "mean_on_s", _check_positive("mean_on_s", self.mean_on_s))
+        _set_float(self, "mean_off_s", _check_positive("mean_off_s", self.mean_off_s))
 
     @property
     def on_fraction(self) -> float:
@@ -516,12 +522,14 @@ class Diurnal:
     sizes: SizeSampler | None = None
 
     def __post_init__(self) -> None:
-        _check_rate("mean_rps", self.mean_rps)
+        _set_float(self, "mean_rps", _check_rate("mean_rps", self.mean_rps))
         if not math.isfinite(self.amplitude) or not 0.0 <= self.amplitude <= 1.0:
             raise ValueError(f"amplitude must be in [0, 1], got {self.amplitude!r}")
-        _check_positive("period_s", self.period_s)
+        _set_float(self, "amplitude", float(self.amplitude))
+        _set_float(self, "period_s", _check_positive("period_s", self.period_s))
         if not math.isfinite(self.phase_s):
             raise ValueError(f"phase_s must be finite, got {self.phase_s!r}")
+        _set_float(self, "phase_s", float(self.phase_s))
 
     @property
     def name(self) -> str:
@@ -582,7 +590,7 @@ class Steps:
             raise ValueError("rates_rps must hold at least one rate")
         for i, rate in enumerate(rates):
             _check_rate(f"rates_rps[{i}]", rate)
-        _check_positive("step_s", self.step_s)
+        _set_float(self, "step_s", _check_positive("step_s", self.step_s))
         object.__setattr__(self, "rates_rps", rates)
         object.__setattr__(self, "_starts", np.arange(len(rates), dtype=np.float64) * self.step_s)
 
@@ -642,6 +650,7 @@ class ClosedLoop:
             raise ValueError(f"clients must be an integer >= 1, got {self.clients!r}")
         if not math.isfinite(self.think_s) or self.think_s < 0:
             raise ValueError(f"think_s must be finite and >= 0, got {self.think_s!r}")
+        _set_float(self, "think_s", float(self.think_s))
         duration = check_number("duration_s", self.duration_s, 0.0)
         object.__setattr__(self, "duration_s", duration)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -462,6 +464,40 @@ def test_noisy_delegates_memory_and_names() -> None:
     assert model.name == "noisy(lin, cv=0.1)"
     with pytest.raises(ValueError, match=r"^cv must be a number in \[0, 10\], got -0.1$"):
         Noisy(inner, cv=-0.1)
+
+
+@pytest.mark.parametrize(
+    ("build", "name"),
+    [
+        (lambda n: Noisy(LinearService(0.01, 0.0), cv=n(3, 10)), "noisy(linear, cv=0.3)"),
+        (
+            lambda n: Stalls(
+                LinearService(0.01, 0.0), probability=n(1, 20), scale_s=n(1, 200), alpha=n(3, 2)
+            ),
+            "stalls(linear, p=0.05, scale=5 ms, alpha=1.5)",
+        ),
+        (
+            lambda n: Spikes(LinearService(0.01, 0.0), probability=n(1, 20), factor=n(10, 1)),
+            "spikes(linear, p=0.05, x10)",
+        ),
+        (lambda n: ColdShapes(LinearService(0.01, 0.0), cold_s=n(3, 10)), "cold(linear, +0.3s)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "number",
+    [Fraction, lambda a, b: np.float32(a / b), lambda a, b: a / b],
+    ids=["Fraction", "float32", "float"],
+)
+def test_names_show_any_number_type_as_the_float_it_was_checked_as(
+    build: Callable[[Callable[[int, int], object]], ServiceModel],
+    name: str,
+    number: Callable[[int, int], object],
+) -> None:
+    """Before: a Fraction (accepted: it is a real number) made ``name`` raise TypeError on
+    Python 3.11 (``format(Fraction(3, 10), "g")``), and the field kept the Fraction."""
+    model = build(number)
+    assert model.name == name
+    assert "Fraction" not in repr(model) and "float32" not in repr(model)
 
 
 @pytest.mark.parametrize("cv", [10.000001, 1e6, 1e200, math.inf, math.nan])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -271,6 +272,24 @@ def test_names() -> None:
     assert MMPPBursts(1, 2, 3, 4).name == "mmpp(1/2 rps, on 3 s/off 4 s)"
     assert Diurnal(5, 0.5, 60).name == "diurnal(5 rps +-0.5, period 60 s)"
     assert Steps((1000, 3000), 60).name == "steps(1000/3000 rps every 60 s)"
+
+
+def test_names_show_any_number_type_as_the_float_it_was_checked_as() -> None:
+    """Before: a Fraction (accepted: it is a real number) made ``name`` raise TypeError on
+    Python 3.11 (``format(Fraction(1, 2), "g")``), and the field kept the Fraction."""
+    half = Fraction(1, 2)
+    built = [
+        (Poisson(half), "poisson(0.5 rps)"),
+        (Gamma(half, half), "gamma(0.5 rps, cv=0.5)"),
+        (MMPPBursts(half, half, half, half), "mmpp(0.5/0.5 rps, on 0.5 s/off 0.5 s)"),
+        (Diurnal(half, half, half, phase_s=half), "diurnal(0.5 rps +-0.5, period 0.5 s)"),
+        (Steps((half,), half), "steps(0.5 rps every 0.5 s)"),
+        (ClosedLoop(1, half, duration_s=half), "closed(1 clients, think 0.5 s)"),
+        (Poisson(np.float32(0.1)), "poisson(0.1 rps)"),
+    ]
+    for workload, name in built:
+        assert workload.name == name
+        assert "Fraction" not in repr(workload) and "float32" not in repr(workload)
 
 
 @pytest.mark.parametrize(
