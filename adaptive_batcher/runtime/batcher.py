@@ -611,6 +611,16 @@ class AdaptiveBatcher(Generic[X, Y]):
         while they fit the size in units; the batch is then padded as in serving, and the size
         it ran at is what counts as warmed (a size no item fits is skipped).
 
+        With ``max_concurrent_batches`` N > 1, the smallest size then runs on every execution
+        slot at once: N calls together, as serving at full concurrency runs them and never more.
+        A thread executor starts its N worker threads there (calls one at a time would start
+        only one), so whatever the framework sets up per thread on its first call (torch: a
+        thread's CUDA library handles, its OpenMP team) is paid now, not by the first burst
+        that needs N slots. A later ``set_limits(max_concurrent_batches=...)`` starts a fresh
+        pool of threads: warm up again after it. The warm-up's calls are not counted against
+        the slots of serving batches: call it before taking traffic (called while batches run,
+        its calls run beside them).
+
         With an SLO and a controller but no ``service_profile``, each size then runs twice more,
         warm, and the faster of the two times start the controller's service-time model
         (logged as ``batcher.service_times_seeded``): its plan (and
@@ -647,18 +657,32 @@ class AdaptiveBatcher(Generic[X, Y]):
             ran = pad_target(self._buckets, units) if self._buckets else units
             batches[ran] = (items, units)
             timings[ran] = await self._timed_call(items, units)
+        slots = await self._warm_slots(batches[min(batches)]) if batches else 0
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
             "batcher.warmed_up",
             batcher=self.name,
             sizes=sorted(timings),
             total_ms=round(sum(timings.values()) * 1e3, 3),
+            slots=slots,
         )
         if self._core.wants_service_times:
             await self._seed_service_times(batches)
         if freeze_gc:
             _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
         return timings
+
+    async def _warm_slots(self, batch: tuple[list[X], int]) -> int:
+        """Run ``batch`` on every execution slot at once (not again with one slot: every
+        size's call ran on it); returns the number of slots warmed.
+
+        Raises:
+            BatcherClosedError, Exception: as :meth:`_timed_call`.
+        """
+        slots = self._engine.limits.max_concurrent_batches
+        if slots > 1:
+            await asyncio.gather(*(self._timed_call(*batch) for _ in range(slots)))
+        return slots
 
     async def _seed_service_times(self, batches: dict[int, tuple[list[X], int]]) -> None:
         """Time two warm calls per size and start the controller's model from the faster: a
