@@ -1,15 +1,29 @@
 """The README's FastAPI service, run as written: its /metrics endpoint, scraped after some
-requests, shows the batcher's counts."""
+requests, shows the batcher's counts; the batcher's typed errors become HTTP answers a client
+can act on."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import torch
 
+from adaptive_batcher import (
+    BatcherClosedError,
+    BatcherError,
+    BatchFailedError,
+    DeadlineExceededError,
+    ItemTooLargeError,
+    PaddingError,
+    QueueFullError,
+    ResultCountError,
+)
 from adaptive_batcher.export.prometheus import unregister_prometheus
 from tests.export.helpers import parse, value
 
@@ -19,20 +33,25 @@ _EXAMPLE = re.compile(
 )
 
 
-def readme_app() -> Any:
-    """The ``app`` the README's FastAPI example defines."""
+def readme_namespace() -> dict[str, Any]:
+    """The globals of the README's FastAPI example, run as written (``app``, ``forward``, ...)."""
     found = _EXAMPLE.search(README.read_text(encoding="utf-8"))
     assert found is not None, "README.md has no FastAPI example"
     namespace: dict[str, Any] = {"__name__": "readme_fastapi_example"}
     exec(compile(found.group(1), "README.md (FastAPI example)", "exec"), namespace)
-    return namespace["app"]
+    return namespace
+
+
+def readme_app() -> Any:
+    """The ``app`` the README's FastAPI example defines."""
+    return readme_namespace()["app"]
 
 
 def test_the_metrics_endpoint_shows_the_batchers_counts() -> None:
     app = readme_app()
     requests = 40
 
-    async def main() -> tuple[Any, str, list[int]]:
+    async def main() -> tuple[Any, str, list[httpx.Response]]:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -46,9 +65,10 @@ def test_the_metrics_endpoint_shows_the_batchers_counts() -> None:
                 batcher = app.state.batcher
                 stats = batcher.stats()
             unregister_prometheus(batcher)  # the default registry outlives this test
-        return stats, metrics.text, [a.status_code for a in answers]
+        return stats, metrics.text, list(answers)
 
-    stats, text, statuses = asyncio.run(main())
+    stats, text, answers = asyncio.run(main())
+    statuses = [a.status_code for a in answers]
     counts = stats.counts
     assert counts.submitted == requests
     assert statuses.count(200) == counts.completed > 0  # the rest shed under load: 503
@@ -67,3 +87,104 @@ def test_the_metrics_endpoint_shows_the_batchers_counts() -> None:
         batches
     )
     assert value(samples, "adaptive_batcher_slo_latency_seconds", batcher="linear") == 0.05
+    for answer in answers:
+        if answer.status_code == 503:  # shed under load
+            assert answer.headers["retry-after"] == "1"
+            assert answer.json()["error"] == "DeadlineExceededError"
+
+
+POISON = 7.0  # a first feature the model below fails on
+
+
+def poisoned(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``forward`` that raises for the whole batch when one row starts with ``POISON``."""
+
+    def maybe_fail(rows: torch.Tensor) -> torch.Tensor:
+        if bool((rows[:, 0] == POISON).any()):
+            raise RuntimeError("the model failed")
+        return forward(rows)
+
+    return maybe_fail
+
+
+def serve(
+    namespace: dict[str, Any], exchange: Callable[[httpx.AsyncClient], Awaitable[Any]]
+) -> Any:
+    """Run ``exchange`` against the example's app between its start and shutdown."""
+    app = namespace["app"]
+
+    async def main() -> Any:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                result = await exchange(client)
+            unregister_prometheus(app.state.batcher)  # the default registry outlives this test
+        return result
+
+    return asyncio.run(main())
+
+
+def test_a_model_failure_is_a_500_naming_the_error_and_spares_the_neighbours() -> None:
+    """Before: the BatchFailedError left the endpoint unhandled (a bare 500, no body to act
+    on)."""
+    namespace = readme_namespace()
+    namespace["forward"] = poisoned(namespace["forward"])  # read when the app starts
+
+    async def exchange(client: httpx.AsyncClient) -> list[httpx.Response]:
+        good, bad = [0.5] * 256, [POISON] + [0.5] * 255
+        return list(
+            await asyncio.gather(*(client.post("/predict", json=x) for x in (good, bad, good)))
+        )
+
+    first, failed, last = serve(namespace, exchange)
+    assert (first.status_code, last.status_code) == (200, 200)  # bisect_on_error
+    assert failed.status_code == 500
+    assert failed.json() == {"error": "BatchFailedError", "cause": "RuntimeError"}
+
+
+@pytest.mark.parametrize("features", [[0.5] * 3, [0.5] * 257, {"x": 1.0}, ["a"] * 256])
+def test_input_of_the_wrong_shape_is_a_422_and_never_reaches_the_batcher(features: Any) -> None:
+    """Before: a wrong-length row reached the model and failed its batch (a bare 500)."""
+    namespace = readme_namespace()
+
+    async def exchange(client: httpx.AsyncClient) -> tuple[int, int]:
+        answer = await client.post("/predict", json=features)
+        return answer.status_code, namespace["app"].state.batcher.stats().counts.submitted
+
+    assert serve(namespace, exchange) == (422, 0)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "body"),
+    [
+        (QueueFullError("queue is full (3 requests waiting)"), 503, "queue is full"),
+        (DeadlineExceededError("request did not start before its deadline"), 503, "deadline"),
+        (BatcherClosedError("batcher is closed"), 503, "closed"),
+        (ItemTooLargeError("item size 9 is outside 1..8"), 422, "outside 1..8"),
+        (BatchFailedError(ValueError("secret"), 4), 500, None),
+        (ResultCountError("3 results for 4 items"), 500, None),
+        (PaddingError("pad_fn returned 3 items"), 500, None),
+    ],
+)
+def test_each_typed_error_becomes_an_http_answer(
+    error: BatcherError, status: int, body: str | None
+) -> None:
+    """What the handler answers for every error the batcher raises (an endpoint that raises it
+    stands for a ``submit``)."""
+    namespace = readme_namespace()
+
+    @namespace["app"].get("/fails")
+    async def fails() -> None:
+        raise error
+
+    answer = serve(namespace, lambda client: client.get("/fails"))
+    assert answer.status_code == status
+    got = answer.json()
+    assert got["error"] == type(error).__name__
+    if status == 503:
+        assert answer.headers["retry-after"] == "1"
+    if body is None:  # a server-side failure: its message stays in the logs
+        assert "detail" not in got
+        assert "secret" not in answer.text
+    else:
+        assert body in got["detail"]
