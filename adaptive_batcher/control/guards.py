@@ -168,15 +168,26 @@ class BudgetGuard(Guard):
     When the SLO cannot be met even by a batch of one (``2 * service(smallest cap) > budget``),
     the guard says so once (``controller.slo_unreachable`` warning), flags the decision
     (``slo_unreachable``) and degrades to the lowest-latency setting: window 0, with the cap
-    still kept where it keeps up.
+    still kept where it keeps up. The verdict rests on what the batches have shown: the
+    service-time fit is flat below the smallest batch it has seen, so after a cold burst of
+    full batches (512 at 32 ms) it reads a batch of one at 32 ms where the device takes 3.7. The
+    guard tracks the smallest batch seen, in units (at most the smallest mean batch of a tick,
+    :attr:`smallest_units_seen`); while that is above the smallest cap, ``service(smallest
+    cap)`` is the fit's trend from there (its secant from that size to twice it) continued
+    down to the smallest cap: a fit flat there keeps its value, one that grows in proportion
+    (a burst's full batches, the only sizes seen) says nothing is known yet, and no verdict
+    is given until smaller batches are seen.
     """
 
     def __init__(self, inner: Policy, min_samples: int = 20) -> None:
         super().__init__(inner)
         self.min_samples = min_samples
         self.slo_unreachable = False
+        self.smallest_units_seen = math.inf
+        """The smallest batch seen so far is at most this many units (inf: no batch yet)."""
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
+        self._note_batches(observation)
         budget = observation.budget_ms
         plan = observation.plan()
         if math.isnan(budget):
@@ -212,9 +223,33 @@ class BudgetGuard(Guard):
             return decision
         return decision.with_(window_ms=window, reason="budget.blind")
 
+    def _note_batches(self, observation: Observation) -> None:
+        """Lower :attr:`smallest_units_seen` to the tick's mean batch, in units (its smallest
+        batch was at most that)."""
+        if observation.batches > 0:
+            mean_units = observation.fill_ratio * observation.current.max_batch_size
+            if mean_units >= 1.0:  # False for NaN
+                floor = math.floor(mean_units + 1e-9)  # a mean of whole units, in floats
+                self.smallest_units_seen = min(self.smallest_units_seen, floor)
+
+    def _floor_service_ms(self, observation: Observation, smallest: int) -> float:
+        """The service time of a batch of ``smallest`` units as far as the batches seen show
+        it, ms (NaN before any batch): the fit's own value once a batch that small was seen,
+        else its trend from the smallest batch seen continued down, at least 0 (see the class)."""
+        seen = self.smallest_units_seen
+        if seen <= smallest:
+            return observation.service_ms(smallest)
+        if math.isinf(seen):
+            return math.nan
+        fit = observation.service_upper_ms or observation.service_ms  # in proportion beyond
+        size = int(seen)
+        at_seen = fit(size)
+        slope = max(fit(2 * size) - at_seen, 0.0) / size
+        return max(at_seen - slope * (size - smallest), 0.0)
+
     def _note_reachability(self, observation: Observation, smallest: int, budget: float) -> bool:
-        floor_service = observation.service_ms(smallest)
-        unreachable = 2.0 * floor_service > budget
+        floor_service = self._floor_service_ms(observation, smallest)
+        unreachable = 2.0 * floor_service > budget  # False for NaN: no verdict yet
         if unreachable and not self.slo_unreachable:
             _log.warning(
                 "controller.slo_unreachable",
@@ -222,6 +257,7 @@ class BudgetGuard(Guard):
                 two_batches_ms=round(2.0 * floor_service, 3),
                 service_ms_at_smallest=round(floor_service, 3),
                 smallest_batch_size=smallest,
+                smallest_units_seen=self.smallest_units_seen,
             )
         self.slo_unreachable = unreachable
         return unreachable

@@ -7,14 +7,16 @@ memory pressure, and no request is lost.
 from __future__ import annotations
 
 import numpy as np
+from structlog.testing import capture_logs
 
 from adaptive_batcher.control.controller import default_guards
+from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import PID
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.scenarios import warmup_seed
 from adaptive_batcher.sim.service import LinearService, MemoryLimit, TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
-from adaptive_batcher.sim.workloads import ClosedLoop, Poisson, Steps
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, Poisson, Steps
 from adaptive_batcher.slo import SLO
 
 RESNET = TableService.from_h200("resnet50")  # ../shared/profiles/h200/batch_profile.csv
@@ -127,3 +129,27 @@ def test_window_closes_for_closed_loop_clients_fewer_than_the_cap() -> None:
     )
     assert adaptive.series.decisions[-1, 1] == 0.0
     assert adaptive.throughput_rps > 0.8 * natural.throughput_rps
+
+
+def cold_burst_warnings(slo: SLO) -> list[dict[str, object]]:
+    """The ``controller.slo_unreachable`` warnings of a cold start (no warm-up, no profile)
+    on resnet50 hit by 10,000 requests at once, then 200 req/s for 3 s."""
+    light = Poisson(200.0).generate(3.0, np.random.default_rng(0))
+    times = np.sort(np.concatenate([np.zeros(10_000), light.times_s]))
+    arrivals = Arrivals(times, np.ones(times.size, dtype=np.int64), "cold burst", 3.0)
+    config = SimConfig(512, 0.0, slo=slo, policy=PID(), bounds=Bounds(0.0, 50.0, 1, 512))
+    with capture_logs() as logs:
+        result = Simulator(RESNET, config).run(arrivals)
+    assert result.lost == 0
+    return [e for e in logs if e["event"] == "controller.slo_unreachable"]
+
+
+def test_a_cold_burst_of_full_batches_is_no_sign_of_an_unreachable_slo() -> None:
+    """Before: the burst's batches of 512 (32 ms) were the only sizes the service-time fit had
+    seen at the first tick; flat below them, it put a batch of one at 32 ms, and the controller
+    warned that SLO p99 50 ms was out of reach (two batches 64 ms > 40 ms) on a device that
+    answers a batch of one in 3.7 ms."""
+    assert cold_burst_warnings(SLO(latency_ms=50.0)) == []
+    # a 9 ms SLO (budget 7.2 ms) is out of reach for the 3.7 ms floor: still said, once
+    [warning] = cold_burst_warnings(SLO(latency_ms=9.0))
+    assert warning["service_ms_at_smallest"] > 3.6

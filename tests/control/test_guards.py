@@ -17,7 +17,10 @@ from adaptive_batcher.control.guards import (
     StepGuard,
     UnusedWindowGuard,
 )
+from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.metrics.recorder import BatchSample
+from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
 from tests.control.factories import linear_ms, observe
 
@@ -174,6 +177,71 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
     assert (logs[0]["two_batches_ms"], logs[0]["budget_ms"]) == (60.0, 40.0)
     assert guard.decide(observe()).slo_unreachable is False
     assert guard.slo_unreachable is False
+
+
+# resnet50 on an H200 (the shipped table), ms: launch-bound to 32, then about proportional
+RESNET_MS = {1: 3.68, 8: 3.97, 32: 4.04, 64: 7.22, 128: 8.78, 256: 16.65, 512: 32.23}
+
+
+def fitted(sizes: list[int]) -> ServiceTimeEstimator:
+    """The controller's service-time fit after 8 batches of each of ``sizes`` (resnet50)."""
+    estimator = ServiceTimeEstimator()
+    batches = [BatchSample(0.0, n, n, RESNET_MS[n] / 1e3) for n in sizes for _ in range(8)]
+    estimator.update(batches, len(batches))
+    return estimator
+
+
+def observe_fit(estimator: ServiceTimeEstimator, batch_units: int, **changes: Any) -> Observation:
+    """A tick of batches of ``batch_units`` (the cap), planned on ``estimator``."""
+    return observe(
+        current=Decision(0.0, batch_units),
+        fill_ratio=1.0,
+        service_ms=estimator.predict_ms,
+        service_upper_ms=estimator.upper_ms,
+        **changes,
+    )
+
+
+def test_budget_guard_gives_no_verdict_from_a_cold_bursts_full_batches_only() -> None:
+    """Before: after a cold burst of full batches (512 at 32 ms), the fit, flat below the
+    smallest size it has seen, put a batch of one at 32 ms, and the guard declared the SLO
+    out of reach (two batches 64 ms > a 40 ms budget) where a batch of one takes 3.7 ms."""
+    guard = guarded(BudgetGuard, Decision(0.0, 512, "p"))
+    burst = fitted([512])
+    assert burst.predict_ms(1) == RESNET_MS[512]  # the flat extrapolation
+    with capture_logs() as logs:
+        decision = guard.decide(observe_fit(burst, 512))
+    assert logs == [] and decision.slo_unreachable is False
+    assert guard.smallest_units_seen == 512
+    # the burst drains: small batches come, and the fit knows the floor
+    with capture_logs() as logs:
+        decision = guard.decide(observe_fit(fitted([1, 8, 32, 512]), 1))
+    assert logs == [] and decision.slo_unreachable is False
+    assert guard.smallest_units_seen == 1
+
+
+def test_budget_guard_still_finds_an_slo_out_of_reach_from_a_flat_fit() -> None:
+    """A fit flat from the smallest batch seen to twice it (launch-bound) is taken at its word
+    below it: SLO 9 ms (budget 7.2 ms) against resnet50's 3.7-4 ms floor, with batches of 8 or
+    more seen; and from a batch of one once one is seen."""
+    tight = SLO(latency_ms=9.0)
+    for sizes, units in (([8, 32, 512], 8), ([1, 8, 512], 1)):
+        guard = guarded(BudgetGuard, Decision(0.0, 512, "p"))
+        with capture_logs() as logs:
+            decision = guard.decide(observe_fit(fitted(sizes), units, slo=tight))
+        assert decision.slo_unreachable is True, sizes
+        assert [e["event"] for e in logs] == ["controller.slo_unreachable"]
+        assert logs[0]["smallest_units_seen"] == units
+        assert 2 * 3.6 < logs[0]["two_batches_ms"] <= 2 * RESNET_MS[8]
+
+
+def test_budget_guard_gives_no_verdict_before_any_batch() -> None:
+    """A plan made from a seed alone, before a batch was seen: no verdict yet."""
+    guard = guarded(BudgetGuard, Decision(0.0, 512, "p"))
+    seeded = ServiceTimeEstimator(seed=[(512, 32.23)])
+    tick = observe(batches=0, fill_ratio=math.nan, service_ms=seeded.predict_ms)
+    assert guard.decide(tick).slo_unreachable is False
+    assert guard.smallest_units_seen == math.inf
 
 
 def unknown_ms(batch_size: int) -> float:
