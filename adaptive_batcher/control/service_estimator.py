@@ -22,14 +22,19 @@ Error bars: every batch's measured time is also compared with the fit's predicti
 size; :attr:`ServiceTimeEstimator.spread` is the ``spread_quantile`` of those ratios over the last
 ``spread_window`` batches (at least 1), and :meth:`~ServiceTimeEstimator.high_ms` is the prediction
 times that spread. Service-time noise, stalls and CPU contention (a fixed batch size drifting up
-between refits) all widen it, so the controller plans windows with the noise it has seen.
+between refits) all widen it, so the controller plans windows with the noise it has seen:
+the body's quantiles (:meth:`~ServiceTimeEstimator.noise_ms`, ``deep_ms``) for the batches a
+window waits out, and the raw 99th percentile (:meth:`~ServiceTimeEstimator.tail_ms`) for the
+batch a p99 request rides.
 :attr:`~ServiceTimeEstimator.contention` is the fit's current level over the lowest level it has
 had (1: as fast as ever), a signal for logs and guards.
 
 Isolated outliers: a garbage-collector pause or a descheduled process stops the event loop for
 tens to hundreds of ms, and the batch running meanwhile measures the whole stall. A batch of a
-size within the fitted range that takes more than ``OUTLIER_FACTOR`` times the error bars over
-its prediction counts in the error bars but is held out of its size's samples, unless such
+size within the fitted range that takes more than ``OUTLIER_FACTOR`` times the noise body's
+error bars (:meth:`~ServiceTimeEstimator.noise_ms`) over its prediction counts in the error bars
+but is held out of its size's samples (the body's: stalls or spikes on 5 % of the batches set
+the raw 95th percentile themselves, and three times it let no stall count), unless such
 batches become the majority of the recent ones (``OUTLIER_CONFIRM`` of the last
 ``OUTLIER_WINDOW``): then the service time has changed, and they all count. Without this, one
 stall on a batch of a size seen once or twice became that size's median, and the monotone fit
@@ -54,8 +59,12 @@ __all__ = [
     "DEEP_Z",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
+    "OUTLIER_ELASTICITY_MIN",
     "OUTLIER_FACTOR",
+    "OUTLIER_LEVERAGE",
+    "OUTLIER_MEMORY",
     "OUTLIER_WINDOW",
+    "TAIL_QUANTILE",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -64,12 +73,24 @@ OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of propo
 _TABLE_SIZES = 4096  # at most this many sizes predicted at once after a refit
 
 OUTLIER_FACTOR = 3.0
-"""A batch measured above ``OUTLIER_FACTOR * spread`` times its prediction is an outlier: with
-error bars of 1.2 (what the issue's closed loop gives), 3.6 times the prediction, beyond
-service-time noise."""
+"""A batch measured above ``OUTLIER_FACTOR`` times the noise body's 95th percentile (see
+:meth:`ServiceTimeEstimator.noise_ms`) times its prediction is an outlier: with error bars of
+1.2 (what the issue's closed loop gives), 3.6 times the prediction, beyond service-time
+noise."""
 
 OUTLIER_WINDOW = 8
 """Recent batches among which outliers are counted."""
+
+OUTLIER_ELASTICITY_MIN = 8
+"""Recent outliers needed before :attr:`ServiceTimeEstimator.outlier_elasticity` is measured."""
+
+OUTLIER_MEMORY = 32
+"""Recent outliers behind :attr:`ServiceTimeEstimator.outlier_elasticity`."""
+
+OUTLIER_LEVERAGE = math.log(1.25)
+"""The least log-ratio between the predicted times of the longer and the shorter half of the
+outliers for their elasticity to be measured (batches of about the same time cannot show how
+an outlier's excess grows with the batch)."""
 
 OUTLIER_CONFIRM = 5
 """Outliers among the last ``OUTLIER_WINDOW`` batches that make them a change of service time,
@@ -81,6 +102,9 @@ DEEP_Z = 3.09
 each at it are exceeded together with probability ~1.5e-5 under 30 % lognormal noise (Monte
 Carlo), so a request that waits out one batch and rides the next misses its SLO about once in
 60,000 such pairs."""
+
+TAIL_QUANTILE = 0.99
+"""Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.tail_ms`."""
 
 _NORMAL_IQR = 1.349  # interquartile range of a standard normal distribution
 
@@ -145,6 +169,8 @@ class ServiceTimeEstimator:
         self._spread_z = NormalDist().inv_cdf(spread_quantile)
         self._body = (1.0, 0.0)
         self._body_at = 0  # the ratios taken when the body was last fitted
+        self._tail = 1.0
+        self._tail_at = 0
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
@@ -152,7 +178,10 @@ class ServiceTimeEstimator:
         self._held: deque[tuple[int, int, float]] = deque()  # (batch number, units, ms)
         self._taken = 0
         self.outliers_held_out = 0
+        self.outliers_seen = 0
         self.last_stall_s = -math.inf  # when the last batch held out as an outlier ended, s
+        self._outliers: deque[tuple[float, float]] = deque(maxlen=OUTLIER_MEMORY)
+        self._elasticity = (0, math.nan)  # (outliers seen when measured, the elasticity)
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -167,7 +196,11 @@ class ServiceTimeEstimator:
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
         # the error bars as last read (reading them here would move when they are recomputed)
-        outlier_ratio = OUTLIER_FACTOR * self._spread if self._ends is not None else math.inf
+        outlier_ratio = (
+            OUTLIER_FACTOR * self._body_quantile(self._spread_z)
+            if self._ends is not None
+            else math.inf
+        )
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.units > 0 and self._take(sample.units, sample.service_s * 1e3, outlier_ratio):
                 self.last_stall_s = sample.end_s
@@ -201,6 +234,9 @@ class ServiceTimeEstimator:
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
                 known = self._ends is not None and units <= self._ends[1]
                 outlier = known and measured_ms > outlier_ratio * predicted
+                if outlier:
+                    self._outliers.append((predicted, measured_ms - predicted))
+                    self.outliers_seen += 1
         self._taken += 1
         self._recent_outliers.append(outlier)
         held = self._held
@@ -252,6 +288,21 @@ class ServiceTimeEstimator:
             self._spread_at = self._ratios_taken
         return self._spread
 
+    @property
+    def outlier_elasticity(self) -> float:
+        """How an outlier's excess time grows with its batch's predicted time: the log-ratio
+        of the median excess of the longer half of the recent outliers (by predicted time) to
+        the shorter half's, over the log-ratio of their median predicted times. About 1 when
+        outliers scale with the batch's own work (a throttled clock, interleaved kernels: a
+        smaller batch escapes part of them), about 0 for a pause added whatever the batch (a
+        garbage-collector stop). NaN until ``OUTLIER_ELASTICITY_MIN`` outliers were seen
+        among batches whose times differ enough (``OUTLIER_LEVERAGE``)."""
+        seen, value = self._elasticity
+        if seen != self.outliers_seen:
+            value = _elasticity(sorted(self._outliers))
+            self._elasticity = (self.outliers_seen, value)
+        return value
+
     def body(self) -> tuple[float, float]:
         """The noise's body: ``(median, sigma)`` of a lognormal fitted robustly to the
         measured / predicted ratios of the last ``spread_window`` batches (their median, and
@@ -285,6 +336,21 @@ class ServiceTimeEstimator:
         """:meth:`upper_ms` times the noise's :meth:`body` at its 99.9th percentile
         (``DEEP_Z``), ms (NaN before a fit): a rare batch's time."""
         return self.upper_ms(batch_size) * self._body_quantile(DEEP_Z)
+
+    def tail_ms(self, batch_size: int) -> float:
+        """:meth:`upper_ms` times the ``TAIL_QUANTILE`` of the measured / predicted ratios,
+        stalls and spikes included, ms (NaN before a fit): the time of the batch that a p99
+        request rides."""
+        return self.upper_ms(batch_size) * self._raw_quantile(TAIL_QUANTILE)
+
+    def _raw_quantile(self, q: float) -> float:
+        ordered = self._ordered_ratios
+        if not ordered:
+            return 1.0
+        if self._tail_at != self._ratios_taken:
+            self._tail = max(1.0, ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+            self._tail_at = self._ratios_taken
+        return self._tail
 
     def high_ms(self, batch_size: int) -> float:
         """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with
@@ -413,6 +479,19 @@ def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:
     q25, q50, q75 = (ordered[int(q * (count - 1))] for q in (0.25, 0.5, 0.75))
     sigma = math.log(q75 / q25) / _NORMAL_IQR if q25 > 0 else 0.0
     return q50, sigma
+
+
+def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
+    """See :attr:`ServiceTimeEstimator.outlier_elasticity`; ``outliers`` are
+    ``(predicted_ms, excess_ms)`` pairs sorted by predicted time."""
+    if len(outliers) < OUTLIER_ELASTICITY_MIN:
+        return math.nan
+    half = len(outliers) // 2
+    shorter, longer = outliers[:half], outliers[-half:]
+    leverage = math.log(_median(p for p, _ in longer) / _median(p for p, _ in shorter))
+    if leverage < OUTLIER_LEVERAGE:
+        return math.nan
+    return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
 
 
 def _median(values: Iterable[float]) -> float:

@@ -188,11 +188,17 @@ class Observation:
             :meth:`~adaptive_batcher.control.ServiceTimeEstimator.noise_ms`.
         service_deep_ms: a rare batch's service time under the noise observed, ms; see
             :meth:`~adaptive_batcher.control.ServiceTimeEstimator.deep_ms`.
+        service_tail_ms: the time of the batch a p99 request rides (stalls and spikes
+            included), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.tail_ms`.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
         last_stall_s: when the latest batch ended that the service-time fit held out as an
             isolated outlier (a stall: far beyond the error bars, its neighbours normal), s
             (-inf: none yet).
+        outlier_elasticity: how the excess time of outlier batches grows with the batch's
+            predicted time (about 1: outliers scale with the batch, and a narrower window
+            shortens them; about 0: pauses added whatever the batch; NaN: not known); see
+            :attr:`~adaptive_batcher.control.ServiceTimeEstimator.outlier_elasticity`.
         arrival_rate_peak_rps: the highest per-tick arrival rate of the recent past (~2 s),
             req/s: what plans are made for (NaN: unknown; the tick's own rate is used).
         slots: execution slots in force.
@@ -233,8 +239,10 @@ class Observation:
     service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_noise_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_deep_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_tail_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
+    outlier_elasticity: float = math.nan
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1
     device_ms_per_request: float = math.nan
@@ -278,6 +286,7 @@ class Observation:
             service_high_ms=self.service_noise_ms or self.service_high_ms or self.service_ms,
             service_upper_ms=self.service_upper_ms,
             service_deep_ms=self.service_deep_ms,
+            service_tail_ms=self.service_tail_ms,
             room_ms=self.room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,

@@ -139,6 +139,25 @@ def test_rare_batches_must_fit_the_room() -> None:
     assert hopeless.widest_window_ms(40.0, 256) == p99
 
 
+def test_the_batch_a_p99_request_rides_must_fit_the_room() -> None:
+    """Spikes of 10x on a few per cent of batches (``service_tail_ms``, the raw 99th
+    percentile): the oldest request of a batch that spikes must still meet the SLO's room, so
+    the window narrows to what that leaves; where even window 0 cannot, the constraint is
+    dropped (narrowing would then only add batches, each risking a spike)."""
+    p99 = plan().widest_window_ms(40.0, 256)
+    spiky = plan(service_tail_ms=lambda n: 10.0 * (4.0 + 0.05 * n))
+    widest = spiky.widest_window_ms(40.0, 256)
+    assert 0.0 < widest < p99
+    ride = Plan(**{**_fields(spiky), "service_high_ms": spiky.service_ms})
+    own = spiky.service_tail_ms
+    assert own is not None
+    n = ride.batch_units(widest, 256)
+    n_high = round(min(256.0, n + 2.33 * math.sqrt(n)))
+    assert max(widest, spiky.service_high_ms(round(n))) + own(n_high) <= 50.0
+    hopeless = plan(service_tail_ms=lambda n: 20.0 * (4.0 + 0.05 * n))  # 81 ms at window 0
+    assert hopeless.widest_window_ms(40.0, 256) == p99
+
+
 def _fields(p: Plan) -> dict[str, object]:
     return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.init}
 

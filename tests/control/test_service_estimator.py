@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from adaptive_batcher.control.service_estimator import (
     DEEP_Z,
     OPTIMISM,
+    OUTLIER_ELASTICITY_MIN,
     OUTLIER_FACTOR,
     ServiceTimeEstimator,
     isotonic_fit,
@@ -284,3 +286,63 @@ def test_the_noise_body_before_ratios_and_below_the_fit() -> None:
     faster = _with_ratios([0.5] * 10)  # faster than the fit: the error bars never go below it
     assert faster.body() == (0.5, 0.0)
     assert faster.noise_ms(4) == faster.deep_ms(4) == 4.0
+
+
+def test_the_tail_carries_stalls_and_spikes_the_body_leaves_out() -> None:
+    """The batch a p99 request rides: the raw 99th percentile of the ratios, so spikes of 10x
+    on 5 % of batches set it (where the body's quantiles stay near 1)."""
+    ratios = [1.0 + 0.01 * (i % 5) for i in range(1900)] + [10.0] * 100
+    estimator = _with_ratios(ratios)
+    assert estimator.tail_ms(4) == 4.0 * 10.0
+    assert estimator.noise_ms(4) < 4.0 * 1.1
+    calm = _with_ratios([1.0 + 0.01 * (i % 5) for i in range(2000)])
+    assert calm.tail_ms(4) == pytest.approx(4.0 * 1.04)
+    assert ServiceTimeEstimator().tail_ms(4) != ServiceTimeEstimator().tail_ms(4)  # NaN: no fit
+
+
+def test_spikes_on_a_few_per_cent_of_batches_are_outliers() -> None:
+    """Outliers are judged against the body's error bars, not the raw 95th percentile that
+    10x spikes on 5 % of batches set themselves (3 x 10: no spike would ever count): each
+    spike is held out of the fit and dates the last stall, which the PID reads."""
+    estimator = _with_ratios([10.0 if i % 20 == 19 else 1.0 + 0.01 * (i % 5) for i in range(2000)])
+    assert estimator.spread == pytest.approx(10.0)
+    held = estimator.outliers_held_out
+    spike = BatchSample(7.5, 4, 4, 0.004 * 10.0)
+    estimator.update([spike], total_seen=estimator._seen_total + 1)
+    assert estimator.outliers_held_out == held + 1
+    assert estimator.last_stall_s == 7.5
+
+
+def _outliers_over_sizes(excess_ms: Callable[[int], float]) -> ServiceTimeEstimator:
+    """Sizes 30-50 and 64 fitted (linear_ms: 9-15.8 ms), then every fifth batch an outlier whose
+    excess over its size's time is ``excess_ms(size)``, spread over the sizes."""
+    estimator, seen = fitted_estimator(58)
+    for round_ in range(4):
+        for n in range(30, 65, 4):
+            seen = steady(estimator, [30, 40, 50, 35], seen)
+            spike = BatchSample(float(round_), n, n, (linear_ms(n) + excess_ms(n)) / 1e3)
+            estimator.update([spike], seen + 1)
+            seen += 1
+    return estimator
+
+
+def test_outlier_elasticity_tells_spikes_from_stalls() -> None:
+    """Spikes that scale with the batch (10x its time) have an elasticity near 1; stalls
+    added whatever the batch (60 ms) near 0; a narrower window shortens only the first."""
+    spikes = _outliers_over_sizes(lambda n: 9.0 * linear_ms(n))
+    stalls = _outliers_over_sizes(lambda n: 60.0)
+    assert spikes.outliers_seen >= OUTLIER_ELASTICITY_MIN
+    assert spikes.outlier_elasticity == pytest.approx(1.0, abs=0.05)
+    assert stalls.outlier_elasticity == pytest.approx(0.0, abs=0.05)
+
+
+def test_outlier_elasticity_needs_outliers_over_batches_of_different_times() -> None:
+    estimator, seen = fitted_estimator(58)
+    assert math.isnan(estimator.outlier_elasticity)  # no outlier yet
+    for round_ in range(2 * OUTLIER_ELASTICITY_MIN):  # outliers all at one size: no leverage
+        seen = steady(estimator, [30, 40, 50, 35], seen)
+        stall = BatchSample(float(round_), 40, 40, (linear_ms(40) + 60.0) / 1e3)
+        estimator.update([stall], seen + 1)
+        seen += 1
+    assert estimator.outliers_seen >= OUTLIER_ELASTICITY_MIN
+    assert math.isnan(estimator.outlier_elasticity)

@@ -141,6 +141,18 @@ def test_an_overshoot_after_a_stall_does_not_narrow_the_window() -> None:
     assert recovering.output > before
 
 
+def test_an_overshoot_after_outliers_that_scale_with_the_batch_narrows_the_window() -> None:
+    """Outliers whose excess grows with the batch (elasticity near 1: 10x spikes) are
+    shortened by a narrower window's smaller batches: no hold for them. Pauses added whatever
+    the batch (near 0), or outliers not yet measured (NaN), keep the hold."""
+    for elasticity, holds in ((1.0, False), (0.0, True), (math.nan, True)):
+        pid = PID(settle_s=2.0)
+        pid.decide(observe(now_s=10.0, latency_ms=30.0))
+        seen = observe(now_s=10.5, latency_ms=90.0, last_stall_s=9.8, outlier_elasticity=elasticity)
+        pid.decide(seen)
+        assert (pid.output == 0.0) is holds, elasticity
+
+
 def test_no_derivative_kick_when_the_slo_changes() -> None:
     with_d, without_d = PID(kd=0.5), PID(kd=0.0)
     for pid in (with_d, without_d):
