@@ -143,25 +143,18 @@ class BatchRunner:
             await self.run([r for r in requests[:middle] if not r.handle.done()])
             await self.run([r for r in requests[middle:] if not r.handle.done()])
             return
-        failed = fail_pending(requests, exc, self.recorder)
-        _log.warning(
-            "batch.failed",
-            batcher=self.name,
-            batch_size=len(requests),
-            failed=failed,
-            error=describe(exc),
-        )
+        self._fail(requests, exc, "batch.failed")
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
         """Fail the requests still pending with ``exc`` (each its own); log
         ``batch.pad_failed``. Returns how many were failed."""
+        return self._fail(requests, exc, "batch.pad_failed")
+
+    def _fail(self, requests: list[Any], exc: BaseException, event: str) -> int:
+        """Fail the requests still pending with ``exc`` and log ``event``; how many failed."""
         failed = fail_pending(requests, exc, self.recorder)
         _log.warning(
-            "batch.pad_failed",
-            batcher=self.name,
-            batch_size=len(requests),
-            failed=failed,
-            error=describe(exc),
+            event, batcher=self.name, batch_size=len(requests), failed=failed, error=describe(exc)
         )
         return failed
 
