@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import ClassVar
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.policy import Policy
@@ -445,6 +446,8 @@ class ShedGuard(Guard):
     its max latency, and Clockwork's admission control.) When even a full batch's deadline
     leaves no time (the SLO is out of reach), nothing is shed: late answers beat none.
     """
+
+    sheds: ClassVar[bool] = True  # see Policy
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         slo, plan = observation.slo, observation.plan()

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from adaptive_batcher.control.types import Decision, Observation
 
-__all__ = ["GuardFactory", "Policy"]
+__all__ = ["GuardFactory", "Policy", "declares_shedding"]
 
 
 @runtime_checkable
@@ -23,6 +23,13 @@ class Policy(Protocol):
     the settings for the next one; it may keep state. ``reset`` is called when the policy takes
     over (at start, or when switched in at run time) with the settings then in force, so that it
     continues from them without a bump ("bumpless transfer").
+
+    A policy whose decisions fail requests by themselves (set ``Decision.shed_after_ms``), as
+    :class:`~adaptive_batcher.policies.cork.BentoCork` does, declares the class attribute
+    ``sheds = True``, and so does a guard that sheds
+    (:class:`~adaptive_batcher.control.guards.ShedGuard`); :func:`declares_shedding` reads it.
+    It is optional: a policy without it is taken not to shed. Replays compare a contender that
+    sheds with the best static setting *with* shedding, not the one without.
     """
 
     name: str
@@ -34,3 +41,9 @@ class Policy(Protocol):
 
 GuardFactory = Callable[[Policy], Policy]
 """Wraps a policy in a guard (see :mod:`adaptive_batcher.control.guards`)."""
+
+
+def declares_shedding(policy_or_guard: object) -> bool:
+    """Whether a policy or guard (an instance or its class) declares ``sheds = True``: its
+    decisions fail requests that can no longer meet the SLO (see :class:`Policy`)."""
+    return getattr(policy_or_guard, "sheds", False) is True

@@ -13,6 +13,7 @@ cap.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from adaptive_batcher.control.types import Decision, Observation
 
@@ -31,6 +32,7 @@ class BentoCork:
     """
 
     name = "bentoml_cork"
+    sheds: ClassVar[bool] = True  # its decisions set shed_after_ms (see Policy)
 
     def __init__(self, max_latency_ms: float, tick_ms: float = 1.0) -> None:
         if not max_latency_ms > 0:

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from adaptive_batcher.control.controller import default_guards
-from adaptive_batcher.control.guards import ShedGuard
-from adaptive_batcher.control.policy import Policy
+from adaptive_batcher.control.policy import Policy, declares_shedding
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
 from adaptive_batcher.policies.cork import BentoCork
@@ -354,14 +353,17 @@ CONTENDERS: dict[str, Callable[[Scenario], SimConfig]] = {
 
 def sheds(config: SimConfig) -> bool:
     """Whether ``config`` fails requests that are late rather than serve them: SLO-aware
-    shedding (``shed_late``, or a :class:`~adaptive_batcher.control.guards.ShedGuard` among its
-    guards) or a per-request deadline. Such a contender is compared with the best static
-    setting with shedding (``static_grid(..., shed=True)``), not the one without."""
-    guards = config.guards or ()
+    shedding (``shed_late``, or a guard among its guards that declares ``sheds = True``, as
+    :class:`~adaptive_batcher.control.guards.ShedGuard` does), a policy that sheds by itself
+    (one that declares ``sheds = True``, as the BentoML-like cork does; see
+    :func:`~adaptive_batcher.control.policy.declares_shedding`) or a per-request deadline.
+    Such a contender is compared with the best static setting with shedding
+    (``static_grid(..., shed=True)``), not the one without."""
     return (
         config.shed_late
         or config.deadline_ms is not None
-        or any(isinstance(g, type) and issubclass(g, ShedGuard) for g in guards)
+        or declares_shedding(config.policy)
+        or any(declares_shedding(g) for g in config.guards or ())
     )
 
 

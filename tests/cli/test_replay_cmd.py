@@ -188,14 +188,21 @@ def test_console_and_markdown_compare_a_shedding_contender_with_the_shedding_gri
             "replay",
             *("--trace", str(trace), "--time-column", "ts", "--time-unit", "ms"),
             *("--compress", "1", "--contender", "triton_like"),
-            *("--contender", "adaptive_pid_shed", "--out", str(tmp_path / "out")),
+            *("--contender", "adaptive_pid_shed", "--contender", "bentoml_cork"),
+            *("--out", str(tmp_path / "out")),
         ]
     )
     assert status == 0
     markdown = _markdown_rows((tmp_path / "out" / "replay.md").read_text())
     console = _console_rows(capsys.readouterr().out)
     # no cost oracle: no static setting meets the SLO under this overload
-    expected = {"triton_like", "adaptive_pid_shed", "best_static", "best_static_shed"}
+    expected = {
+        "triton_like",
+        "adaptive_pid_shed",
+        "bentoml_cork",
+        "best_static",
+        "best_static_shed",
+    }
     assert set(markdown) == set(console) == expected
 
     def goodput(row: list[str]) -> float:
@@ -206,6 +213,7 @@ def test_console_and_markdown_compare_a_shedding_contender_with_the_shedding_gri
     for name, reference in [
         ("triton_like", best),
         ("adaptive_pid_shed", best_shed),
+        ("bentoml_cork", best_shed),  # it sheds by itself: before, compared with best
         ("best_static_shed", best_shed),
     ]:
         # markdown: goodput, vs best, attainment, p99, ms/req, vs oracle, ms per good, ...

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from adaptive_batcher.control.guards import ShedGuard
+from adaptive_batcher.policies import AIMD
 from adaptive_batcher.sim.scenarios import (
     CONTENDERS,
     SCENARIOS,
@@ -13,6 +15,7 @@ from adaptive_batcher.sim.scenarios import (
     best_static,
     cost_oracle,
     make_scenarios,
+    run,
     sheds,
     static_grid,
 )
@@ -54,5 +57,29 @@ def test_cost_oracle_is_the_cheapest_setting_that_meets_the_slo() -> None:
 def test_the_shedding_contenders_are_told_apart_by_their_configuration() -> None:
     scenario = SCENARIOS["poisson_30"]
     shedding = {name for name, make in CONTENDERS.items() if sheds(make(scenario))}
-    assert shedding == {"adaptive_pid_shed", "bandit_ucb_shed", "bandit_thompson_shed"}
+    # bentoml_cork sheds by itself (its policy sets shed_after_ms), with no guard; Clipper's
+    # AIMD, Triton, Ray Serve and TorchServe serve every request however late
+    assert shedding == {
+        "adaptive_pid_shed",
+        "bandit_ucb_shed",
+        "bandit_thompson_shed",
+        "bentoml_cork",
+    }
     assert sheds(SimConfig(64, 0.0, deadline_ms=40.0))  # a static setting with shedding
+
+
+def test_a_policy_that_declares_it_sheds_is_a_shedding_contender() -> None:
+    class Shedding(AIMD):
+        sheds = True
+
+    slo = SLO(50.0)
+    assert sheds(SimConfig(64, 0.0, slo=slo, policy=Shedding(), guards=[]))
+    assert not sheds(SimConfig(64, 0.0, slo=slo, policy=AIMD(), guards=[]))
+    assert sheds(SimConfig(64, 0.0, slo=slo, policy=AIMD(), guards=[ShedGuard]))
+
+
+def test_the_cork_baseline_sheds_in_a_replay() -> None:
+    # what its "sheds" declaration stands for: under overload it fails late requests itself
+    scenario = _short(30000.0)
+    result = run(scenario, CONTENDERS["bentoml_cork"](scenario))
+    assert result.expired > 0
