@@ -2,7 +2,7 @@
 
 Exit status: 0 on success (also when the SLO cannot be met: the report says so), 1 when the very
 first batch size already runs out of memory (nothing to report), 2 on a bad argument, 3 when the
-model (or --input) raises.
+model, its factory (MODEL) or --input raises (one line on stderr, no traceback).
 
 Logging is left to the entry point (``adaptive-batcher --log-level ...``); the progress bar and
 warnings go to stderr, the report to stdout.
@@ -68,8 +68,8 @@ your own model:
   items (e.g. a tensor of shape (n, ...)), already on the model's device. The current directory
   is importable, so 'mymodel:build' finds ./mymodel.py.
 
-exit status: 0 done, 1 the smallest batch size ran out of memory, 2 bad arguments, 3 the model
-  or --input raised (the error is printed).
+exit status: 0 done, 1 the smallest batch size ran out of memory, 2 bad arguments, 3 the model,
+  its factory (MODEL) or --input raised (the error is printed).
 """
 
 _BUILTIN_NAME = "adaptive_batcher.examples.mlp:mlp_batch_fn"
@@ -77,6 +77,13 @@ _BUILTIN_NAME = "adaptive_batcher.examples.mlp:mlp_batch_fn"
 
 class _UsageError(Exception):
     """A bad argument found after parsing (e.g. a module that cannot be imported)."""
+
+
+class _UserCodeError(Exception):
+    """The user's MODEL factory (or, in the sweep, the model or --input) raised: exit 3."""
+
+    def __init__(self, exc: Exception, who: str = "the model or --input") -> None:
+        super().__init__(f"{who} raised {type(exc).__name__}: {exc}")
 
 
 def register(subparsers: Any) -> None:
@@ -279,6 +286,9 @@ def _run(args: argparse.Namespace) -> int:
     except _UsageError as exc:
         print(f"adaptive-batcher profile: error: {exc}", file=sys.stderr)
         return 2
+    except _UserCodeError as exc:  # the user's code failed: say so in one line, no traceback
+        print(f"adaptive-batcher profile: {exc}", file=sys.stderr)
+        return 3
 
 
 def _online_margin_warning(slo: SLO | None) -> str | None:
@@ -389,7 +399,7 @@ def _profile(args: argparse.Namespace) -> int:
                 f"MODEL {args.model!r} must be a function with no arguments that returns the "
                 f"model; it takes {inspect.signature(factory)}"
             )
-        model = factory()
+        model = _build(factory, args.model)
         if not callable(model):
             raise _UsageError(
                 f"MODEL {args.model!r} returned {type(model).__name__}, which is not callable; "
@@ -399,12 +409,8 @@ def _profile(args: argparse.Namespace) -> int:
 
     try:
         result = _sweep(args, model, make_batch, device, name)
-    except Exception as exc:  # the user's model or input function failed: say so, no traceback
-        print(
-            f"adaptive-batcher profile: the model or --input raised {type(exc).__name__}: {exc}",
-            file=sys.stderr,
-        )
-        return 3
+    except Exception as exc:  # the user's model or input function failed
+        raise _UserCodeError(exc) from exc
     if not result.rows:
         print(
             f"adaptive-batcher profile: the smallest batch size ({result.oom_batch_size}) ran out "
@@ -432,6 +438,18 @@ def _profile(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def _build(factory: Callable[..., Any], spec: str) -> Any:
+    """``factory()``, the user's MODEL factory (``spec``, as given).
+
+    Raises:
+        _UserCodeError: the factory raised (exit status 3, as when the model itself raises).
+    """
+    try:
+        return factory()
+    except Exception as exc:
+        raise _UserCodeError(exc, f"MODEL {spec!r}") from exc
 
 
 def _takes_arguments(function: Any, count: int) -> bool:

@@ -162,6 +162,9 @@ NOT_CALLABLE = 3
 def no_memory(n):
     raise MemoryError
 
+def build_raises():
+    raise RuntimeError("no weights")
+
 def broken():
     def model(batch):
         raise ValueError("broken model")
@@ -228,6 +231,21 @@ def test_a_model_that_raises_exits_3_with_its_error_and_no_traceback(
         "adaptive-batcher profile: the model or --input raised ValueError: broken model\n"
     )
     assert "Traceback" not in err
+
+
+def test_a_model_factory_that_raises_exits_3_with_its_error_and_no_traceback(
+    user_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # MODEL's factory, not the model it returns, raises: the same exit status and one line
+    status = run_cli(
+        f"{user_module}:build_raises", "--input", f"{user_module}:make_batch", "--no-progress",
+    )  # fmt: skip
+    assert status == 3
+    err = capsys.readouterr().err
+    assert err == (
+        f"adaptive-batcher profile: MODEL '{user_module}:build_raises' raised RuntimeError: "
+        "no weights\n"
+    )
 
 
 # --- argument errors: exit status 2, a clear message, no traceback ---
