@@ -56,6 +56,11 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 __all__ = ["register"]
 
 _GRID_RUNS = len(STATIC_WINDOWS_MS) * len(STATIC_CAPS)
+MAX_REPLAY_S = 7 * 86_400.0
+"""The longest span a ``--trace`` may have after ``--compress``, s of replay time (a week).
+A replay keeps per-second series of its whole span (and plots them): a trace stretched past
+this, usually by a ``--compress`` below 1 given by mistake (1e-9 turned 5 s into 158 years
+and a 40 GiB array), is refused with exit status 2, not replayed."""
 DEFAULT_CONTENDERS = (
     "adaptive_pid_shed",
     "adaptive_pid",
@@ -73,7 +78,7 @@ def register(subparsers: Any) -> None:
         help="replay traffic against policies and baselines; print and plot the comparison",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_epilog(),
+        epilog=f"{_epilog()}\n\n{_EXIT_STATUS}",
     )
     parser.add_argument(
         "--scenario",
@@ -214,6 +219,13 @@ def _epilog() -> str:
     return f"scenarios:\n{scenarios}\n\ncontenders: {', '.join(CONTENDERS)}"
 
 
+_EXIT_STATUS = (
+    "exit status: 0 done, 2 bad arguments (among them a trace, profile or --out that cannot be "
+    "read or written, or a --trace longer than 7 days of replay after --compress; the error "
+    "is printed)"
+)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run the replays, or list the scenarios and contenders for ``--list`` (given alone);
     returns the exit status."""
@@ -293,7 +305,7 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
         "size_column": args.size_column,
         "max_units": args.max_units,
     }
-    load_trace(path, **options)  # fail now, with the loader's message
+    _check_span(load_trace(path, **options), args.compress)  # fail now, with a clear message
     return [
         replace(
             named["bursts"],
@@ -302,6 +314,23 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
             arrivals=lambda seed: load_trace(path, **options),
         )
     ]
+
+
+def _check_span(arrivals: Arrivals, compress: float) -> None:
+    """Refuse a trace whose span after ``--compress`` is longer than :data:`MAX_REPLAY_S`.
+
+    Raises:
+        ValueError: the span is too long; the message gives the ``--compress`` that fits.
+    """
+    span_s = arrivals.duration_s
+    if not span_s > MAX_REPLAY_S:  # (a NaN span, none known, is not refused)
+        return
+    raise ValueError(
+        f"--compress {compress:g}: the trace ({span_s * compress:.3g} s in the file) would span "
+        f"{span_s:.3g} s of replay, more than the {MAX_REPLAY_S:.0f} s (7 days) a replay "
+        f"allows; give --compress {span_s * compress / MAX_REPLAY_S:.3g} or more (a value "
+        "below 1 stretches the trace, above 1 compresses it)"
+    )
 
 
 def _trace_note(arrivals: Arrivals, compress: float) -> str:

@@ -74,6 +74,31 @@ AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
 )
 
 
+def test_a_trace_stretched_past_a_week_of_replay_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: --compress 1e-9 stretched this 5 s trace to 158 years and the replay died on a
+    40 GiB numpy array (a traceback, exit 1)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts\n0\n1000\n2000\n5000\n", encoding="utf-8")
+    read_as = ["--trace", str(trace), "--time-column", "ts", "--time-unit", "ms"]
+    assert replay(tmp_path, *read_as, "--compress", "1e-9") == 2
+    err = err_text(capsys)
+    assert "--compress 1e-09: the trace (5 s in the file) would span 5e+09 s of replay" in err
+    assert "give --compress 8.27e-06 or more" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # refused before any replay
+    # a week's span is still replayed: the limit is on replay time, not the file's
+    assert replay(tmp_path, *read_as, "--compress", "1e-5") == 0
+
+
+def test_the_help_states_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    help_text = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert "exit status: 0 done, 2 bad arguments" in help_text
+
+
 def test_a_named_trace_scenario_reads_from_the_traces_dir(tmp_path: Path) -> None:
     folder = tmp_path / "traces"
     folder.mkdir()
