@@ -190,8 +190,8 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--size-column",
         metavar="NAME",
-        help="the column (JSON: field) with each request's size in units, an integer "
-        "(default: one unit each)",
+        help="the column (JSON: field) with each request's size in units, an integer; a size "
+        "below 1 (0 or negative) is replayed as 1 unit, not refused (default: one unit each)",
     )
     parser.add_argument(
         "--max-units",

@@ -12,6 +12,7 @@ import pytest
 
 from adaptive_batcher.cli.main import build_parser, main
 from adaptive_batcher.cli.replay_cmd import _REPLAY
+from adaptive_batcher.sim.traces import load_trace
 
 ONE_CONTENDER = ["--contender", "triton_like", "--no-best-static"]
 
@@ -97,6 +98,22 @@ def test_the_help_states_the_exit_status(capsys: pytest.CaptureFixture[str]) -> 
         main(["replay", "--help"])
     help_text = re.sub(r"\s+", " ", capsys.readouterr().out)
     assert "exit status: 0 done, 2 bad arguments" in help_text
+
+
+def test_the_help_says_sizes_below_one_count_as_one_unit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    help_text = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert "a size below 1 (0 or negative) is replayed as 1 unit, not refused" in help_text
+    # as it does: sizes 0 and -3 replay as one unit each (4 requests, 4 units)
+    trace = tmp_path / "sizes.csv"
+    trace.write_text("ts,n\n0,0\n1,-3\n2,1\n3,1\n", encoding="utf-8")
+    read_as = ["--trace", str(trace), "--time-column", "ts", "--time-unit", "ms"]
+    assert replay(tmp_path, *read_as, "--size-column", "n", "--compress", "1") == 0
+    loaded = load_trace(trace, time_column="ts", time_unit="ms", size_column="n")
+    assert loaded.sizes.tolist() == [1, 1, 1, 1]
 
 
 def test_a_named_trace_scenario_reads_from_the_traces_dir(tmp_path: Path) -> None:
