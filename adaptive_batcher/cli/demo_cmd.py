@@ -177,8 +177,19 @@ async def _serve(args: argparse.Namespace, model: _ThreadReportingModel, make_in
                 elapsed = time.perf_counter() - started
                 live.update(_live_table(batcher, tally, elapsed, args))
             await arrivals
+    _end_live_line(console)
     console.print(_summary_table(batcher, tally, time.perf_counter() - started, model))
     return 0
+
+
+def _end_live_line(console: Console) -> None:
+    """End the live table's last line, so that the summary starts on a line of its own.
+
+    rich's ``Live`` ends its last render with a newline only on a terminal; piped or captured
+    output was left on the bottom border, and the summary's title was printed after it.
+    """
+    if not console.is_terminal:
+        console.line()
 
 
 async def _open_loop(

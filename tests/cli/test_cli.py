@@ -47,6 +47,18 @@ def test_a_static_demo_says_its_slo_is_only_judged(capsys: pytest.CaptureFixture
     assert "controller │ off" in out
 
 
+def test_the_demo_summary_starts_on_its_own_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: captured or piped, the summary's title followed the live table's bottom border
+    on the same line (rich's Live ends its last line only on a terminal)."""
+    status = main(["demo", "--static", "--duration", "1", "--rate", "100", "--burst-rate", "100"])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0
+    titles = [line for line in lines if "summary (latency" in line]
+    assert titles
+    assert all(line.strip().startswith("summary (latency") for line in titles)
+    assert lines[lines.index(titles[0]) - 1].startswith("└")  # right below the live table
+
+
 @pytest.fixture
 def three_torch_threads() -> Iterator[None]:
     """torch at 3 intra-op threads during the test (so 1 and 2 are changes), restored after."""
