@@ -98,6 +98,13 @@ def _raise(exc: BaseException) -> None:
     raise exc
 
 
+def _cancelling() -> bool:
+    """True when the current task has been asked to cancel (as opposed to a future it awaits
+    being cancelled by someone else)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _all_pending(requests: list[Request[asyncio.Future[Any]]]) -> bool:
     """True when no request's future is done yet (the usual case for a batch about to run)."""
     for request in requests:  # noqa: SIM110 (all() of a generator allocates the generator)
@@ -637,7 +644,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         Raises:
             TypeError: ``freeze_gc`` is not a bool.
             BatcherClosedError: the batcher is closed, or was closed during the warm-up (it
-                stops calling the model then).
+                stops calling the model then; a close whose ``timeout_s`` ran out cancels the
+                model call running, and the task awaiting ``warmup()`` gets this error, never
+                a cancellation).
             PaddingError: ``pad_fn`` returned a wrong number of items.
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
@@ -704,7 +713,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Seconds one model call on ``items`` takes.
 
         Raises:
-            BatcherClosedError: the batcher was closed (warm-up stops calling the model).
+            BatcherClosedError: the batcher was closed (warm-up stops calling the model), or a
+                close that timed out cancelled this call.
+            asyncio.CancelledError: the task awaiting the warm-up was cancelled.
         """
         if self._closed:
             raise BatcherClosedError("batcher closed during warm-up")
@@ -712,7 +723,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         call = asyncio.ensure_future(self._runner.call_model(items, units))
         self._warming.add(call)  # a close waits for it, as for a running batch
         call.add_done_callback(self._warming.discard)
-        await call
+        try:
+            await call
+        except asyncio.CancelledError:
+            if self.closed and call.cancelled() and not _cancelling():  # the close's abort
+                raise BatcherClosedError(
+                    "batcher closed during warm-up (its timeout cancelled the model call)"
+                ) from None
+            raise
         return self._now() - started
 
     def _warmup_batch(self, make_item: Callable[[], X], size: int) -> tuple[list[X], int]:
@@ -739,7 +757,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             timeout_s: the longest wait, seconds (None: no limit). When it runs out, running
                 batches are cancelled (an ``async def`` model sees ``CancelledError``; a sync
                 model's thread cannot be interrupted and finishes in the background) and every
-                request still pending fails with ``BatcherClosedError``. The close then returns
+                request still pending fails with ``BatcherClosedError`` (a :meth:`warmup`
+                running too: its model call is cancelled). The close then returns
                 after one turn of the loop, without waiting for cancelled batches to wind down.
 
         Awaited by an ``async def`` model inside one of this batcher's batches, the close cannot

@@ -168,3 +168,53 @@ def test_closing_during_warm_up_waits_for_the_call_running(sync: bool) -> None:
         asyncio.run(close_midway()) if sync else run_in_virtual_time(close_midway())
     )
     assert last_ended <= closed
+
+
+@pytest.mark.parametrize("drain", [True, False])
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_timed_out_close_during_warm_up_raises_closed_and_does_not_cancel_the_caller(
+    sync: bool, drain: bool
+) -> None:
+    """A close whose ``timeout_s`` runs out cancels the warm-up's model call, not the task
+    running ``warmup()``: that task gets ``BatcherClosedError``, as with an untimed close."""
+
+    async def slow_async(batch: list[Any]) -> list[Any]:
+        await asyncio.sleep(0.05)
+        return batch
+
+    def slow_sync(batch: list[Any]) -> list[Any]:
+        time.sleep(0.05)
+        return batch
+
+    async def close_midway() -> asyncio.Task[dict[int, float]]:
+        batcher = AdaptiveBatcher(slow_sync if sync else slow_async, max_batch_size=64)
+        warming = asyncio.create_task(batcher.warmup(lambda: 1))
+        await asyncio.sleep(0.08)  # in the second call
+        await batcher.aclose(drain=drain, timeout_s=0)
+        with pytest.raises(BatcherClosedError, match="closed during warm-up"):
+            await warming
+        return warming
+
+    warming = asyncio.run(close_midway()) if sync else run_in_virtual_time(close_midway())
+    assert not warming.cancelled()
+
+
+def test_cancelling_the_warm_up_task_still_cancels_it() -> None:
+    """The caller's own cancellation of ``warmup()`` is not turned into a closed error, even
+    when the batcher closes meanwhile."""
+
+    async def slow(batch: list[Any]) -> list[Any]:
+        await asyncio.sleep(0.05)
+        return batch
+
+    async def cancel_midway() -> asyncio.Task[dict[int, float]]:
+        batcher = AdaptiveBatcher(slow, max_batch_size=64)
+        warming = asyncio.create_task(batcher.warmup(lambda: 1))
+        await asyncio.sleep(0.08)
+        warming.cancel()
+        await batcher.aclose(timeout_s=0)
+        with pytest.raises(asyncio.CancelledError):
+            await warming
+        return warming
+
+    assert run_in_virtual_time(cancel_midway()).cancelled()
