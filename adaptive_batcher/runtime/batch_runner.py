@@ -178,6 +178,9 @@ class BatchRunner:
     async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
         """Pad to a bucket, call the model, check the results; returns one result per item.
 
+        The batch is counted before the model runs, so a model that changes its input list
+        (clears it, pops from it) still gets ``ResultCountError`` for a wrong result count.
+
         Raises:
             PaddingError: ``pad_fn`` returned a wrong number of items; the model did not run.
             ResultCountError: the model returned no sequence, a mapping or set, or the wrong
@@ -186,10 +189,12 @@ class BatchRunner:
         """
         if not items:
             return []
+        count = len(items)
         batch = self.pad(items, units)
+        padded = len(batch)  # before the model: it may change the list it is given
         results = await self.executor.run(batch)
-        check_results(results, len(batch))
-        return results if batch is items else results[: len(items)]
+        check_results(results, padded)
+        return results if padded == count else results[:count]
 
     def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
         """Hand each request its result. An exception instance fails only that request: as is,

@@ -157,9 +157,10 @@ class StreamRunner(BatchRunner):
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
             batch = self.pad(list(map(_item_of, requests)), self._units(requests))
+            expected = len(batch)  # before the model: it may change the list it is given
             stream = self.streamer.stream(batch)
             async for step in stream:
-                check_results(step, len(batch))
+                check_results(step, expected)
                 if not delivery.deliver(step):
                     break  # every caller has ended or left: stop the model now
             delivery.end_all()
@@ -192,10 +193,11 @@ class StreamRunner(BatchRunner):
         if not items:
             return []
         batch = self.pad(items, units)
+        expected = len(batch)  # before the model: it may change the list it is given
         stream = self.streamer.stream(batch)
         try:
             async for step in stream:
-                check_results(step, len(batch))
+                check_results(step, expected)
         finally:
             await close_stream(stream)
         return []

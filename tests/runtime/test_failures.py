@@ -108,6 +108,33 @@ async def test_wrong_result_count_fails_every_caller_clearly(returned: Any) -> N
     assert str(outcomes[0]) == expected
 
 
+@pytest.mark.parametrize("executor", ["inline", "thread", "async"])
+@pytest.mark.parametrize("buckets", [None, [4]])
+async def test_a_model_that_empties_its_input_gets_a_result_count_error(
+    executor: str, buckets: list[int] | None
+) -> None:
+    """The batch is counted before the model runs: a model that clears its input list and
+    returns no results is a wrong result count, not an internal zip() error."""
+
+    def clearing(batch: list[int]) -> list[int]:
+        batch.clear()
+        return []
+
+    async def clearing_async(batch: list[int]) -> list[int]:
+        return clearing(batch)
+
+    model = clearing_async if executor == "async" else clearing
+    async with AdaptiveBatcher(
+        model, max_batch_size=4, window_ms=1, executor=executor, batch_sizes=buckets
+    ) as b:
+        outcomes = await gather_outcomes(b, [0, 1, 2])
+        with pytest.raises(ResultCountError, match="model returned 0 results for a batch of"):
+            await b.warmup(lambda: 0)
+    assert all(isinstance(o, ResultCountError) for o in outcomes), outcomes
+    padded = 3 if buckets is None else 4
+    assert str(outcomes[0]) == f"model returned 0 results for a batch of {padded}"
+
+
 @pytest.mark.parametrize(
     ("pad_fn", "message"),
     [

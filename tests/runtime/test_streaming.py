@@ -127,6 +127,21 @@ async def test_a_step_of_the_wrong_length_fails_the_streams_and_closes_the_model
     assert closed == [True]
 
 
+async def test_a_streaming_model_that_empties_its_input_gets_a_result_count_error() -> None:
+    """Each step is checked against the batch counted before the model ran."""
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        batch.clear()
+        yield []
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=50) as batcher:
+        outcomes = await asyncio.gather(*(read_until_error(batcher.submit_stream(x)) for x in "ab"))
+        with pytest.raises(ResultCountError, match="model returned 0 results for a batch of 1"):
+            await batcher.warmup(lambda: "w")
+    assert [seen for seen, _ in outcomes] == [[], []]
+    assert all(isinstance(error, ResultCountError) for _, error in outcomes), outcomes
+
+
 async def test_a_reader_cancelled_while_queued_never_reaches_the_model() -> None:
     seen_batches: list[list[str]] = []
 
