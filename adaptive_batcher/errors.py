@@ -8,7 +8,7 @@ Hierarchy::
     ├── BatcherClosedError     submitted after ``aclose()``, or queued when closed without draining
     ├── ItemTooLargeError      the item's size exceeds the configured batch cap (a ValueError)
     ├── ResultCountError       the model returned a different number of results than items
-    ├── PaddingError           ``pad_fn`` returned a wrong number of items; the model never ran
+    ├── PaddingError           ``pad_fn`` raised or returned a wrong number of items; no model call
     └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
 
 A model may also return an exception *instance* in one result slot: only that caller receives it,
@@ -58,10 +58,10 @@ class ResultCountError(BatcherError):
 
 
 class PaddingError(BatcherError):
-    """``pad_fn`` returned a wrong number of items for the bucket it was asked to fill: not a
-    sequence, or (items counted one unit each) not the bucket size, or (items with a size
-    function) fewer items than the batch had. The model was not called; every caller of the
-    batch gets its own ``PaddingError``."""
+    """``pad_fn`` failed to fill the bucket it was asked to: it raised an ``Exception`` (the
+    ``__cause__``), or returned a wrong number of items: not a sequence, or (items counted one
+    unit each) not the bucket size, or (items with a size function) fewer items than the batch
+    had. The model was not called; every caller of the batch gets its own ``PaddingError``."""
 
 
 class BatchFailedError(BatcherError):

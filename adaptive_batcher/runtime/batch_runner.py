@@ -50,16 +50,18 @@ _NOT_RESULT_SEQUENCES = (Mapping, Set, str, bytes)  # a tuple: no union object b
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
-    """Give every request whose future is not done its own typed error; returns how many."""
+    """Give every request whose future is not done its own typed error; returns how many.
+    A ``ResultCountError`` or ``PaddingError`` is copied for each caller, with its cause."""
     failed = 0
     for request in requests:
         future = request.handle
         if not future.done():
-            error: BatcherError = (
-                type(exc)(str(exc))  # each caller its own
-                if isinstance(exc, ResultCountError | PaddingError)
-                else BatchFailedError(exc, len(requests))
-            )
+            error: BatcherError
+            if isinstance(exc, ResultCountError | PaddingError):
+                error = type(exc)(str(exc))  # each caller its own
+                error.__cause__ = exc.__cause__
+            else:
+                error = BatchFailedError(exc, len(requests))
             future.set_exception(error)
             failed += 1
     recorder.failed += failed
@@ -163,15 +165,20 @@ class BatchRunner:
         or when ``units`` fills a bucket).
 
         Raises:
-            PaddingError: ``pad_fn`` returned a wrong number of items (see ``check_padded``).
-            Exception: whatever ``pad_fn`` raised.
+            PaddingError: ``pad_fn`` raised an ``Exception`` (its ``__cause__``), or returned a
+                wrong number of items (see ``check_padded``).
         """
         if not self.buckets:
             return items
         target = pad_target(self.buckets, units)
         if target <= units:
             return items
-        padded = self.pad_fn(list(items), target)
+        try:
+            padded = self.pad_fn(list(items), target)
+        except Exception as exc:  # the user's pad_fn failed, not the model
+            raise PaddingError(
+                f"pad_fn raised {describe(exc)} padding a batch of {len(items)} to {target}"
+            ) from exc
         check_padded(padded, len(items), target, self.counts_units)
         return padded
 
@@ -182,7 +189,8 @@ class BatchRunner:
         (clears it, pops from it) still gets ``ResultCountError`` for a wrong result count.
 
         Raises:
-            PaddingError: ``pad_fn`` returned a wrong number of items; the model did not run.
+            PaddingError: ``pad_fn`` raised, or returned a wrong number of items; the model did
+                not run.
             ResultCountError: the model returned no sequence, a mapping or set, or the wrong
                 number of results.
             Exception: whatever the model (or ``pad_fn``) raised.

@@ -173,7 +173,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             Default (count units only): repeat the last item. Required with ``size_fn`` and
             ``batch_sizes`` (see ``collate.pad_rows``). It must return ``target_size`` items
             (with ``size_fn``: at least the batch's items), else the batch's callers get
-            ``PaddingError`` and the model is not called.
+            ``PaddingError`` and the model is not called; the same when it raises an
+            ``Exception`` (the ``PaddingError``'s ``__cause__``).
         executor: ``"auto"`` (async model: on the loop; sync: worker thread), ``"async"``,
             ``"inline"`` (sync model on the loop thread), ``"thread"``, or ``"cuda"`` (launch on
             the loop thread, wait for a CUDA event in a thread; see ``CudaExecutor``).
@@ -384,7 +385,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             DeadlineExceededError: the deadline passed before the request started.
             BatchFailedError: the model raised for this request's batch (cause attached).
             ResultCountError: the model returned the wrong number of results.
-            PaddingError: ``pad_fn`` returned a wrong number of items for this request's batch.
+            PaddingError: ``pad_fn`` raised, or returned a wrong number of items, for this
+                request's batch (the model did not run).
             Exception: whatever exception instance the model returned in this request's slot.
         """
         loop = _running_loop()
@@ -427,8 +429,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         The stream raises, after the elements it delivered: ``DeadlineExceededError``,
         ``BatcherClosedError`` (closed without draining, or a close that timed out),
         ``BatchFailedError`` (the model raised; cause attached), ``ResultCountError`` (a step
-        of the wrong length), ``PaddingError`` (``pad_fn`` returned a wrong number of items), or
-        the exception instance the model put in this caller's slot.
+        of the wrong length), ``PaddingError`` (``pad_fn`` raised or returned a wrong number of
+        items), or the exception instance the model put in this caller's slot.
         """
         if not self._streams:
             raise TypeError(
@@ -647,7 +649,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 stops calling the model then; a close whose ``timeout_s`` ran out cancels the
                 model call running, and the task awaiting ``warmup()`` gets this error, never
                 a cancellation).
-            PaddingError: ``pad_fn`` returned a wrong number of items.
+            PaddingError: ``pad_fn`` raised, or returned a wrong number of items.
             Exception: whatever the model raises (warm-up failures are not hidden); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.

@@ -12,10 +12,11 @@ What an element in a caller's slot means:
 
 Every stream ends with its elements and then either its normal end or one error: the model's
 failure (``BatchFailedError``, the cause attached; its elements so far are delivered first), a
-step of the wrong length (``ResultCountError``), a ``pad_fn`` that returned a wrong number of
-items (``PaddingError``, before the model runs), a deadline, or the batcher's closing. A batch
-holds its execution slot until the model's generator is exhausted; when every caller of a batch
-has left (ended, failed or stopped reading), the generator is closed at once and the slot freed.
+step of the wrong length (``ResultCountError``), a ``pad_fn`` that raised or returned a wrong
+number of items (``PaddingError``, before the model runs), a deadline, or the batcher's closing.
+A batch holds its execution slot until the model's generator is exhausted; when every caller of
+a batch has left (ended, failed or stopped reading), the generator is closed at once and the slot
+freed.
 Elements are buffered per caller: the model is not held back by a slow reader.
 
 Counting: a stream counts as answered at its first element (its latency is the time to its first

@@ -167,6 +167,35 @@ async def test_a_pad_fn_of_the_wrong_length_fails_its_batch_clearly(
     assert (events[0]["batch_size"], events[0]["failed"]) == (3, 3)
 
 
+def _dividing_pad(items: list[int], target: int) -> list[int]:
+    return [*items, *([items[-1] // 0] * (target - len(items)))]
+
+
+@pytest.mark.parametrize("bisect", [False, True])
+async def test_a_pad_fn_that_raises_fails_its_batch_with_padding_error(bisect: bool) -> None:
+    """Each caller gets its own PaddingError naming pad_fn, its cause the pad_fn's exception;
+    the model is not called (it was reported as the model's failure, BatchFailedError)."""
+    model = EchoModel()
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(
+            model, max_batch_size=4, window_ms=20, batch_sizes=[4], pad_fn=_dividing_pad,
+            bisect_on_error=bisect,
+        ) as b:  # fmt: skip
+            outcomes = await gather_outcomes(b, [0, 1, 2])
+    assert all(type(o) is PaddingError for o in outcomes), outcomes
+    assert len({id(o) for o in outcomes}) == 3
+    assert str(outcomes[0]) == (
+        "pad_fn raised ZeroDivisionError('integer division or modulo by zero') "
+        "padding a batch of 3 to 4"
+    )
+    assert all(isinstance(o.__cause__, ZeroDivisionError) for o in outcomes)
+    assert model.sizes == []
+    assert b.stats().counts.failed == 3
+    assert [e["event"] for e in logs if e["event"].startswith("batch.")].count(
+        "batch.pad_failed"
+    ) == 1
+
+
 async def test_a_pad_fn_returning_fewer_items_than_sized_requests_fails_them() -> None:
     model = EchoModel()
     async with AdaptiveBatcher(

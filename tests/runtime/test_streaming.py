@@ -322,6 +322,28 @@ async def test_a_pad_fn_of_the_wrong_length_fails_the_streams_clearly() -> None:
     assert sizes == []
 
 
+async def test_a_pad_fn_that_raises_fails_the_streams_with_padding_error() -> None:
+    sizes: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        sizes.append(len(batch))
+        yield list(batch)
+
+    def failing_pad(items: list[str], target: int) -> list[str]:
+        raise KeyError(target)
+
+    async with AdaptiveBatcher(
+        model, max_batch_size=4, window_ms=20, batch_sizes=[4], pad_fn=failing_pad
+    ) as batcher:
+        outcomes = await asyncio.gather(
+            *(read_until_error(batcher.submit_stream(x)) for x in "abc")
+        )
+    assert all(type(error) is PaddingError for _, error in outcomes)
+    assert str(outcomes[0][1]) == "pad_fn raised KeyError(4) padding a batch of 3 to 4"
+    assert all(isinstance(error.__cause__, KeyError) for _, error in outcomes)
+    assert sizes == []
+
+
 async def test_streaming_options_that_cannot_apply_are_refused() -> None:
     with pytest.raises(TypeError, match="executor='thread' cannot run an async generator"):
         AdaptiveBatcher(three_steps, executor="thread")
