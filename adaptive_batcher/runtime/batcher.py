@@ -24,6 +24,7 @@ from adaptive_batcher._validate import (
     check_int,
     check_integral,
     check_number,
+    check_sequence,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.types import Bounds
@@ -465,16 +466,21 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Submit several items at once and return their results in order.
 
         Args:
+            items: the inputs, any iterable but a str or bytes (read in full first).
+            deadline_ms: as for :meth:`submit`, for each item.
             return_exceptions: False (default): raise the first error (the other items still
                 complete). True: return each item's exception in its place, like
                 ``asyncio.gather``.
 
         Raises:
+            TypeError: ``items`` is not iterable, or is a str or bytes (one input, not a
+                sequence of them); nothing is submitted.
             Exception: the first error any item raised (the errors of :meth:`submit`), unless
                 ``return_exceptions``; whatever iterating ``items`` raises, before any item is
                 submitted.
         """
-        items = list(items)  # first: a failing iterable must not strand half-made submissions
+        # first: a failing iterable must not strand half-made submissions
+        items = check_sequence("items", items, "inputs")
         return list(
             await asyncio.gather(
                 *[self.submit(i, deadline_ms=deadline_ms) for i in items],
@@ -644,7 +650,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         loaded. It freezes the whole process: call it once, on the last batcher warmed up.
 
         Raises:
-            TypeError: ``freeze_gc`` is not a bool.
+            TypeError: ``make_item`` is not callable, or ``freeze_gc`` is not a bool.
             BatcherClosedError: the batcher is closed, or was closed during the warm-up (it
                 stops calling the model then; a close whose ``timeout_s`` ran out cancels the
                 model call running, and the task awaiting ``warmup()`` gets this error, never
@@ -654,6 +660,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
         """
+        check_callable("make_item", make_item)
         freeze_gc = check_bool("freeze_gc", freeze_gc)
         if self._closed:
             raise BatcherClosedError("batcher is closed")

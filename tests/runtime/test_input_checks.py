@@ -6,6 +6,7 @@ import gc
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,3 +159,24 @@ def test_numpy_bools_are_bools() -> None:
 def test_flags_must_be_bools(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(TypeError, match=exactly(message)):
         AdaptiveBatcher(EchoModel(), slo=SLO(latency_ms=50), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("make_item", "kind"), [(None, "NoneType"), (1, "int")])
+async def test_warmup_refuses_a_make_item_that_is_not_callable(make_item: Any, kind: str) -> None:
+    model = EchoModel()
+    async with AdaptiveBatcher(model, max_batch_size=4) as batcher:
+        with pytest.raises(TypeError, match=exactly(f"make_item must be callable, got {kind}")):
+            await batcher.warmup(make_item)
+    assert model.batches == []
+
+
+@pytest.mark.parametrize(("items", "kind"), [(5, "int"), (None, "NoneType"), ("abc", "str")])
+async def test_submit_many_refuses_items_that_are_not_a_sequence(items: Any, kind: str) -> None:
+    model = EchoModel()
+    async with AdaptiveBatcher(model, window_ms=0) as batcher:
+        with pytest.raises(
+            TypeError, match=exactly(f"items must be a sequence of inputs, got {kind}")
+        ):
+            await batcher.submit_many(items)
+        assert batcher.stats().counts.submitted == 0
+    assert model.batches == []
