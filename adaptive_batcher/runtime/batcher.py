@@ -114,6 +114,20 @@ def _all_pending(requests: list[Request[asyncio.Future[Any]]]) -> bool:
     return True
 
 
+def _check_padding(
+    buckets: tuple[int, ...], pad_fn: Callable[..., Any] | None, size_fn: Callable[..., Any] | None
+) -> None:
+    """Raise ValueError when ``pad_fn`` and ``batch_sizes`` do not go together: a ``pad_fn``
+    without buckets (nothing to pad to), or buckets with ``size_fn`` but no ``pad_fn``."""
+    if pad_fn is not None and not buckets:
+        raise ValueError(
+            "pad_fn needs batch_sizes: it pads a batch up to the next bucket, and without "
+            "batch_sizes there is none"
+        )
+    if pad_fn is None and buckets and size_fn is not None:
+        raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
+
+
 def default_is_oom(exc: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -172,7 +186,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             one).
         pad_fn: ``pad_fn(items, target_size) -> padded items``, the batch's own items first.
             Default (count units only): repeat the last item. Required with ``size_fn`` and
-            ``batch_sizes`` (see ``collate.pad_rows``). It must return ``target_size`` items
+            ``batch_sizes`` (see ``collate.pad_rows``); refused without ``batch_sizes``
+            (ValueError: there is no bucket to pad to). It must return ``target_size`` items
             (with ``size_fn``: at least the batch's items), else the batch's callers get
             ``PaddingError`` and the model is not called; the same when it raises an
             ``Exception`` (the ``PaddingError``'s ``__cause__``).
@@ -288,8 +303,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             )
         check_number("telemetry_hz", telemetry_hz, 0.0, strict=True)
         self._buckets = settings.buckets
-        if pad_fn is None and self._buckets and size_fn is not None:
-            raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
+        _check_padding(self._buckets, pad_fn, size_fn)
         self._sampler = (
             TelemetrySampler(telemetry, rate_hz=telemetry_hz) if telemetry is not None else None
         )

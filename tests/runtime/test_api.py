@@ -74,6 +74,12 @@ def identity(batch: list[Any]) -> list[Any]:
             ValueError,
             "pad_fn is required when both size_fn and batch_sizes are given",
         ),
+        (
+            {"pad_fn": lambda items, n: items},
+            ValueError,
+            "pad_fn needs batch_sizes: it pads a batch up to the next bucket, and without "
+            "batch_sizes there is none",
+        ),
     ],
 )
 def test_constructor_errors_are_exact(
@@ -81,6 +87,15 @@ def test_constructor_errors_are_exact(
 ) -> None:
     with pytest.raises(error, match=message):
         AdaptiveBatcher(identity, **kwargs)
+
+
+def test_pad_fn_needs_buckets_in_presets_too() -> None:
+    def pad(items: list[Any], n: int) -> list[Any]:
+        return items
+
+    assert AdaptiveBatcher.from_preset("search", identity, pad_fn=pad).name == "search"
+    with pytest.raises(ValueError, match="pad_fn needs batch_sizes"):
+        AdaptiveBatcher.from_preset("search", identity, pad_fn=pad, batch_sizes=None)
 
 
 def test_model_must_be_callable() -> None:
