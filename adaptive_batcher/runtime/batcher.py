@@ -57,8 +57,9 @@ from adaptive_batcher.settings import (
     DEFAULT_WINDOW_MS,
     BatcherSettings,
     ServiceProfile,
+    check_policy,
 )
-from adaptive_batcher.slo import SLO
+from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import Telemetry, TelemetrySample
 from adaptive_batcher.telemetry.sampler import TelemetrySampler
 
@@ -566,6 +567,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Change window, cap or slots at run time; they apply to the next batch formed.
 
         Raises:
+            BatcherClosedError: the batcher is closed (as :meth:`submit`, after the arguments'
+                checks); nothing changes.
             TypeError, ValueError: as the constructor, or a cap above the configured one.
         """
         current = self._engine.limits
@@ -580,6 +583,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             if max_concurrent_batches is None
             else check_int("max_concurrent_batches", max_concurrent_batches, 1),
         )
+        self._check_open()
         self._core.set_limits(limits)
         self._executor.resize(limits.max_concurrent_batches)  # one thread per slot
         if self._loop is not None:
@@ -595,10 +599,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         their place; one larger than the cap in force runs alone.
 
         Raises:
+            BatcherClosedError: the batcher is closed (as :meth:`submit`, after the arguments'
+                checks); nothing changes.
             TypeError, ValueError: ``max_batch_size`` is not an int >= 1.
             ValueError: the batcher has ``batch_sizes`` (the largest bucket is the hard cap).
         """
-        self._core.set_hard_cap(check_int("max_batch_size", max_batch_size, 1))
+        cap = check_int("max_batch_size", max_batch_size, 1)
+        self._check_open()
+        self._core.set_hard_cap(cap)
         if self._loop is not None:
             self._schedule_pump()
 
@@ -611,10 +619,14 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Change the latency objective at run time; the controller uses it from its next tick.
 
         Raises:
+            BatcherClosedError: the batcher is closed (as :meth:`submit`, after the arguments'
+                checks); nothing changes.
             TypeError: ``slo`` is not an SLO or None.
             ValueError: ``slo`` is None on a batcher made with ``shed_late=True`` (shedding is
                 relative to the SLO, as the constructor says); the SLO in force stays.
         """
+        check_slo(slo)
+        self._check_open()
         self._core.set_slo(slo)
 
     def set_policy(self, policy: Policy | None) -> None:
@@ -624,8 +636,13 @@ class AdaptiveBatcher(Generic[X, Y]):
         are.
 
         Raises:
+            BatcherClosedError: the batcher is closed (as :meth:`submit`, after the arguments'
+                checks); nothing changes.
             TypeError: ``policy`` is not a Policy.
         """
+        if policy is not None:
+            check_policy(policy)
+        self._check_open()
         self._core.set_policy(policy, self._now() if self._loop is not None else None)
 
     async def warmup(
@@ -891,6 +908,11 @@ class AdaptiveBatcher(Generic[X, Y]):
         return self._closed
 
     # -- internals -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        """Raise ``BatcherClosedError`` once :meth:`aclose` has been called."""
+        if self._closed:
+            raise BatcherClosedError("batcher is closed")
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from adaptive_batcher import AdaptiveBatcher, BatcherClosedError
+from adaptive_batcher import SLO, AdaptiveBatcher, BatcherClosedError
+from adaptive_batcher.policies import PID
 from adaptive_batcher.testing import EchoModel
 
 
@@ -55,6 +57,34 @@ async def test_submit_after_close_is_rejected() -> None:
         await batcher.submit(1)
     assert [e["reason"] for e in logs if e["event"] == "request.rejected"] == ["BatcherClosedError"]
     assert batcher.stats().counts.rejected == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda b: b.set_limits(window_ms=1.0),
+        lambda b: b.set_limits(max_batch_size=1),
+        lambda b: b.set_hard_cap(2),
+        lambda b: b.set_slo(SLO(latency_ms=50.0)),
+        lambda b: b.set_slo(None),
+        lambda b: b.set_policy(PID()),
+    ],
+    ids=["set_limits-window", "set_limits-cap", "set_hard_cap", "set_slo", "set_slo-None",
+         "set_policy"],
+)  # fmt: skip
+async def test_settings_cannot_change_after_close(change: Any) -> None:
+    """Like ``submit``, a change of settings on a closed batcher raises BatcherClosedError and
+    changes nothing (it was accepted silently)."""
+    batcher = AdaptiveBatcher(EchoModel(), max_batch_size=4, window_ms=5.0, slo=SLO(100.0))
+    await batcher.submit(1)
+    await batcher.aclose()
+    before = batcher.stats()
+    with pytest.raises(BatcherClosedError, match=r"^batcher is closed$"):
+        change(batcher)
+    after = batcher.stats()
+    assert (after.window_ms, after.max_batch_size, after.slo, after.policy) == (
+        before.window_ms, before.max_batch_size, before.slo, before.policy
+    )  # fmt: skip
 
 
 async def test_context_exit_drains_and_aclose_is_idempotent() -> None:

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -217,6 +218,10 @@ class BatcherMachine(RuleBasedStateMachine):
     )
     def set_limits(self, window_ms: float | None, cap: int | None, slots: int | None) -> None:
         cap = None if cap is None else min(cap, self.cap)
+        if self.closed:  # a closed batcher's settings no longer change
+            with pytest.raises(BatcherClosedError, match="batcher is closed"):
+                self.batcher.set_limits(window_ms=window_ms)
+            return
         self.batcher.set_limits(
             window_ms=window_ms, max_batch_size=cap, max_concurrent_batches=slots
         )
