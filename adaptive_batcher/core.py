@@ -112,12 +112,11 @@ class BatcherCore(Generic[H]):
         self._warmed = warmed
         self._on_decision = on_decision
         self._tick_forced = False
-        self.set_slo(settings.slo)
+        self._policy_stopped = False  # set_policy(None): an SLO set later starts no controller
+        self._apply_slo(settings.slo)
         policy = settings.policy
         if policy is None and settings.slo is not None:
-            from adaptive_batcher.policies.pid import PID  # the default law, chosen here
-
-            policy = PID()
+            policy = _default_policy()
         if policy is not None:
             self.controller = self._make_controller(policy)
 
@@ -232,9 +231,13 @@ class BatcherCore(Generic[H]):
 
     # -- changes at run time ---------------------------------------------------------------
 
-    def set_slo(self, slo: SLO | None) -> None:
+    def set_slo(self, slo: SLO | None, now: float | None = None) -> None:
         """Change the objective: goodput counts against it now, the controller from its next
         tick.
+
+        Without a controller, an SLO starts the default one (``PID``), as if the settings had
+        had that SLO; not after ``set_policy(None)``, which stopped the controller on purpose.
+        ``now``: start that controller at once (else :meth:`start` must be called).
 
         Raises:
             TypeError: ``slo`` is not an SLO or None.
@@ -243,10 +246,15 @@ class BatcherCore(Generic[H]):
         check_slo(slo)
         if slo is None and self.settings.shed_late:
             raise ValueError(f"{SHED_LATE_NEEDS_SLO}; set another SLO instead of None")
-        self.slo = slo
-        self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
+        self._apply_slo(slo)
         if self.controller is not None:
             self.controller.set_slo(slo)
+        elif slo is not None and not self._policy_stopped:
+            self._start_controller(_default_policy(), now)
+
+    def _apply_slo(self, slo: SLO | None) -> None:
+        self.slo = slo
+        self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
 
     def set_policy(self, policy: Policy | None, now: float | None = None) -> None:
         """Switch the control law; it continues from the settings in force (bumpless).
@@ -260,11 +268,17 @@ class BatcherCore(Generic[H]):
         if policy is None:
             self.controller = None
             self.shed_after_s = self.shed_after_short_s = None
+            self._policy_stopped = True
             return
         check_policy(policy)
+        self._policy_stopped = False
         if self.controller is not None:
             self.controller.set_policy(policy)
             return
+        self._start_controller(policy, now)
+
+    def _start_controller(self, policy: Policy, now: float | None) -> None:
+        """A new controller with ``policy``, started at ``now`` if given."""
         self.controller = self._make_controller(policy)
         if now is not None:
             self.start(now)
@@ -389,3 +403,10 @@ class BatcherCore(Generic[H]):
             engine.expire_after(self._shed_after_now(self.shed_after_s))
         if self._on_decision is not None and controller.decision is not None:
             self._on_decision(now, controller.decision)
+
+
+def _default_policy() -> Policy:
+    """The control law a batcher with an SLO and no policy uses: a new ``PID``."""
+    from adaptive_batcher.policies.pid import PID  # the default law, chosen here
+
+    return PID()

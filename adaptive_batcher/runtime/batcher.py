@@ -618,6 +618,12 @@ class AdaptiveBatcher(Generic[X, Y]):
     def set_slo(self, slo: SLO | None) -> None:
         """Change the latency objective at run time; the controller uses it from its next tick.
 
+        On a batcher without a controller (made with neither ``slo`` nor ``policy``), an SLO
+        starts the default one, ``PID`` behind the standard guards, as if the batcher had been
+        made with that SLO (``stats().policy`` names it). Not after ``set_policy(None)``, which
+        stops the controller until ``set_policy`` starts one again. ``set_slo(None)`` keeps a
+        running controller (it then has no objective).
+
         Raises:
             BatcherClosedError: the batcher is closed (as :meth:`submit`, after the arguments'
                 checks); nothing changes.
@@ -627,7 +633,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         """
         check_slo(slo)
         self._check_open()
-        self._core.set_slo(slo)
+        self._core.set_slo(slo, self._now() if self._loop is not None else None)
 
     def set_policy(self, policy: Policy | None) -> None:
         """Switch the control law at run time; it continues from the settings in force.

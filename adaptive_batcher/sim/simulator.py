@@ -395,7 +395,7 @@ class _Replay:
     def _poll(self) -> None:
         self.poll_pending = False
         while self.slo_changes and self.slo_changes[0][0] <= self.now:
-            self.core.set_slo(self.slo_changes.pop(0)[1])
+            self.core.set_slo(self.slo_changes.pop(0)[1], self.now)
         for action in self.core.poll(self.now):
             if type(action) is Dispatch:
                 self._dispatch(action.batch)

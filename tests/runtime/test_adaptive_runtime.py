@@ -16,7 +16,7 @@ from adaptive_batcher.policies import PID, Static
 from adaptive_batcher.profile.format import write_profile
 from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
 from adaptive_batcher.telemetry.base import TelemetrySample
-from adaptive_batcher.testing import FakeTelemetry
+from adaptive_batcher.testing import FakeTelemetry, run_in_virtual_time
 
 
 async def open_loop(
@@ -141,6 +141,41 @@ async def test_slo_and_policy_can_change_at_run_time() -> None:
     assert stats.decisions > 0
     with pytest.raises(TypeError, match="slo must be an SLO or None, got int"):
         batcher.set_slo(30)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_an_slo_set_on_a_batcher_without_a_controller_starts_the_default_one(bound: bool) -> None:
+    """As if the batcher had been made with that SLO: the default PID controller starts then
+    (before: the SLO was stored, stats().policy stayed None and nothing was tuned)."""
+
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.001)
+        return batch
+
+    async def serve() -> Any:
+        batcher = AdaptiveBatcher(model, max_batch_size=32, window_ms=20)
+        if bound:
+            await batcher.submit(0)  # bound to the loop: the controller starts at once
+        batcher.set_slo(SLO(latency_ms=30))
+        async with batcher:
+            assert batcher.stats().policy is not None
+            await open_loop(batcher, 300, 1.0)
+            return batcher.stats()
+
+    stats = run_in_virtual_time(serve())
+    assert stats.policy is not None and "pid" in stats.policy
+    assert stats.slo == SLO(latency_ms=30)
+    assert stats.decisions > 0
+
+
+async def test_an_slo_set_after_the_controller_was_stopped_does_not_restart_it() -> None:
+    batcher = AdaptiveBatcher(lambda b: b, max_batch_size=8, slo=SLO(latency_ms=50))
+    async with batcher:
+        batcher.set_policy(None)
+        batcher.set_slo(SLO(latency_ms=30))
+        assert batcher.stats().policy is None  # set_policy(None) stopped it; it stays stopped
+        batcher.set_policy(PID())
+        assert batcher.stats().policy is not None
 
 
 def test_service_profile_seeds_the_controller(tmp_path: Path) -> None:
