@@ -164,13 +164,11 @@ class ServiceTimeEstimator:
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
         self._ordered_ratios: list[float] = []  # the same ratios, kept sorted
-        self._spread = 1.0
-        self._spread_at = 0  # the ratios taken when the spread was last computed
+        self._quantiles: dict[float, float] = {}  # raw quantiles of the ratios, by quantile
+        self._quantiles_at = 0  # the ratios taken when they were computed
         self._spread_z = NormalDist().inv_cdf(spread_quantile)
         self._body = (1.0, 0.0)
         self._body_at = 0  # the ratios taken when the body was last fitted
-        self._tail = 1.0
-        self._tail_at = 0
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
@@ -280,13 +278,7 @@ class ServiceTimeEstimator:
     def spread(self) -> float:
         """The error bars: the ``spread_quantile`` of measured / predicted ratios (>= 1; 1
         before any ratio was seen)."""
-        count = len(self._ratios)
-        if count and self._ratios_taken != self._spread_at:  # not len(): full, it stays put
-            ordered = self._ordered_ratios
-            index = min(count - 1, int(self.spread_quantile * count))
-            self._spread = max(1.0, ordered[index])
-            self._spread_at = self._ratios_taken
-        return self._spread
+        return self._raw_quantile(self.spread_quantile)
 
     @property
     def outlier_elasticity(self) -> float:
@@ -344,13 +336,16 @@ class ServiceTimeEstimator:
         return self.upper_ms(batch_size) * self._raw_quantile(TAIL_QUANTILE)
 
     def _raw_quantile(self, q: float) -> float:
-        ordered = self._ordered_ratios
-        if not ordered:
-            return 1.0
-        if self._tail_at != self._ratios_taken:
-            self._tail = max(1.0, ordered[min(len(ordered) - 1, int(q * len(ordered)))])
-            self._tail_at = self._ratios_taken
-        return self._tail
+        """The ``q`` quantile of the measured / predicted ratios (>= 1; 1 before any), kept
+        until new ratios arrive (not len(): a full window stays the same length)."""
+        if self._quantiles_at != self._ratios_taken:
+            self._quantiles, self._quantiles_at = {}, self._ratios_taken
+        value = self._quantiles.get(q)
+        if value is None:
+            ordered = self._ordered_ratios
+            index = min(len(ordered) - 1, int(q * len(ordered)))
+            value = self._quantiles[q] = max(1.0, ordered[index]) if ordered else 1.0
+        return value
 
     def high_ms(self, batch_size: int) -> float:
         """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with
