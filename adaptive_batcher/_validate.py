@@ -128,11 +128,12 @@ def check_str(name: str, value: object) -> str:
 
 
 def check_sequence(name: str, value: object, of: str) -> tuple[Any, ...]:
-    """The items of ``value`` as a tuple; TypeError if it is not iterable, or is a string.
+    """The items of ``value`` as a tuple; TypeError if it is not iterable, or is a string or
+    bytes (``bytes``, ``bytearray``, ``memoryview``: one value, not a sequence of them).
 
     ``of`` says what the items are, for the message (``"ints"``, ``"guard factories"``).
     """
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+    if isinstance(value, str | bytes | bytearray | memoryview) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be a sequence of {of}, got {type(value).__name__}")
     return tuple(value)
 

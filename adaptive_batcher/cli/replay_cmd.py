@@ -9,6 +9,7 @@ simulator for each contender, prints the comparison table, and writes ``replay.m
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -328,9 +329,15 @@ def _check_span(arrivals: Arrivals, compress: float) -> None:
     raise ValueError(
         f"--compress {compress:g}: the trace ({span_s * compress:.3g} s in the file) would span "
         f"{span_s:.3g} s of replay, more than the {MAX_REPLAY_S:.0f} s (7 days) a replay "
-        f"allows; give --compress {span_s * compress / MAX_REPLAY_S:.3g} or more (a value "
+        f"allows; give --compress {_round_up(span_s * compress / MAX_REPLAY_S)} or more (a value "
         "below 1 stretches the trace, above 1 compresses it)"
     )
+
+
+def _round_up(value: float) -> str:
+    """``value`` > 0 rounded up to 3 significant digits, as text: a bound a user can give."""
+    scale = 10.0 ** (math.floor(math.log10(value)) - 2)
+    return f"{math.ceil(value / scale) * scale:.3g}"
 
 
 def _trace_note(arrivals: Arrivals, compress: float) -> str:

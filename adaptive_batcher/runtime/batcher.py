@@ -164,6 +164,9 @@ class AdaptiveBatcher(Generic[X, Y]):
     Args:
         model: ``model(batch: list[X]) -> Sequence[Y]`` with one result per item, in order; sync or
             ``async def``. A result slot may hold an exception instance: only that caller gets it.
+            Results are matched to callers by position in the list as given: a model that
+            reorders the list (``batch.sort()``) must return its results in the original order
+            (a change in length is caught, as a ``ResultCountError``; a new order cannot be).
             An async generator function is a streaming model: each ``yield`` holds one element
             per item, and callers read their elements with :meth:`submit_stream` (see
             :mod:`adaptive_batcher.runtime.streaming`).
@@ -481,21 +484,23 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Submit several items at once and return their results in order.
 
         Args:
-            items: the inputs, any iterable but a str or bytes (read in full first).
+            items: the inputs, any iterable but a str or bytes-like object (read in full
+                first).
             deadline_ms: as for :meth:`submit`, for each item.
             return_exceptions: False (default): raise the first error (the other items still
                 complete). True: return each item's exception in its place, like
                 ``asyncio.gather``.
 
         Raises:
-            TypeError: ``items`` is not iterable, or is a str or bytes (one input, not a
-                sequence of them); nothing is submitted.
+            TypeError: ``items`` is not iterable, or is a str or bytes-like (one input, not a
+                sequence of them), or ``return_exceptions`` is not a bool; nothing is submitted.
             Exception: the first error any item raised (the errors of :meth:`submit`), unless
                 ``return_exceptions``; whatever iterating ``items`` raises, before any item is
                 submitted.
         """
         # first: a failing iterable must not strand half-made submissions
         items = check_sequence("items", items, "inputs")
+        return_exceptions = check_bool("return_exceptions", return_exceptions)
         return list(
             await asyncio.gather(
                 *[self.submit(i, deadline_ms=deadline_ms) for i in items],

@@ -93,6 +93,19 @@ def test_a_trace_stretched_past_a_week_of_replay_is_a_usage_error(
     assert replay(tmp_path, *read_as, "--compress", "1e-5") == 0
 
 
+def test_the_compress_a_refusal_suggests_is_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5.977 s needs --compress 9.8826e-06 or more: the suggestion is rounded up (9.89e-06),
+    where rounding to the nearest suggested 9.88e-06, itself refused."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts\n0\n1000\n5977\n", encoding="utf-8")
+    read_as = ["--trace", str(trace), "--time-column", "ts", "--time-unit", "ms"]
+    assert replay(tmp_path, *read_as, "--compress", "1e-9") == 2
+    assert "give --compress 9.89e-06 or more" in err_text(capsys)
+    assert replay(tmp_path, *read_as, "--compress", "9.89e-06") == 0
+
+
 def test_the_help_states_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["replay", "--help"])

@@ -170,7 +170,16 @@ async def test_warmup_refuses_a_make_item_that_is_not_callable(make_item: Any, k
     assert model.batches == []
 
 
-@pytest.mark.parametrize(("items", "kind"), [(5, "int"), (None, "NoneType"), ("abc", "str")])
+@pytest.mark.parametrize(
+    ("items", "kind"),
+    [
+        (5, "int"),
+        (None, "NoneType"),
+        ("abc", "str"),
+        (bytearray(b"ab"), "bytearray"),
+        (memoryview(b"ab"), "memoryview"),
+    ],
+)
 async def test_submit_many_refuses_items_that_are_not_a_sequence(items: Any, kind: str) -> None:
     model = EchoModel()
     async with AdaptiveBatcher(model, window_ms=0) as batcher:
@@ -178,5 +187,19 @@ async def test_submit_many_refuses_items_that_are_not_a_sequence(items: Any, kin
             TypeError, match=exactly(f"items must be a sequence of inputs, got {kind}")
         ):
             await batcher.submit_many(items)
+        assert batcher.stats().counts.submitted == 0
+    assert model.batches == []
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None])
+async def test_submit_many_refuses_a_return_exceptions_that_is_not_a_bool(flag: Any) -> None:
+    """Before: a truthy "no" returned the exceptions in place instead of raising them."""
+    model = EchoModel()
+    async with AdaptiveBatcher(model, window_ms=0) as batcher:
+        with pytest.raises(
+            TypeError,
+            match=exactly(f"return_exceptions must be a bool, got {type(flag).__name__}"),
+        ):
+            await batcher.submit_many([1, 2], return_exceptions=flag)
         assert batcher.stats().counts.submitted == 0
     assert model.batches == []
