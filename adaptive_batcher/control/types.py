@@ -200,7 +200,8 @@ class Observation:
             shortens them; about 0: pauses added whatever the batch; NaN: not known); see
             :attr:`~adaptive_batcher.control.ServiceTimeEstimator.outlier_elasticity`.
         arrival_rate_peak_rps: the highest per-tick arrival rate of the recent past (~2 s),
-            req/s: what plans are made for (NaN: unknown; the tick's own rate is used).
+            req/s: what plans are made for, unless no cap keeps up with it (see :meth:`plan`)
+            (NaN: unknown; the tick's own rate is used).
         slots: execution slots in force.
         device_ms_per_request: device time per answered request over the tick, ms (NaN without
             answers): the tick's device cost.
@@ -270,16 +271,27 @@ class Observation:
 
     def plan(self) -> Plan:
         """Predictions for this tick (see :class:`~adaptive_batcher.control.plan.Plan`); made
-        once per observation, so the policy and the guards share what it computes."""
+        once per observation, so the policy and the guards share what it computes.
+
+        The plan is made for :attr:`planning_rate_rps`, the recent peak, unless no cap keeps
+        up with the peak while the tick's own rate is lower: the peak was an overload that has
+        passed, and a plan for it would hold window 0 at the load of now, with natural batches
+        of a few requests keeping the device busy all the time (after resnet50's bursts at an
+        SLO of 20 ms, for up to 2 s: 1.20x the best static setting's device time per answer
+        within the SLO, 1.06x planned for the tick). An overload that goes on shows in the
+        tick's own rate and backlog."""
         if self._plan is None:
-            _set(self, "_plan", self._make_plan())
+            plan = self._make_plan(self.planning_rate_rps)
+            if self.arrival_rate_rps < self.planning_rate_rps and plan.overloaded(self.budget_ms):
+                plan = self._make_plan(self.arrival_rate_rps)
+            _set(self, "_plan", plan)
         assert self._plan is not None
         return self._plan
 
-    def _make_plan(self) -> Plan:
+    def _make_plan(self, rate_rps: float) -> Plan:
         bounds = self.bounds
         return Plan(
-            rate_units_per_s=self.planning_rate_rps * self.mean_request_units,
+            rate_units_per_s=rate_rps * self.mean_request_units,
             backlog_units=self.queued_units,
             caps=tuple(bounds.cap_candidates()),
             service_ms=self.service_ms,

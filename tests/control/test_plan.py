@@ -52,6 +52,20 @@ def test_the_stability_cap_plans_for_the_recent_peak() -> None:
     assert plan(arrival_rate_rps=1000.0, arrival_rate_peak_rps=7000.0).stable_cap(40.0) == 64
 
 
+def test_a_peak_no_cap_keeps_up_with_is_a_past_overload() -> None:
+    """After a burst at 20k/s (beyond 256's 15.2k/s) the tick's 1k/s is planned for, not an
+    overload that has passed; one still under way (the tick at the peak) stays an overload,
+    and a peak some cap keeps up with is still planned for."""
+    after_burst = plan(arrival_rate_rps=1000.0, arrival_rate_peak_rps=20000.0)
+    assert not after_burst.overloaded(40.0)
+    assert after_burst.rate_units_per_s == 1000.0
+    assert after_burst.stable_cap(40.0) == 8
+    during = plan(arrival_rate_rps=20000.0, arrival_rate_peak_rps=20000.0)
+    assert during.overloaded(40.0)
+    after_a_peak = plan(arrival_rate_rps=1000.0, arrival_rate_peak_rps=7000.0)
+    assert after_a_peak.rate_units_per_s == 7000.0
+
+
 def test_throughput_cap_prefers_caps_within_budget() -> None:
     assert plan().throughput_cap() == 256
     assert plan().throughput_cap(30.0) == 128

@@ -69,6 +69,18 @@ def test_plans_for_the_recent_peak_rate() -> None:
     assert after_a_peak.window_ms < steady.window_ms
 
 
+def test_after_an_overload_the_window_plans_for_the_load_of_now() -> None:
+    """A past peak no cap keeps up with (a burst) does not hold window 0: natural batches of
+    a few requests would keep the device busy at the load of now."""
+    after_burst = PID().decide(observe(arrival_rate_rps=1000.0, arrival_rate_peak_rps=50000.0))
+    steady = PID().decide(observe(arrival_rate_rps=1000.0))
+    assert after_burst.reason != "pid.overload"
+    assert after_burst.window_ms == steady.window_ms > 0.0
+    during = PID().decide(observe(arrival_rate_rps=50000.0, arrival_rate_peak_rps=50000.0))
+    assert during.reason == "pid.overload"
+    assert during.window_ms == 0.0
+
+
 def test_latency_over_target_trims_the_planned_window() -> None:
     pid = PID()
     planned = pid.decide(observe(latency_ms=30.0)).window_ms
