@@ -109,6 +109,13 @@ class BatchRunner:
         self.name = name
         self.on_oom = on_oom
 
+    def counted(self, requests: list[Any]) -> bool:
+        """True when the callers of this running batch that are still open were counted as
+        completed already (a stream at its first element, see
+        :mod:`adaptive_batcher.runtime.streaming`); never for a batch answered at once."""
+        del requests
+        return False
+
     async def run(self, requests: list[Any]) -> None:
         """Run ``requests`` through the model and settle each; split on OOM or when bisecting.
 

@@ -472,7 +472,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         """The caller stopped reading before its stream ended: withdraw it."""
         self._engine.cancel(request)
         request.handle.cancel()
-        self.recorder.cancelled += 1
+        if not request.answered:  # an answered stream stays completed (see streaming)
+            self.recorder.cancelled += 1
 
     async def submit_many(
         self,
@@ -884,9 +885,12 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Fail everything still pending and cancel the running batches."""
         self._fail_unstarted(self._core.close(drain=False))
         for requests in self._running:
-            self.recorder.failed += self._fail_each(
+            failed = self._fail_each(
                 requests, lambda: BatcherClosedError("batcher closed while this ran")
             )
+            self.recorder.failed += failed
+            if self._runner.counted(requests):  # streams answered at their first element
+                self.recorder.completed -= failed
         for batch in self._unstarted:  # their tasks are cancelled before they run
             self._fail_never_ran(batch)
         tasks = {*self._tasks, *self._warming}

@@ -21,8 +21,9 @@ Elements are buffered per caller: the model is not held back by a slow reader.
 
 Counting: a stream counts as answered at its first element (its latency is the time to its first
 element, which is what an SLO and :meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure); one
-that fails after that moves from ``completed`` to ``failed``. The batch's service time is the
-whole stream.
+that fails after that (the model raises, a close times out) moves from ``completed`` to
+``failed``, and a caller that stops reading after that leaves it ``completed`` (one that stops
+before counts as ``cancelled``). The batch's service time is the whole stream.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ class StreamRequest(Request[asyncio.Future[Any]]):
     """A queued stream: the engine's request, the caller's item and the elements not yet read.
 
     ``handle`` is the stream's end: its result (None) is a normal end, its exception the
-    stream's error; a cancelled handle means that the caller left.
+    stream's error; a cancelled handle means that the caller left. ``answered`` is True once
+    the stream was counted as completed (at its batch's first step).
     """
 
-    __slots__ = ("elements", "item", "waiter")
+    __slots__ = ("answered", "elements", "item", "waiter")
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.item = item
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.answered = False  # counted as completed: its batch's first step was handed out
         future.add_done_callback(self._on_end)
 
     def push(self, element: Any) -> None:
@@ -146,6 +149,11 @@ class StreamRunner(BatchRunner):
         if self.bisect:
             raise ValueError("bisect_on_error does not apply to a streaming model")
         self.streamer = executor
+        self._deliveries: dict[int, _Delivery] = {}  # the running batches', by id(requests)
+
+    def counted(self, requests: list[Any]) -> bool:
+        delivery = self._deliveries.get(id(requests))
+        return delivery is not None and delivery.answered
 
     async def run(self, requests: list[Any]) -> None:
         """Stream ``requests`` through the model and settle each stream.
@@ -154,7 +162,7 @@ class StreamRunner(BatchRunner):
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
         """
-        delivery = _Delivery(requests, self.recorder, self.clock)
+        delivery = self._deliveries[id(requests)] = _Delivery(requests, self.recorder, self.clock)
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
             batch = self.pad(list(map(_item_of, requests)), self._units(requests))
@@ -181,6 +189,7 @@ class StreamRunner(BatchRunner):
             delivery.fail_all(exc)
             raise
         finally:
+            del self._deliveries[id(requests)]
             if stream is not None:
                 await self._close(stream)
 
@@ -239,6 +248,8 @@ class _Delivery:
                 continue
             if first:
                 arrivals.append(request.arrival_s)
+                if type(request) is StreamRequest:
+                    request.answered = True
             if ends_stream(element):
                 self._end(request)
             elif isinstance(element, BaseException):

@@ -184,6 +184,28 @@ async def test_a_reader_cancelled_mid_stream_leaves_the_others_streaming() -> No
             await leaving.__anext__()
         gate.set()
         assert await read(staying) == ["b", "b"]
+    # answered at the first element, so the one that left after it is not also cancelled
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.cancelled) == (2, 2, 0)
+
+
+async def test_a_reader_that_leaves_before_its_first_element_counts_as_cancelled() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        await gate.wait()
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=2, window_ms=0) as batcher:
+        stream = batcher.submit_stream("a")
+        reader = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.01)  # the batch is running, nothing delivered yet
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        gate.set()
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.cancelled) == (1, 0, 1)
 
 
 async def test_when_every_reader_has_left_the_model_stops_and_frees_the_slot() -> None:
@@ -208,6 +230,8 @@ async def test_when_every_reader_has_left_the_model_stops_and_frees_the_slot() -
         await second.aclose()
     assert closed == [True, True]
     assert len(steps) < 10
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.cancelled) == (2, 2, 0)
 
 
 async def test_a_streaming_batch_holds_its_slot_until_the_generator_is_exhausted() -> None:
@@ -266,6 +290,9 @@ async def test_a_close_that_times_out_ends_running_streams_with_a_typed_error() 
     await batcher.aclose(timeout_s=0.01)
     with pytest.raises(BatcherClosedError):
         await stream.__anext__()
+    # counted as completed at its first element, it moves to failed: counted once
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.failed) == (1, 0, 1)
 
 
 async def test_a_stream_that_misses_its_deadline_fails_with_deadline_exceeded() -> None:
