@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from adaptive_batcher._optional import agg_figure
 from adaptive_batcher.sim.result import SimResult
@@ -156,13 +157,14 @@ def plot_timeseries(
     """
     figure = agg_figure("plot_timeseries", figsize=(10, 8))
     p99_ax, window_ax, cap_ax = figure.subplots(3, 1, sharex=True)
-    for name, result in results.items():
+    colours = _colours(len(results))
+    for colour, (name, result) in zip(colours, results.items(), strict=True):
         series = result.series
-        p99_ax.plot(series.start_s, series.p99_ms, label=name, linewidth=1)
+        p99_ax.plot(series.start_s, series.p99_ms, label=name, linewidth=1, color=colour)
         decisions = series.decisions
-        if decisions.size:
-            window_ax.step(decisions[:, 0], decisions[:, 1], where="post", label=name)
-            cap_ax.step(decisions[:, 0], decisions[:, 2], where="post", label=name)
+        if decisions.size:  # only controlled contenders: each keeps its legend colour
+            window_ax.step(decisions[:, 0], decisions[:, 1], where="post", color=colour)
+            cap_ax.step(decisions[:, 0], decisions[:, 2], where="post", color=colour)
     p99_ax.axhline(slo_ms, color="black", linestyle="--", linewidth=1, label="SLO p99")
     p99_ax.set_yscale("log")
     p99_ax.set_ylabel("p99 latency, ms")
@@ -175,6 +177,15 @@ def plot_timeseries(
     out = Path(path)
     figure.savefig(out, dpi=100)
     return out
+
+
+def _colours(count: int) -> list[Any]:
+    """One colour per contender, the same in every panel (matplotlib's tab10 cycle, then
+    tab20 beyond ten)."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10" if count <= 10 else "tab20"]
+    return [palette(i % palette.N) for i in range(count)]
 
 
 def plot_goodput(cells: Sequence[Cell], path: str | Path) -> Path:
