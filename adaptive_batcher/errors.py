@@ -7,6 +7,7 @@ Hierarchy::
     ├── DeadlineExceededError  the request did not start before its deadline (a TimeoutError)
     ├── BatcherClosedError     submitted after ``aclose()``, or queued when closed without draining
     ├── ItemTooLargeError      the item's size exceeds the configured batch cap (a ValueError)
+    ├── ItemSizeError          ``size_fn`` raised, or gave the item no int >= 1 (a ValueError)
     ├── ResultCountError       the model returned a different number of results than items
     ├── PaddingError           ``pad_fn`` raised or returned a wrong number of items; no model call
     └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
@@ -24,6 +25,7 @@ __all__ = [
     "BatcherClosedError",
     "BatcherError",
     "DeadlineExceededError",
+    "ItemSizeError",
     "ItemTooLargeError",
     "PaddingError",
     "QueueFullError",
@@ -51,6 +53,12 @@ class BatcherClosedError(BatcherError):
 
 class ItemTooLargeError(BatcherError, ValueError):
     """The item's size (per the size function) is larger than the batch cap."""
+
+
+class ItemSizeError(BatcherError, ValueError):
+    """``size_fn`` raised for the item (the ``__cause__``), or returned no int >= 1 (0, a
+    negative number, a float, a bool). Raised at once by the submitting call; the request is
+    counted as submitted and rejected, like an item too large."""
 
 
 class ResultCountError(BatcherError):

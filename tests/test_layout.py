@@ -67,6 +67,7 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
             "Bounds",
             "DeadlineExceededError",
             "GCPauseProbe",
+            "ItemSizeError",
             "ItemTooLargeError",
             "PaddingError",
             "Preset",

@@ -42,6 +42,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
+    ItemSizeError,
     describe,
 )
 from adaptive_batcher.runtime.batch_runner import BatchRunner, fail_pending
@@ -180,7 +181,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             could take is never refused (with one slot, cap 1 and a bound of 2, an idle
             batcher accepts 3 requests at once: 1 runs, 2 wait). None (default): unbounded.
         size_fn: ``size_fn(item) -> int`` units an item takes in the cap (rows, tokens); any
-            integral (numpy integers too) >= 1, else ``submit`` raises TypeError or ValueError.
+            integral (numpy integers too) >= 1, else ``submit`` raises ``ItemSizeError`` (as it
+            does when ``size_fn`` raises, the cause attached).
             Default: 1 per item. A request larger than ``max_batch_size`` raises
             ``ItemTooLargeError``.
         batch_sizes: allowed batch sizes ("buckets"), increasing, in units. A batch is padded up to
@@ -400,6 +402,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         Raises:
             QueueFullError: ``max_queue_size`` requests are waiting (raised at once).
             ItemTooLargeError: the item is larger than the batch cap.
+            ItemSizeError: ``size_fn`` raised for the item, or gave it no int >= 1.
             BatcherClosedError: the batcher is closed, or closed without draining meanwhile.
             DeadlineExceededError: the deadline passed before the request started.
             BatchFailedError: the model raised for this request's batch (cause attached).
@@ -443,7 +446,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             TypeError: the model is not a streaming model (use :meth:`submit`).
-            QueueFullError, ItemTooLargeError, BatcherClosedError: raised by this call, at once.
+            QueueFullError, ItemTooLargeError, ItemSizeError, BatcherClosedError: raised by
+                this call, at once.
 
         The stream raises, after the elements it delivered: ``DeadlineExceededError``,
         ``BatcherClosedError`` (closed without draining, or a close that timed out),
@@ -950,13 +954,34 @@ class AdaptiveBatcher(Generic[X, Y]):
         return self._sampler.latest if self._sampler is not None else _UNKNOWN
 
     def _item_size(self, item: X) -> int:
+        """``size_fn(item)``, an int >= 1.
+
+        Raises:
+            ItemSizeError: ``size_fn`` raised (the cause) or gave no int >= 1; the request is
+                counted as submitted and rejected.
+        """
         assert self._size_fn is not None
-        size = self._size_fn(item)
+        try:
+            size = self._size_fn(item)
+        except Exception as exc:
+            error = ItemSizeError(f"size_fn raised for this item: {describe(exc)}")
+            raise self._refused(error) from exc
         if type(size) is not int:  # numpy integers too (operator.index); plain ints stay cheap
-            size = check_integral("size_fn(item)", size)
+            try:
+                size = check_integral("size_fn(item)", size)
+            except TypeError as exc:
+                raise self._refused(ItemSizeError(str(exc))) from None
         if size < 1:
-            raise ValueError(f"size_fn must return an int >= 1, got {size!r}")
+            raise self._refused(ItemSizeError(f"size_fn must return an int >= 1, got {size!r}"))
         return size
+
+    def _refused(self, error: ItemSizeError) -> ItemSizeError:
+        """Count a request refused before it reached the queue, as the core counts one it
+        refuses."""
+        self.recorder.submitted += 1
+        self.recorder.rejected += 1
+        _log.debug("request.rejected", batcher=self.name, reason=type(error).__name__)
+        return error
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled and self._loop is not None:

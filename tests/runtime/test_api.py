@@ -13,6 +13,7 @@ import adaptive_batcher
 from adaptive_batcher import (
     SLO,
     AdaptiveBatcher,
+    ItemSizeError,
     ItemTooLargeError,
     batched,
     pad_rows,
@@ -107,13 +108,15 @@ async def test_bad_submit_arguments_raise_and_leave_nothing_queued() -> None:
     async with AdaptiveBatcher(identity, size_fn=len, max_batch_size=4) as batcher:
         with pytest.raises(ValueError, match="deadline_ms must be a finite number > 0, got 0"):
             await batcher.submit("ab", deadline_ms=0)
-        with pytest.raises(ValueError, match=r"size_fn must return an int >= 1, got 0"):
+        with pytest.raises(ItemSizeError, match=r"size_fn must return an int >= 1, got 0"):
             await batcher.submit("")
         with pytest.raises(ItemTooLargeError, match=r"item size 5 is outside 1\.\.4"):
             await batcher.submit("abcde")
         assert batcher.stats().queue_depth == 0
         assert await batcher.submit("abcd") == "abcd"
-    assert batcher.stats().counts.rejected == 1
+    # the item of size 0 and the one too large were refused; the bad deadline is the call's
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.rejected, counts.completed) == (3, 2, 1)
 
 
 async def test_buckets_pad_up_and_drop_padding_results() -> None:

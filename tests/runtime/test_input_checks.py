@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adaptive_batcher import SLO, AdaptiveBatcher
+from adaptive_batcher import SLO, AdaptiveBatcher, ItemSizeError
 from adaptive_batcher.testing import EchoModel
 
 
@@ -49,32 +49,42 @@ async def test_size_fn_may_return_any_integral() -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "error", "message"),
+    ("size", "message"),
     [
-        (1.5, TypeError, "size_fn(item) must be an int, got float"),
-        (2.0, TypeError, "size_fn(item) must be an int, got float"),
-        (True, TypeError, "size_fn(item) must be an int, got bool"),
-        (None, TypeError, "size_fn(item) must be an int, got NoneType"),
-        ("2", TypeError, "size_fn(item) must be an int, got str"),
-        (0, ValueError, "size_fn must return an int >= 1, got 0"),
-        (-3, ValueError, "size_fn must return an int >= 1, got -3"),
+        (1.5, "size_fn(item) must be an int, got float"),
+        (2.0, "size_fn(item) must be an int, got float"),
+        (True, "size_fn(item) must be an int, got bool"),
+        (np.True_, "size_fn(item) must be an int, got bool"),
+        (None, "size_fn(item) must be an int, got NoneType"),
+        ("2", "size_fn(item) must be an int, got str"),
+        (0, "size_fn must return an int >= 1, got 0"),
+        (-3, "size_fn must return an int >= 1, got -3"),
     ],
 )
-async def test_a_bad_size_is_refused_naming_size_fn(
-    size: object, error: type[Exception], message: str
-) -> None:
+async def test_a_bad_size_is_refused_naming_size_fn(size: object, message: str) -> None:
+    """A typed error (a ValueError, as for an item too large), counted as a refused request."""
     model = EchoModel()
     async with AdaptiveBatcher(model, window_ms=0, size_fn=lambda _: size) as batcher:
-        with pytest.raises(error, match=exactly(message)):
+        with pytest.raises(ItemSizeError, match=exactly(message)):
             await batcher.submit("x")
         assert batcher.stats().queue_depth == 0
     assert model.batches == []
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.rejected) == (1, 1)
 
 
-async def test_a_numpy_bool_size_is_refused() -> None:
-    async with AdaptiveBatcher(EchoModel(), size_fn=lambda _: np.True_) as batcher:
-        with pytest.raises(TypeError, match=exactly("size_fn(item) must be an int, got bool")):
+async def test_a_size_fn_that_raises_refuses_the_item_with_the_cause() -> None:
+    def size_fn(item: str) -> int:
+        raise KeyError(item)
+
+    async with AdaptiveBatcher(EchoModel(), size_fn=size_fn) as batcher:
+        with pytest.raises(ItemSizeError, match="size_fn raised for this item: KeyError") as info:
             await batcher.submit("x")
+        with pytest.raises(ItemSizeError):  # the same check guards submit_many
+            await batcher.submit_many(["y"])
+    assert isinstance(info.value.__cause__, KeyError)
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.rejected) == (2, 2)
 
 
 @pytest.mark.parametrize(("guards", "kind"), [(5, "int"), (True, "bool"), ("guard", "str")])
