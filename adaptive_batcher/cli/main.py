@@ -61,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),  # keep stdout for reports
     )
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT, no traceback
+        print(f"adaptive-batcher {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status
 
 

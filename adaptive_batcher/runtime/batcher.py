@@ -24,6 +24,7 @@ from adaptive_batcher._validate import (
     check_int,
     check_integral,
     check_number,
+    check_real,
     check_sequence,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
@@ -810,7 +811,8 @@ class AdaptiveBatcher(Generic[X, Y]):
                 False: queued requests fail at once with ``BatcherClosedError``; running batches
                 finish. A later call with ``drain=False`` also fails what a draining close
                 left queued (escalation).
-            timeout_s: the longest wait, seconds (None: no limit). When it runs out, running
+            timeout_s: the longest wait, seconds (None or ``math.inf``: no limit). When it
+                runs out, running
                 batches are cancelled (an ``async def`` model sees ``CancelledError``; a sync
                 model's thread cannot be interrupted and finishes in the background) and every
                 request still pending fails with ``BatcherClosedError`` (a :meth:`warmup`
@@ -825,9 +827,11 @@ class AdaptiveBatcher(Generic[X, Y]):
 
         Raises:
             TypeError: ``drain`` not a bool, ``timeout_s`` not a number.
-            ValueError: a negative ``timeout_s``.
+            ValueError: a negative or NaN ``timeout_s``.
         """
         drain = check_bool("drain", drain)
+        if timeout_s is not None and check_real("timeout_s", timeout_s) == math.inf:
+            timeout_s = None  # no limit, as None says
         if timeout_s is not None:
             check_number("timeout_s", timeout_s, 0.0)
         first = not self._closed

@@ -24,6 +24,21 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         assert command in out
 
 
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adaptive_batcher.cli import demo_cmd
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo_cmd, "run", interrupted)
+    assert main(["demo", "--duration", "1"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "adaptive-batcher demo: interrupted\n"
+    assert "Traceback" not in captured.out
+
+
 def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["demo", "--duration", "2", "--rate", "200", "--burst-rate", "400"])
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -172,8 +173,29 @@ def test_control_arguments_are_checked_up_front(
 
 
 async def test_aclose_timeout_is_checked() -> None:
-    with pytest.raises(ValueError, match="timeout_s must be a finite number >= 0"):
-        await AdaptiveBatcher(EchoModel()).aclose(timeout_s=-1)
+    for bad in (-1, math.nan, -math.inf):
+        with pytest.raises(ValueError, match="timeout_s must be a finite number >= 0"):
+            await AdaptiveBatcher(EchoModel()).aclose(timeout_s=bad)
+    with pytest.raises(TypeError, match="timeout_s"):
+        await AdaptiveBatcher(EchoModel()).aclose(timeout_s="1")  # type: ignore[arg-type]
+
+
+async def test_aclose_with_an_infinite_timeout_waits_without_limit_as_none_does() -> None:
+    gate = asyncio.Event()
+
+    async def model(batch: list[int]) -> list[int]:
+        await gate.wait()
+        return batch
+
+    batcher = AdaptiveBatcher(model, window_ms=0)
+    answer = asyncio.ensure_future(batcher.submit(1))
+    await asyncio.sleep(0.01)
+    closing = asyncio.ensure_future(batcher.aclose(timeout_s=math.inf))
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # still waiting for the running batch
+    gate.set()
+    await closing
+    assert await answer == 1
 
 
 async def test_warmup_with_sizes_never_exceeds_the_cap_and_reports_what_ran() -> None:
