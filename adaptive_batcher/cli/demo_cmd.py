@@ -255,7 +255,8 @@ def _summary_table(
 ) -> Table:
     stats = batcher.stats()
     counts = stats.counts
-    table = Table(title="summary (latency: the last 10 s of the run)")
+    span_s = min(wall_s, batcher.recorder.latency.window_s)  # the latency histogram's span
+    table = Table(title=f"summary (latency: the last {span_s:.0f} s of the run)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [

@@ -72,6 +72,8 @@ def test_the_demo_summary_starts_on_its_own_line(capsys: pytest.CaptureFixture[s
     assert titles
     assert all(line.strip().startswith("summary (latency") for line in titles)
     assert lines[lines.index(titles[0]) - 1].startswith("└")  # right below the live table
+    # a 1 s run's latency covers that second, not the histogram's 10 s span
+    assert re.search(r"the\s+last\s+1\s+s\s+of", " ".join(lines))
 
 
 @pytest.fixture
