@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,9 @@ def register(subparsers: Any) -> None:
         "--service",
         type=Path,
         help="service-time profile JSON from `adaptive-batcher profile` "
-        "(default: resnet50 on an H200); scenario loads rescale to its capacity",
+        "(default: resnet50 on an H200); scenario loads rescale to its capacity; batches "
+        "beyond its sizes take times extrapolated from its two largest (noted when more than "
+        "twice the largest)",
     )
     parser.add_argument(
         "--slo-p99-ms",
@@ -266,9 +269,28 @@ def run_command(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
         return 2
     console.print(_table(cells))
+    if args.service is not None:
+        note = _extrapolation_note(cells, TableService.from_profile_json(args.service))
+        if note:
+            console.print(note)
     _write(cells, scenarios, args.out)
     console.print(f"wrote {args.out / 'replay.md'} and plots in {args.out}")
     return 0
+
+
+def _extrapolation_note(cells: Sequence[Cell], table: TableService) -> str | None:
+    """A note when batches ran beyond twice the largest size the profile measured (their
+    service times are extrapolated along its last segment, see :class:`TableService`)."""
+    measured = int(table.sizes[-1])
+    calls = [cell.result.calls for cell in cells if len(cell.result.calls)]
+    largest = max((int(units.max()) for units in (c[:, 3] for c in calls)), default=0)
+    if largest <= 2 * measured:
+        return None
+    return (
+        f"note: batches of up to {largest} units ran, and the profile measured sizes up to "
+        f"{measured}: their service times are extrapolated from its two largest sizes; profile "
+        f"larger batch sizes (adaptive-batcher profile --batch-sizes ...) to replay them measured"
+    )
 
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:

@@ -277,3 +277,24 @@ def test_console_and_markdown_compare_a_shedding_contender_with_the_shedding_gri
         # console: goodput/s, vs best, in SLO, p99 ms, dev ms/req, vs oracle, ms per good, ...
         assert (con[0], con[1], con[4], con[5], con[6]) == (md[0], md[1], md[4], md[5], md[6])
         assert con[5] == "-"  # vs oracle: there is no oracle
+
+
+def _profile(path: Path, sizes: tuple[int, ...]) -> Path:
+    from adaptive_batcher.profile.format import write_profile
+    from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+
+    # overloaded steps: the queue fills batches up to the cap, far beyond the sizes measured
+    rows = tuple(ProfileRow(n, 2 + n / 1e3, 2.5 + n / 1e3, n / (2 + n / 1e3), None) for n in sizes)
+    return write_profile(path, ProfileResult(rows, None, "cpu", "tiny", 3))
+
+
+@pytest.mark.parametrize(("sizes", "noted"), [((1, 2, 4, 8), True), ((1, 64, 512), False)])
+def test_a_replay_beyond_the_profiled_sizes_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sizes: tuple[int, ...], noted: bool
+) -> None:
+    profile = _profile(tmp_path / "p.json", sizes)
+    status = replay(tmp_path, "--service", str(profile), "--scenario", "steps")
+    out = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert status == 0
+    assert ("the profile measured sizes up to 8" in out) is noted
+    assert ("note: batches of up to" in out) is noted
