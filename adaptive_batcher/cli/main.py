@@ -13,7 +13,8 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
+from typing import Any
 
 import structlog
 
@@ -44,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+REPORTED_BY_THE_COMMANDS = frozenset({"profile.noisy"})
+"""Library events a command prints in its own words (``warning: ...``): not logged twice."""
+
+
+def _drop_reported(logger: object, method: str, event: MutableMapping[str, Any]) -> Any:
+    """A structlog processor: drops the events in :data:`REPORTED_BY_THE_COMMANDS`."""
+    if event.get("event") in REPORTED_BY_THE_COMMANDS:
+        raise structlog.DropEvent
+    return event
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 without the ``cli`` extra)."""
     absent = missing(CLI_MODULES)
@@ -57,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # the command line is an application: it, not the library, decides what gets logged
     level = logging.getLevelNamesMapping()[args.log_level.upper()]
+    processors = [p for p in structlog.get_config()["processors"] if p is not _drop_reported]
     structlog.configure(
+        processors=[_drop_reported, *processors],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),  # keep stdout for reports
     )

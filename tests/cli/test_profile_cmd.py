@@ -506,6 +506,7 @@ def test_a_non_monotone_sweep_warns_and_the_recommendation_is_not_reliable(
         assert f"warning: {warning}\n" in captured.err
         assert f"- {warning}\n" in captured.out
     assert "warning: recommendation NOT RELIABLE: cap " in captured.err
+    assert "profile.noisy" not in captured.err  # said once, in words, not also as a log event
     assert "**recommendation NOT RELIABLE: cap " in captured.out
     assert "## Warnings" in (tmp_path / "res" / "profile.md").read_text(encoding="utf-8")
 
