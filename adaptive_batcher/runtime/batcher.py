@@ -13,7 +13,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -52,7 +52,7 @@ from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
-from adaptive_batcher.runtime.streaming import StreamRequest, StreamRunner, consume
+from adaptive_batcher.runtime.streaming import Stream, StreamRequest, StreamRunner
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -433,12 +433,16 @@ class AdaptiveBatcher(Generic[X, Y]):
                 self.recorder.cancelled += 1
             raise
 
-    def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> AsyncIterator[Y]:
+    def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> Stream[Y]:
         """Queue ``item`` for a streaming model now and return its stream of elements.
 
         The request is queued by this call, not by the first read. Iterate the result with
-        ``async for``; stopping early (``break``, closing it, or cancelling the task that reads
-        it) withdraws the request, and the batch goes on for the others.
+        ``async for``. Stopping early withdraws the request (it never reaches the model if
+        still queued, and the batch goes on for the others): ``await stream.aclose()``, even
+        before the first read; cancelling the task that reads it; or dropping it
+        (``break`` out of ``async for ... in batcher.submit_stream(...)``). A stream kept in
+        a variable after a ``break`` may still be read, so it is withdrawn only when closed
+        or dropped (see :class:`~adaptive_batcher.runtime.streaming.Stream`).
 
         Args:
             item: one input; its size is ``size_fn(item)`` units (1 by default).
@@ -471,10 +475,12 @@ class AdaptiveBatcher(Generic[X, Y]):
         request = StreamRequest(item, self._new_future(), now, size, deadline_s)
         if self._core.arrive(request, now):
             self._schedule_pump()
-        return consume(request, self._leave_stream)
+        return Stream(request, self._leave_stream)
 
     def _leave_stream(self, request: StreamRequest) -> None:
-        """The caller stopped reading before its stream ended: withdraw it."""
+        """The caller stopped reading before its stream ended: withdraw it (once)."""
+        if request.handle.done():  # ended meanwhile, or withdrawn already
+            return
         self._engine.cancel(request)
         request.handle.cancel()
         if not request.answered:  # an answered stream stays completed (see streaming)

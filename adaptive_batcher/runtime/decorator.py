@@ -6,11 +6,12 @@ import asyncio
 import copy
 import functools
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher
 from adaptive_batcher.runtime.executors import is_stream_callable
+from adaptive_batcher.runtime.streaming import Stream
 
 __all__ = ["BatchedFunction", "BatchedStream", "batched"]
 
@@ -130,7 +131,7 @@ class BatchedStream(BatchedFunction[X, Y]):
 
     def __call__(  # type: ignore[override]
         self, item: X, *, deadline_ms: float | None = None
-    ) -> AsyncIterator[Y]:
+    ) -> Stream[Y]:
         return self.batcher.submit_stream(item, deadline_ms=deadline_ms)
 
 

@@ -29,10 +29,11 @@ before counts as ``cancelled``). The batch's service time is the whole stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.engine import Request, RequestState
@@ -41,9 +42,10 @@ from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
-__all__ = ["StreamRequest", "StreamRunner", "consume", "ends_stream"]
+__all__ = ["Stream", "StreamRequest", "StreamRunner", "ends_stream"]
 
 _log = get_logger()
+T = TypeVar("T")
 _item_of = attrgetter("item")
 
 
@@ -103,33 +105,67 @@ class StreamRequest(Request[asyncio.Future[Any]]):
                 waiter.set_result(None)
 
 
-async def consume(
-    request: StreamRequest, leave: Callable[[StreamRequest], None]
-) -> AsyncIterator[Any]:
+class Stream(AsyncIterator[T]):
     """The caller's side of a stream: its elements, then its end or its error.
 
-    ``leave(request)`` is called when the caller stops before the end (cancelled while waiting,
-    or the iterator closed): the request is withdrawn and the batch goes on for the others.
+    The request is withdrawn (``leave(request)``: it never reaches the model if still queued,
+    its batch goes on for the others, and the model stops once every caller has left) when the
+    caller stops before the end: :meth:`aclose`, even before the first read; the reading task
+    cancelled while it waits; or the stream dropped unread or half read (``break`` out of an
+    ``async for`` over ``submit_stream(...)`` itself). A stream kept in a variable after a
+    ``break`` may still be read on, so it is withdrawn only when closed or dropped.
 
-    Raises:
-        Exception: the stream's error (see the module docstring), after its elements.
+    Raises (from ``__anext__``):
+        Exception: the stream's error (see the module docstring), after its elements; then
+            ``StopAsyncIteration``, as for a stream that ended or was left.
     """
-    handle = request.handle
-    elements = request.elements
-    try:
-        while True:
+
+    __slots__ = ("_leave", "_over", "_request")
+
+    def __init__(self, request: StreamRequest, leave: Callable[[StreamRequest], None]) -> None:
+        self._request = request
+        self._leave = leave
+        self._over = False  # ended, failed, or left: no element will come
+
+    def __aiter__(self) -> Stream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        request = self._request
+        handle, elements = request.handle, request.elements
+        while not self._over:
             if elements:
-                yield elements.popleft()
-            elif handle.done():
+                element: T = elements.popleft()
+                return element
+            if handle.done():
+                self._over = True
                 handle.result()  # raises the stream's error
-                return
-            else:
-                waiter: asyncio.Future[None] = handle.get_loop().create_future()
-                request.waiter = waiter
+                break
+            waiter: asyncio.Future[None] = handle.get_loop().create_future()
+            request.waiter = waiter
+            try:
                 await waiter
-    finally:
-        if not handle.done():
-            leave(request)
+            except BaseException:  # cancelled while waiting: the caller has left
+                self._stop()
+                raise
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Stop reading: withdraw the request unless its stream has ended."""
+        self._stop()
+
+    def _stop(self) -> None:
+        self._over = True
+        if not self._request.handle.done():
+            self._leave(self._request)
+
+    def __del__(self) -> None:
+        handle = self._request.handle
+        if not handle.done():  # dropped before the end: leave, on the loop's thread
+            with contextlib.suppress(RuntimeError):  # a closed loop runs no batch any more
+                handle.get_loop().call_soon_threadsafe(self._leave, self._request)
+        elif not handle.cancelled():
+            handle.exception()  # an error nobody will read is no "never retrieved" warning
 
 
 class StreamRunner(BatchRunner):

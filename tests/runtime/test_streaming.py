@@ -208,6 +208,71 @@ async def test_a_reader_that_leaves_before_its_first_element_counts_as_cancelled
     assert (counts.submitted, counts.completed, counts.cancelled) == (1, 0, 1)
 
 
+async def test_a_stream_closed_before_its_first_read_is_withdrawn() -> None:
+    """Closed while queued: it never reaches the model and counts as cancelled."""
+    seen: list[list[str]] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        seen.append(list(batch))
+        yield list(batch)
+
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=50) as batcher:
+        gone = batcher.submit_stream("gone")
+        await gone.aclose()
+        assert await read(batcher.submit_stream("kept")) == ["kept"]
+    assert seen == [["kept"]]
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.cancelled) == (2, 1, 1)
+
+
+async def _endless(batch: list[int]) -> AsyncIterator[list[int]]:
+    while True:
+        await asyncio.sleep(0.005)
+        yield list(batch)
+
+
+async def test_a_running_stream_closed_or_dropped_unread_frees_the_slot() -> None:
+    """Its batch running and no element read yet: closing it (or dropping it) stops the model,
+    so the next caller gets the only slot and the close does not hang."""
+    import gc
+
+    for leave in ("aclose", "drop"):
+        batcher = AdaptiveBatcher(_endless, max_batch_size=1, window_ms=0)
+        stream = batcher.submit_stream(1)
+        await asyncio.sleep(0.05)  # its batch is running, stepping
+        if leave == "aclose":
+            await stream.aclose()
+        else:
+            del stream
+            gc.collect()
+        after = batcher.submit_stream(2)
+        assert await asyncio.wait_for(after.__anext__(), timeout=5) == 2, leave
+        await after.aclose()
+        await asyncio.wait_for(batcher.aclose(), timeout=5)
+        # both were answered (elements handed out, read or not) before their readers left
+        counts = batcher.stats().counts
+        assert (counts.submitted, counts.completed, counts.cancelled) == (2, 2, 0), leave
+
+
+async def test_an_error_a_left_reader_never_reads_is_not_logged_as_never_retrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import gc
+
+    async def model(batch: list[int]) -> AsyncIterator[list[Any]]:
+        yield list(batch)
+        yield [ValueError("slot") for _ in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        stream = batcher.submit_stream(1)
+        async for _ in stream:
+            break  # kept in a variable: it could be read on, so it stays
+        await asyncio.sleep(0.05)  # the error is set on its end
+        del stream
+        gc.collect()
+    assert "never retrieved" not in caplog.text
+
+
 async def test_when_every_reader_has_left_the_model_stops_and_frees_the_slot() -> None:
     steps: list[int] = []
     closed: list[bool] = []
