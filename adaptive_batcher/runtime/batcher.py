@@ -818,12 +818,13 @@ class AdaptiveBatcher(Generic[X, Y]):
                 finish. A later call with ``drain=False`` also fails what a draining close
                 left queued (escalation).
             timeout_s: the longest wait, seconds (None or ``math.inf``: no limit). When it
-                runs out, running
-                batches are cancelled (an ``async def`` model sees ``CancelledError``; a sync
-                model's thread cannot be interrupted and finishes in the background) and every
-                request still pending fails with ``BatcherClosedError`` (a :meth:`warmup`
-                running too: its model call is cancelled). The close then returns
-                after one turn of the loop, without waiting for cancelled batches to wind down.
+                runs out, running batches are cancelled (an ``async def`` model sees
+                ``CancelledError``; a sync model's thread cannot be interrupted and finishes in
+                the background, and Python waits for it when the process exits: a call that
+                never returns holds the exit) and every request still pending fails with
+                ``BatcherClosedError`` (a :meth:`warmup` running too: its model call is
+                cancelled). The close then returns after one turn of the loop, without waiting
+                for cancelled batches to wind down.
 
         Awaited by an ``async def`` model inside one of this batcher's batches, the close cannot
         wait for that batch (which waits for the close): it stops accepting requests (and fails
