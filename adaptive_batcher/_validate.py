@@ -85,12 +85,21 @@ def check_optional_int(name: str, value: object, minimum: int) -> int | None:
 
 
 def check_real(name: str, value: object) -> float:
-    """``value`` as a float if it is a real number (not a bool), else TypeError; no range check."""
+    """``value`` as a float if it is a real number (not a bool), else TypeError; no range check
+    (an int too large for a float, 10**400, is infinite: range checks refuse it as such)."""
     if type(value) is float or type(value) is int:
-        return float(value)
+        return _float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    return float(value)
+    return _float(value)
+
+
+def _float(value: Any) -> float:
+    """``float(value)``; an int beyond a float's range is infinite, with its sign."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def check_number(name: str, value: object, minimum: float, *, strict: bool = False) -> float:

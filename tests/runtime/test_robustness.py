@@ -178,6 +178,9 @@ async def test_aclose_timeout_is_checked() -> None:
             await AdaptiveBatcher(EchoModel()).aclose(timeout_s=bad)
     with pytest.raises(TypeError, match="timeout_s"):
         await AdaptiveBatcher(EchoModel()).aclose(timeout_s="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_s must be a finite number >= 0"):
+        await AdaptiveBatcher(EchoModel()).aclose(timeout_s=-(10**400))  # no OverflowError
+    await AdaptiveBatcher(EchoModel()).aclose(timeout_s=10**400)  # beyond a float: no limit
 
 
 async def test_aclose_with_an_infinite_timeout_waits_without_limit_as_none_does() -> None:
