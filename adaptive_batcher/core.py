@@ -148,14 +148,24 @@ class BatcherCore(Generic[H]):
         try:
             return self.engine.arrive(request, now)
         except BatcherError as exc:
-            self.recorder.rejected += 1
-            _log.debug(
-                "request.rejected",
-                batcher=self.name,
-                reason=type(exc).__name__,
-                queue_depth=self.engine.queue_depth,
-            )
+            self._note_rejected(exc)
             raise
+
+    def refuse(self, error: BatcherError) -> BatcherError:
+        """Count a request refused before it could arrive (an item ``size_fn`` gives no size),
+        as :meth:`arrive` counts one it refuses: submitted and rejected. Returns ``error``."""
+        self.recorder.submitted += 1
+        self._note_rejected(error)
+        return error
+
+    def _note_rejected(self, error: BatcherError) -> None:
+        self.recorder.rejected += 1
+        _log.debug(
+            "request.rejected",
+            batcher=self.name,
+            reason=type(error).__name__,
+            queue_depth=self.engine.queue_depth,
+        )
 
     def arrive_many(
         self, requests: Sequence[Request[H]], start: int = 0, stop: int | None = None

@@ -976,23 +976,15 @@ class AdaptiveBatcher(Generic[X, Y]):
             size = self._size_fn(item)
         except Exception as exc:
             error = ItemSizeError(f"size_fn raised for this item: {describe(exc)}")
-            raise self._refused(error) from exc
+            raise self._core.refuse(error) from exc
         if type(size) is not int:  # numpy integers too (operator.index); plain ints stay cheap
             try:
                 size = check_integral("size_fn(item)", size)
             except TypeError as exc:
-                raise self._refused(ItemSizeError(str(exc))) from None
+                raise self._core.refuse(ItemSizeError(str(exc))) from None
         if size < 1:
-            raise self._refused(ItemSizeError(f"size_fn must return an int >= 1, got {size!r}"))
+            raise self._core.refuse(ItemSizeError(f"size_fn must return an int >= 1, got {size!r}"))
         return size
-
-    def _refused(self, error: ItemSizeError) -> ItemSizeError:
-        """Count a request refused before it reached the queue, as the core counts one it
-        refuses."""
-        self.recorder.submitted += 1
-        self.recorder.rejected += 1
-        _log.debug("request.rejected", batcher=self.name, reason=type(error).__name__)
-        return error
 
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled and self._loop is not None:
