@@ -429,9 +429,18 @@ class AdaptiveBatcher(Generic[X, Y]):
             return await future
         except asyncio.CancelledError:
             self._engine.cancel(request)
-            if future.cancelled():  # not counted elsewhere: no result or error was set
+            # not counted elsewhere: no result or error was set, and no streaming batch counted
+            # it as completed at its first step
+            if future.cancelled() and not self._counted_by_a_stream(request):
                 self.recorder.cancelled += 1
             raise
+
+    def _counted_by_a_stream(self, request: _Pending) -> bool:
+        """True when the running streaming batch that holds ``request`` counted it as
+        completed at its first step (see :mod:`adaptive_batcher.runtime.streaming`)."""
+        return self._streams and any(
+            request in live for live in self._running if self._runner.counted(live)
+        )
 
     def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> Stream[Y]:
         """Queue ``item`` for a streaming model now and return its stream of elements.

@@ -163,9 +163,25 @@ class Stream(AsyncIterator[T]):
         handle = self._request.handle
         if not handle.done():  # dropped before the end: leave, on the loop's thread
             with contextlib.suppress(RuntimeError):  # a closed loop runs no batch any more
-                handle.get_loop().call_soon_threadsafe(self._leave, self._request)
-        elif not handle.cancelled():
-            handle.exception()  # an error nobody will read is no "never retrieved" warning
+                handle.get_loop().call_soon_threadsafe(_leave_dropped, self._leave, self._request)
+        else:
+            _read_error(handle)
+
+
+def _leave_dropped(leave: Callable[[StreamRequest], None], request: StreamRequest) -> None:
+    """A dropped stream's withdrawal, at the loop's next turn (never from inside a collection
+    of garbage, which may run amid the engine's own work); if its stream ended meanwhile, its
+    error is read instead."""
+    if request.handle.done():
+        _read_error(request.handle)
+    else:
+        leave(request)
+
+
+def _read_error(handle: asyncio.Future[Any]) -> None:
+    """Mark the error of a stream nobody will read as read: no "never retrieved" warning."""
+    if not handle.cancelled():
+        handle.exception()
 
 
 class StreamRunner(BatchRunner):

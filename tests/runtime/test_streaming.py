@@ -273,6 +273,42 @@ async def test_an_error_a_left_reader_never_reads_is_not_logged_as_never_retriev
     assert "never retrieved" not in caplog.text
 
 
+async def test_a_dropped_stream_whose_error_comes_first_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Dropped by a ``break`` out of ``async for``; the slot's error is set before the
+    withdrawal (at the loop's next turn) runs: it is read there, not left unretrieved."""
+    import gc
+
+    async def model(batch: list[str]) -> AsyncIterator[list[Any]]:
+        yield [f"{x}:0" for x in batch]
+        await asyncio.sleep(0)
+        yield [ValueError("bad slot") for _ in batch]
+
+    batcher = AdaptiveBatcher(model, max_batch_size=4, window_ms=0)
+    async for _ in batcher.submit_stream("a"):
+        break
+    await asyncio.sleep(0.05)
+    await batcher.aclose()
+    counts = batcher.stats().counts
+    assert counts.submitted == counts.completed + counts.failed + counts.cancelled == 1
+    del batcher
+    gc.collect()  # the stream's future goes: an unread error would be logged now
+    assert "never retrieved" not in caplog.text
+
+
+async def test_a_submit_on_a_streaming_model_cancelled_after_the_first_step_counts_once() -> None:
+    batcher = AdaptiveBatcher(_endless, max_batch_size=1, window_ms=0)
+    task = asyncio.ensure_future(batcher.submit(1))
+    await asyncio.sleep(0.05)  # its batch has handed out steps: counted as completed
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(batcher.aclose(), timeout=5)
+    counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed, counts.cancelled) == (1, 1, 0)
+
+
 async def test_when_every_reader_has_left_the_model_stops_and_frees_the_slot() -> None:
     steps: list[int] = []
     closed: list[bool] = []
