@@ -98,9 +98,11 @@ def energy_j(ctx: Context) -> float:
 
 
 def _diff(after: float | None, before: float | None) -> float:
-    if after is None or before is None:
+    """``after - before``; a ``before`` unknown because the sampler had not read yet (a
+    batcher not warmed up starts its sampler at its first request) counts as 0."""
+    if after is None:
         return math.nan
-    return after - before
+    return after - (before or 0.0)
 
 
 def _gpu(stats: BatcherStats, field: str) -> float | None:
