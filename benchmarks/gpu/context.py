@@ -12,8 +12,8 @@ import torch
 
 from adaptive_batcher.telemetry import Telemetry, auto_telemetry
 from benchmarks.gpu.config import RunConfig
+from benchmarks.gpu.devices import Platform
 from benchmarks.gpu.models import build_resnet, resnet_forward
-from benchmarks.gpu.platform import Platform
 from benchmarks.gpu.results import EventCounter
 
 __all__ = ["Context", "Resnet"]

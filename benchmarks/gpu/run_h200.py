@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: python benchmarks/gpu/run_h200.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run as a file: the repo root, not this folder, leads sys.path
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 REQUIRED = {"numpy": "numpy", "structlog": "structlog", "torch": "torch"}
 """Module -> package the script cannot run without."""

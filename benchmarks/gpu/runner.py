@@ -15,9 +15,9 @@ import structlog
 
 from benchmarks.gpu.config import RunConfig
 from benchmarks.gpu.context import Context
+from benchmarks.gpu.devices import CudaPlatform, DryRunPlatform, Platform
 from benchmarks.gpu.environment import run_environment
 from benchmarks.gpu.llm import run_llm
-from benchmarks.gpu.platform import CudaPlatform, DryRunPlatform, Platform
 from benchmarks.gpu.report import targets, write_results
 from benchmarks.gpu.results import EventCounter, PhaseOutcome
 from benchmarks.gpu.serving import run_serving

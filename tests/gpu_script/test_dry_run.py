@@ -6,6 +6,7 @@ imports are named in one line."""
 from __future__ import annotations
 
 import csv
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 from benchmarks.gpu import run_h200, runner
 from benchmarks.gpu.config import PHASES, QUICK
 from benchmarks.gpu.results import COLUMNS, PhaseOutcome
+
+SCRIPT = Path(run_h200.__file__)
 
 
 def read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -188,3 +191,20 @@ def test_unknown_phases_are_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.splitlines()[-1] == (
         "unknown phases: gpu; known: environment, telemetry, serving, squeeze, llm"
     )
+
+
+def test_it_runs_as_a_file_from_anywhere(tmp_path: Path) -> None:
+    # as a file, its own folder must not lead sys.path: a module there named like a standard
+    # one (it was platform.py) shadowed it, and torch's import failed
+    command = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--dry-run", "--quick"]
+    done = subprocess.run(
+        [*command, "--phases", "environment"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, phases = read(tmp_path / "phases.csv")
+    assert [(r["phase"], r["status"]) for r in phases] == [("environment", "ok")]
