@@ -115,15 +115,18 @@ async def serve_once(
     """One contender at one rate; returns its ``serving`` row."""
     config = ctx.config
     batcher = make_batcher(ctx, contender)
-    warmup_s = await warm(ctx, batcher, contender)
-    run = LoadRun(batcher)
-    times = poisson_times(rate_rps, config.run_s, seed)
-    before, energy_before = batcher.stats(), energy_j(ctx)
-    start = await run.drive(times)
-    await run.settle(config.drain_s)
-    elapsed_s = asyncio.get_running_loop().time() - start
-    after, energy_after = batcher.stats(), energy_j(ctx)
-    lost = await run.finish(config.drain_s)
+    try:
+        warmup_s = await warm(ctx, batcher, contender)
+        run = LoadRun(batcher)
+        times = poisson_times(rate_rps, config.run_s, seed)
+        before, energy_before = batcher.stats(), energy_j(ctx)
+        start = await run.drive(times)
+        await run.settle(config.drain_s)
+        elapsed_s = asyncio.get_running_loop().time() - start
+        after, energy_after = batcher.stats(), energy_j(ctx)
+        lost = await run.finish(config.drain_s)
+    finally:  # a run that failed must not leave its sampler thread behind
+        await batcher.aclose(drain=False, timeout_s=config.drain_s)
     counts, first = after.counts, before.counts
     batches = counts.batches - first.batches
     completed = run.outcomes["completed"]
@@ -173,9 +176,13 @@ def run_serving(ctx: Context) -> PhaseOutcome:
     config = ctx.config
     resnet = ctx.resnet()
     outcome.notes.append(f"model: {resnet.source}, built in {resnet.build_s:.1f} s")
-    runs = [(rate, c) for rate in config.rates_rps for c in contenders(config.slos_ms)]
+    runs = [
+        (index, rate, contender)
+        for index, rate in enumerate(config.rates_rps)
+        for contender in contenders(config.slos_ms)
+    ]
     needed_s = config.run_s + config.drain_s
-    for seed, (rate, contender) in enumerate(runs):
+    for seed, rate, contender in runs:  # the same arrivals for every contender at a rate
         if ctx.remaining_s() < needed_s + ctx.reserve_s:
             table.add(rate_rps=rate, config=contender.name, error="skipped: time budget")
             continue

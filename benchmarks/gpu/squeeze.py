@@ -19,7 +19,7 @@ from adaptive_batcher import AdaptiveBatcher
 from benchmarks.gpu.context import Context
 from benchmarks.gpu.load import LoadRun, poisson_times
 from benchmarks.gpu.results import PhaseOutcome, Table
-from benchmarks.gpu.serving import contenders, make_batcher, warm
+from benchmarks.gpu.serving import Contender, contenders, make_batcher, warm
 
 __all__ = ["run_squeeze"]
 
@@ -67,9 +67,22 @@ class _Timeline:
 
 async def squeeze_once(ctx: Context, outcome: PhaseOutcome) -> None:
     """One squeezed run; its timeline goes into ``outcome``, its summary into the detail."""
-    config, platform = ctx.config, ctx.platform
+    config = ctx.config
     contender = next(c for c in contenders(config.slos_ms) if c.slo_ms is not None)
     batcher = make_batcher(ctx, contender)
+    try:
+        await _squeezed_run(ctx, batcher, contender, outcome)
+    finally:  # a run that failed must not leave its sampler thread behind
+        await batcher.aclose(drain=False, timeout_s=config.drain_s)
+
+
+async def _squeezed_run(
+    ctx: Context,
+    batcher: AdaptiveBatcher[int, Any],
+    contender: Contender,
+    outcome: PhaseOutcome,
+) -> None:
+    config, platform = ctx.config, ctx.platform
     await warm(ctx, batcher, contender)
     run = LoadRun(batcher)
     timeline = _Timeline(ctx, batcher, run)

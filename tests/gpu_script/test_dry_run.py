@@ -208,3 +208,16 @@ def test_it_runs_as_a_file_from_anywhere(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     _, phases = read(tmp_path / "phases.csv")
     assert [(r["phase"], r["status"]) for r in phases] == [("environment", "ok")]
+
+
+def test_without_a_cuda_device_the_real_run_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_h200.main(["--out", str(tmp_path)]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "no device: no CUDA device: torch.cuda.is_available() is False"
+    _, phases = read(tmp_path / "phases.csv")
+    assert [(r["phase"], r["status"]) for r in phases] == [("platform", "failed")]
