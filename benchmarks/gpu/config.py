@@ -1,9 +1,10 @@
 """The sizes and durations of one run: the full H200 run, and the tiny one of ``--quick``.
 
-The full run is budgeted to end within 7 minutes on an H200 (about 5 s of start-up, 15 s of
-telemetry, 12 serving runs of 15 s each with their warm-ups and drains, a 20 s memory squeeze,
-then the decoder grid in what is left of ``budget_s``); each phase stops early, and says so,
-when the budget runs out.
+The full run is budgeted to end within 7 minutes on an H200. Estimated (not yet measured on
+one): 10-15 s to import torch and start CUDA, 8 s of telemetry, 12 serving runs of 15 s each
+with their warm-ups and drains (about 200 s), a 25-30 s memory squeeze, then the decoder grid
+in at most 90 s: about 5-6 minutes. Each phase checks ``budget_s`` before it starts, and the
+long ones stop early, and say so, when it runs out.
 """
 
 from __future__ import annotations
@@ -124,12 +125,12 @@ QUICK = RunConfig(
     control_interval_ms=20.0,
     telemetry_hz=100.0,
     cost_samples=20,
-    idle_s=0.1,
-    load_s=0.15,
+    idle_s=0.15,
+    load_s=0.2,
     load_settle_s=0.02,
     squeeze_rate_rps=300.0,
     squeeze_before_s=0.2,
-    squeeze_hold_s=0.4,
+    squeeze_hold_s=0.5,
     squeeze_after_s=0.2,
     timeline_s=0.05,
     llm_batches=(1, 2),

@@ -246,14 +246,14 @@ class DryRunPlatform:
     items raises ``torch.OutOfMemoryError``.
 
     Args:
-        bytes_per_item: the fake activation memory of one item (default 1 GiB: with the 1 GiB
-            the full run's squeeze leaves, every batch of more than one item fails while
-            squeezed).
+        bytes_per_item: the fake activation memory of one item (default 0.5 GiB: with the
+            1 GiB the squeeze leaves, every batch of more than two items fails while squeezed,
+            so a burst splits in a few steps and a cap of 4 or more meets an OOM).
     """
 
     name = "dry-run"
 
-    def __init__(self, bytes_per_item: int = GIB) -> None:
+    def __init__(self, bytes_per_item: int = GIB // 2) -> None:
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.fake = FakeH200Nvml()

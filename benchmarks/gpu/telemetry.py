@@ -10,8 +10,8 @@ Readings (``telemetry_readings``): ``TelemetrySampler.sample_now()`` at ``teleme
 ``idle_s`` idle, then for ``load_s`` under the platform's load (after ``load_settle_s``), with the
 power draw (``nvmlDeviceGetPowerUsage``) read beside each. ``energy_counter_j`` is the sampler's
 ``usage.energy_j`` (NVML's energy counter from the first reading to the last);
-``power_integral_j`` the trapezoid of the power readings over the same span; ``energy_ratio``
-their ratio.
+``power_integral_j`` the trapezoid of the power readings over the same span (each stamped with
+its reading's ``time_s``); ``energy_ratio`` their ratio.
 """
 
 from __future__ import annotations
@@ -164,8 +164,11 @@ def readings_row(ctx: Context, state: str, duration_s: float, table: Table) -> N
             except Exception:
                 watts = math.nan
             readings.append(reading)
-            power.append((time.monotonic(), watts))
-            if power[-1][0] >= end:
+            # stamped with the reading's time (taken just before its energy counter read), so
+            # the integral spans what the counter does
+            stamp = time.monotonic() if reading.time_s is None else reading.time_s
+            power.append((stamp, watts))
+            if stamp >= end:
                 break
             time.sleep(period_s)
     usage = sampler.usage

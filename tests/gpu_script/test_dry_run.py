@@ -73,7 +73,7 @@ def test_telemetry_costs_and_readings_idle_and_under_load(dry_run: tuple[int, Pa
     assert float(by_state["load"]["sm_util_mean_pct"]) == pytest.approx(91.6)
     for row in readings:  # the fake counter advances at the fake power draw
         assert row["in_range"] == "True"
-        assert float(row["energy_ratio"]) == pytest.approx(1.0, abs=0.02)
+        assert float(row["energy_ratio"]) == pytest.approx(1.0, abs=0.05)
 
 
 def test_serving_runs_every_contender_at_every_rate_and_loses_nothing(
