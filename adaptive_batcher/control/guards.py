@@ -75,7 +75,12 @@ class UnusedWindowGuard(Guard):
 
     When the guard fires it holds the window at 0 until the arrival rate rises by
     ``rearm_factor`` over the highest rate seen with the window shut (closed-loop clients come
-    faster once the window is shut; that alone must not reopen it).
+    faster once the window is shut; that alone must not reopen it), or for ``retry_s`` at most:
+    then the policy's window is tried again, and a window still unused shuts again at once,
+    for twice as long each time (at most ``max_retry_s``). No shut window is shut for good:
+    a tick that misread the traffic (the batches released after a stall of the event loop
+    waited out the stall) would otherwise have held the window of an open-loop load at 0 for
+    the rest of the run. Ticks within ``stall_hold_s`` of a loop stall are not judged.
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -86,6 +91,10 @@ class UnusedWindowGuard(Guard):
         rearm_factor: arrival-rate growth that lets the policy open the window again.
         alike_factor: batches whose largest holds at most this many times their mean (plus
             one) are alike.
+        retry_s: how long the window stays shut before it is tried again, s (doubled after
+            each try that shuts it again, up to ``max_retry_s``).
+        max_retry_s: the longest the window stays shut without a try, s.
+        stall_hold_s: ticks this soon after a stall of the event loop are not judged, s.
     """
 
     def __init__(
@@ -97,9 +106,18 @@ class UnusedWindowGuard(Guard):
         min_batches: int = 5,
         rearm_factor: float = 1.5,
         alike_factor: float = 1.5,
+        retry_s: float = 2.0,
+        max_retry_s: float = 64.0,
+        stall_hold_s: float = 1.0,
     ) -> None:
         super().__init__(inner)
         self.alike_factor = alike_factor
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self.stall_hold_s = stall_hold_s
+        self._shut_for_s = retry_s  # how long the window stays shut now
+        self._shut_at_s = -math.inf
+        self._tried_at_s: float | None = None  # when the window was last tried again
         self.min_company = min_company
         self.max_idle_fraction = max_idle_fraction
         self.idle_excess = idle_excess
@@ -128,11 +146,11 @@ class UnusedWindowGuard(Guard):
         return lonely or (alike and observation.window_idle_fraction > idle_limit)  # NaN: False
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        unused = self._unused(observation)
+        now = observation.now_s
+        judged = now - observation.loop_stall_s >= self.stall_hold_s
         rate = observation.arrival_rate_rps
-        if unused:
-            self.closed = True
-            self.closed_at_rate_rps = None  # measured on the first tick with the window shut
+        if judged and self._unused(observation):
+            self._shut(now)
         elif self.closed:
             reference = self.closed_at_rate_rps
             if reference is None:
@@ -141,11 +159,27 @@ class UnusedWindowGuard(Guard):
                 self.closed_at_rate_rps = rate
             elif rate > self.rearm_factor * reference:
                 self.closed = False
+                self._shut_for_s = self.retry_s
             else:
                 self.closed_at_rate_rps = max(reference, rate)
+            if self.closed and now - self._shut_at_s >= self._shut_for_s:
+                self.closed = False  # try the window again
+                self._tried_at_s = now
         if self.closed and decision.window_ms > 0:
             return decision.with_(window_ms=0.0, reason="window_unused")
         return decision
+
+    def _shut(self, now: float) -> None:
+        """Shut the window at ``now``: for twice as long as before if a try just failed."""
+        tried = self._tried_at_s
+        if tried is not None and now - tried <= self._shut_for_s:
+            self._shut_for_s = min(self.max_retry_s, 2.0 * self._shut_for_s)
+        elif not self.closed:
+            self._shut_for_s = self.retry_s
+        self._tried_at_s = None
+        self.closed = True
+        self._shut_at_s = now
+        self.closed_at_rate_rps = None  # measured on the first tick with the window shut
 
 
 class BudgetGuard(Guard):

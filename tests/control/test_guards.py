@@ -484,3 +484,47 @@ def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
     assert decision.shed_after_ms is None and decision.shed_after_short_ms is None
+
+
+def test_a_shut_window_is_tried_again_and_shut_for_longer_each_time() -> None:
+    """No cut is permanent: after ``retry_s`` the policy's window is tried again; a try that
+    shuts again doubles the wait (closed-loop clients pay one tick per try, ever rarer)."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+
+    def tick(now_s: float, window_ms: float) -> float:
+        observation = observe(now_s=now_s, current=Decision(window_ms, 64), **lonely)
+        return guard.decide(observation).window_ms
+
+    assert tick(10.0, 10.0) == 0.0  # shut
+    assert tick(11.0, 0.0) == 0.0
+    assert tick(12.0, 0.0) == 10.0  # 2 s later: tried again
+    assert tick(12.25, 10.0) == 0.0  # still unused: shut, now for 4 s
+    assert tick(15.0, 0.0) == 0.0
+    assert tick(16.25, 0.0) == 10.0
+    assert tick(16.5, 10.0) == 0.0  # shut for 8 s
+    assert tick(24.0, 0.0) == 0.0
+    assert tick(24.5, 0.0) == 10.0
+
+
+def test_a_window_that_reopens_on_its_own_resets_the_wait() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    for now_s, window_ms in ((10.0, 10.0), (12.0, 0.0), (12.25, 10.0)):  # shut, try, shut
+        guard.decide(observe(now_s=now_s, current=Decision(window_ms, 64), **lonely))
+    guard.decide(observe(now_s=12.5, current=Decision(0.0, 64), **lonely))  # the reference rate
+    busier = observe(now_s=13.0, current=Decision(0.0, 64), mean_batch_size=1.0)
+    assert guard.decide(busier).window_ms == 10.0  # load grew: open, the wait back to 2 s
+    assert guard.decide(observe(now_s=20.0, current=Decision(10.0, 64), **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=21.0, current=Decision(0.0, 64), **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=22.0, current=Decision(0.0, 64), **lonely)).window_ms == 10
+
+
+def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:
+    """The batches released after a stall of the event loop waited out the stall: that is no
+    sign of closed-loop clients (an open-loop load's window was shut for good by it)."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"))
+    idle = {"window_idle_fraction": 1.0, "largest_batch_size": 10, "current": Decision(10.0, 64)}
+    after_stall = observe(now_s=10.0, loop_stall_s=9.8, **idle)
+    assert guard.decide(after_stall).window_ms == 10.0
+    assert guard.decide(observe(now_s=12.0, loop_stall_s=9.8, **idle)).window_ms == 0.0
