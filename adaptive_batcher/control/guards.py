@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher.control.plan import Plan
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
@@ -495,9 +496,12 @@ class ShedGuard(Guard):
         # overload, or keeping up needs batches too slow for the SLO: the most answers within
         # it; otherwise never a batch too slow for it (the largest cap that fits, not the
         # fit's throughput argmax: a spike in the fit must not cut the cap of a light load)
-        overloaded = stable is None or stable > best
         fits = plan.tail_cap(room) or best
-        cap = best if overloaded else min(decision.max_batch_size, fits)
+        if stable is None or stable > best:
+            # no cap both keeps up and fits twice: the most answers within the SLO
+            cap = _goodput_cap(plan, room, best) or best
+        else:
+            cap = min(decision.max_batch_size, fits)
         high = observation.service_high_ms or observation.service_ms
         typical = observation.service_upper_ms or observation.service_ms
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
@@ -510,6 +514,47 @@ class ShedGuard(Guard):
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
         short = max(full, room - typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
+
+
+def _goodput_cap(plan: Plan, room_ms: float, best: int) -> int | None:
+    """A cap above ``best`` (the highest-throughput cap whose two full batches fit
+    ``room_ms``; it sheds what it cannot keep up with) whose natural batches keep up with the
+    arrivals and answer more of them within the room, or None. At window 0 the batches that
+    form hold what arrived during the batch before (:func:`_natural_batch`), ``n`` units; a
+    request waits up to one cycle (``s(n) / slots``) and then rides its batch, so about
+    ``(room - s(n)) / cycle`` of them meet the room; with ``best``, ``throughput(best) / rate``
+    of them do. (Under a 3x slowdown at 30 % of resnet50's load, ``best`` = 64 shed 35 % of
+    the requests, where natural batches of about 120 met the SLO for 96 %.)"""
+    rate = plan.rate_units_per_s
+    if not rate > 0:
+        return None
+    chosen, most = None, min(rate, plan.throughput_units_per_s(best))
+    for cap in plan.caps:
+        units = _natural_batch(plan, cap) if cap > best else None
+        if units is None:
+            continue
+        service = plan.service_ms(units)
+        within = min(1.0, max(0.0, (room_ms - service) / (service / plan.slots)))
+        if within * rate > most:
+            chosen, most = cap, within * rate
+    return chosen
+
+
+def _natural_batch(plan: Plan, cap: int) -> int | None:
+    """The batch that forms at window 0 and ``cap``: the least ``n`` that holds what arrives
+    while one batch runs, ``n >= 1 + rate * s(n) / slots`` (by bisection; service time grows
+    with ``n``); None when full batches of ``cap`` do not keep up with the arrivals."""
+    per_ms = plan.rate_units_per_s / 1e3 / plan.slots
+    if plan.throughput_units_per_s(cap) < plan.rate_units_per_s:
+        return None
+    low, high = 1, cap  # 1 holds too little (unless the service takes no time), cap enough
+    while low < high:
+        middle = (low + high) // 2
+        if middle >= 1.0 + per_ms * plan.service_ms(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 class MemoryGuard(Guard):

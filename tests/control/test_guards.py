@@ -461,6 +461,31 @@ def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
 
 
+def _slowed_resnet(n: int) -> float:
+    """resnet50's shape, 3x slower: flat to 32, then linear (s(64) 16.8, s(128) 26.4 ms)."""
+    return 3.0 * (4.0 + 0.05 * max(0, n - 32))
+
+
+def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time() -> None:
+    """Under a 3x slowdown at 4.7k req/s no cap both keeps up and fits twice in the SLO: 64
+    fits (2 x 16.8 ms) but serves 3.8k/s, so shedding at it fails a fifth of the requests;
+    at cap 128 (4.8k/s) the batches that form hold about 118 requests (24.9 ms), each waits
+    at most one batch and nearly all meet 50 ms. Before, the guard cut to 64 and shed 35 %
+    of a load that window 0 with natural batching served at 98 % within the SLO."""
+    slowed = observe(service_ms=_slowed_resnet, arrival_rate_rps=4700.0)
+    plan = slowed.plan()
+    assert plan.throughput_cap(50.0) == 64 and plan.stable_cap(40.0) == 256
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(slowed)
+    assert decision.max_batch_size == 128
+    assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
+
+
+def test_shed_guard_still_sheds_when_natural_batches_would_not_keep_up() -> None:
+    swamped = observe(service_ms=_slowed_resnet, arrival_rate_rps=9000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
+    assert decision.max_batch_size == 64  # 9k/s: no cap keeps up, the best that fits twice
+
+
 def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
     """The deadlines enforce the SLO (50 ms), so a full batch behind a full batch may take all
     of it: 256 (24.5 ms, twice 49 ms) serves more than 128 (14.2 ms) under overload, though
