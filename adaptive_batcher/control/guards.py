@@ -561,7 +561,10 @@ class MemoryGuard(Guard):
     """Shrink the cap under GPU memory pressure and after out-of-memory errors.
 
     * Free memory below ``min_free_fraction`` of the total (from telemetry): the cap ceiling
-      becomes ``shrink * cap``.
+      becomes ``shrink * cap``, once per episode of pressure, and again only when free memory
+      has halved since (a co-tenant holding most of a large GPU leaves the free fraction low
+      however small the batches: shrinking on every tick took the cap to 1 without an
+      out-of-memory error; out-of-memory errors find the cap that fits).
     * Any out-of-memory error in the tick: the ceiling becomes half the cap in force (the runtime
       has already re-run the failed batch split in halves, so no request was lost), and that cap
       is remembered as too big for ``forget_s``.
@@ -589,6 +592,7 @@ class MemoryGuard(Guard):
         self.ceiling: int | None = None
         self.too_big: int | None = None
         self._pressure_at = -math.inf
+        self._pressure_free: float | None = None  # the free fraction at the last shrink
         self._too_big_at = -math.inf
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -617,11 +621,18 @@ class MemoryGuard(Guard):
             self._too_big_at = observation.now_s
             self.ceiling = max(1, cap_now // 2)
         elif free is not None and free < self.min_free_fraction:
+            falling = self._pressure_free is None or free < self._pressure_free / 2.0
+            self._pressure_at = observation.now_s
+            if not falling:  # the same pressure: shrinking again would not relieve it
+                return ""
+            self._pressure_free = free
             self.ceiling = max(1, int(cap_now * self.shrink))
+            return "memory_pressure"
         else:
+            self._pressure_free = None
             return ""
         self._pressure_at = observation.now_s
-        return "out_of_memory" if observation.oom_errors > 0 else "memory_pressure"
+        return "out_of_memory"
 
     def _recover(self, hard_cap: int, now: float) -> None:
         assert self.ceiling is not None

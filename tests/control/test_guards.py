@@ -397,6 +397,23 @@ def test_memory_guard_shrinks_under_low_free_memory() -> None:
     assert guard.decide(observe(current=Decision(0.0, 96), telemetry=roomy)).max_batch_size == 96
 
 
+def test_memory_guard_shrinks_once_per_pressure_unless_free_memory_keeps_falling() -> None:
+    """A co-tenant holding most of a large GPU keeps the free fraction under 10 % whatever our
+    batches: before, every tick shrank the cap by a quarter, down to 1 with no OOM at all."""
+    guard = guarded(MemoryGuard, Decision(0.0, 512, "policy"))
+    tight = TelemetrySample(mem_total_bytes=1000, mem_free_bytes=9)
+
+    def cap(now_s: float, current: int, telemetry: TelemetrySample = tight) -> int:
+        seen = observe(now_s=now_s, current=Decision(0.0, current), telemetry=telemetry)
+        return guard.decide(seen).max_batch_size
+
+    assert cap(10.0, 512) == 384
+    assert [cap(10.25 + 0.25 * i, 384) for i in range(20)] == [384] * 20
+    fell = TelemetrySample(mem_total_bytes=1000, mem_free_bytes=4)  # halved: shrink again
+    assert cap(16.0, 384) == 384 and cap(16.25, 384, fell) == 288
+    assert cap(16.5, 288, fell) == 288
+
+
 def test_memory_guard_ignores_unknown_memory() -> None:
     guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"))
     assert guard.decide(observe(telemetry=TelemetrySample())).max_batch_size == 128
