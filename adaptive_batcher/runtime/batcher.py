@@ -50,9 +50,15 @@ from adaptive_batcher.runtime.batch_runner import BatchRunner, fail_pending
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.collector import freeze_after_warmup
-from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
+from adaptive_batcher.runtime.executors import (
+    CompletionEvent,
+    StreamExecutor,
+    ThreadExecutor,
+    make_executor,
+)
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
 from adaptive_batcher.runtime.streaming import Stream, StreamRequest, StreamRunner
+from adaptive_batcher.runtime.threads import check_threads
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -975,6 +981,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._core.start(self._now())
         if self._sampler is not None and not self._closed:
             self._sampler.start()
+        if isinstance(self._executor, ThreadExecutor):
+            check_threads(_log, self.name)
         return loop
 
     def _clock(self) -> float:
