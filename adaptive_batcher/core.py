@@ -49,7 +49,12 @@ from adaptive_batcher.engine import (
 )
 from adaptive_batcher.errors import BatcherError, describe
 from adaptive_batcher.metrics.recorder import Recorder
-from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings, check_policy
+from adaptive_batcher.settings import (
+    SHED_LATE_NEEDS_SLO,
+    BatcherSettings,
+    check_policy,
+    default_window_range_ms,
+)
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
@@ -290,7 +295,11 @@ class BatcherCore(Generic[H]):
         if slo is None and self.settings.shed_late:
             raise ValueError(f"{SHED_LATE_NEEDS_SLO}; set another SLO instead of None")
         self._apply_slo(slo)
+        if self.settings.bounds is None:  # the default window range follows the SLO's budget
+            window_range = default_window_range_ms(self.settings.window_ms, slo)
+            self.bounds = replace(self.bounds, max_window_ms=window_range)
         if self.controller is not None:
+            self.controller.bounds = self.bounds
             self.controller.set_slo(slo)
         elif slo is not None and not self._policy_stopped:
             self._start_controller(_default_policy(), now)

@@ -38,7 +38,7 @@ refused rather than read as a static batcher without an SLO; units are in the ke
     [bounds]                     # Bounds fields: min_window_ms, max_window_ms, min_batch_size,
     max_window_ms = 20.0         #   max_batch_size, batch_sizes. Missing ones follow [batcher]:
                                  #   max_batch_size = the batcher's cap, batch_sizes = its
-                                 #   buckets, max_window_ms = max(100, window_ms)
+                                 #   buckets, max_window_ms = max(100, window_ms, SLO budget)
 
 Several batchers in one file (e.g. an interactive and a background model of one service): put
 each under ``[batchers.<member>]`` with its own optional ``description`` and its own ``slo``,
@@ -79,9 +79,9 @@ from adaptive_batcher.policies import REGISTRY, Policy
 from adaptive_batcher.runtime.executors import EXECUTOR_KINDS
 from adaptive_batcher.settings import (
     DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MIN_WINDOW_RANGE_MS,
     DEFAULT_WINDOW_MS,
     BatcherSettings,
+    default_window_range_ms,
 )
 from adaptive_batcher.slo import SLO
 
@@ -492,7 +492,7 @@ def _parse_batcher(
         window: float = batcher.get("window_ms", DEFAULT_WINDOW_MS)
         missing = {
             "max_batch_size": batcher.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
-            "max_window_ms": max(DEFAULT_MIN_WINDOW_RANGE_MS, window),
+            "max_window_ms": default_window_range_ms(window, slo),
             "batch_sizes": batcher.get("batch_sizes", ()),
         }
         bounds = _build(path, key, Bounds, {**missing, **given}, given)

@@ -12,9 +12,9 @@ Rules that join the settings (each refused at construction with the message show
   it, and a larger request is rejected with ``ItemTooLargeError``.
 * ``bounds`` (the controller's range) must lie within it: ``bounds.max_batch_size`` <=
   ``max_batch_size``, and ``window_ms`` must lie in the bounds' window range.
-* Without ``bounds`` the controller's range is window 0 to ``max(100, window_ms)`` ms and cap 1
-  to ``max_batch_size``, on ``batch_sizes`` if given; with ``bounds`` but no buckets in them, the
-  batcher's ``batch_sizes`` are used.
+* Without ``bounds`` the controller's range is window 0 to ``max(100, window_ms, the SLO's
+  batcher budget)`` ms and cap 1 to ``max_batch_size``, on ``batch_sizes`` if given; with
+  ``bounds`` but no buckets in them, the batcher's ``batch_sizes`` are used.
 * ``batch_sizes`` must be strictly increasing and end at the cap: no bucket may exceed
   ``max_batch_size`` (a batch would be padded past the cap) and ``max_batch_size`` may not
   exceed the largest bucket (a full batch would have no bucket to pad to).
@@ -55,6 +55,7 @@ __all__ = [
     "GuardFactory",
     "ServiceProfile",
     "check_policy",
+    "default_window_range_ms",
 ]
 
 DEFAULT_MAX_BATCH_SIZE: Final = 32
@@ -78,6 +79,15 @@ SHED_LATE_NEEDS_SLO: Final = "shed_late=True needs an slo: shedding is relative 
 
 ServiceProfile = str | os.PathLike[str] | Sequence[tuple[int, float]]
 """A profile JSON path (``adaptive-batcher profile``) or ``(batch_size, median_ms)`` rows."""
+
+
+def default_window_range_ms(window_ms: float, slo: SLO | None) -> float:
+    """The widest window the controller may choose when no bounds are given, ms: 100 ms, the
+    starting window, or the SLO's batcher budget, whichever is widest. A window as long as the
+    budget may pay where one batch takes a large share of it (a 50 ms decode step under a
+    200 ms SLO: the cheapest static setting waits 100 ms, half window 0's device time)."""
+    budget = slo.batcher_budget_ms if slo is not None else 0.0
+    return max(DEFAULT_MIN_WINDOW_RANGE_MS, float(window_ms), budget)
 
 
 @dataclass(frozen=True)
@@ -160,7 +170,7 @@ class BatcherSettings:
     def controller_bounds(self) -> Bounds:
         """The range the controller keeps window and cap in (see the module docstring)."""
         if self.bounds is None:
-            window_range = max(DEFAULT_MIN_WINDOW_RANGE_MS, float(self.window_ms))
+            window_range = default_window_range_ms(self.window_ms, self.slo)
             return Bounds(0.0, window_range, 1, self.max_batch_size, self.buckets)
         if self.buckets and not self.bounds.batch_sizes:
             return replace(self.bounds, batch_sizes=self.buckets)

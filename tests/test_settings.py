@@ -109,6 +109,31 @@ def test_default_bounds_follow_the_batcher() -> None:
     assert given.controller_bounds == Bounds(0.0, 20.0, 1, 8, (4, 8, 16))
 
 
+def test_the_default_window_range_reaches_the_slos_budget() -> None:
+    """A 50 ms decode step under a 200 ms SLO is cheapest at a 100 ms window: the default range
+    stopped at 100 ms whatever the SLO, so the controller could not wait longer (issue 27:
+    1.9x the cost oracle's device time on the llama_1b decode table)."""
+    slow = BatcherSettings(max_batch_size=64, slo=SLO(latency_ms=1000.0))
+    assert slow.controller_bounds.max_window_ms == 800.0  # the target, 0.8 x 1000 ms
+    fast = BatcherSettings(max_batch_size=64, slo=SLO(latency_ms=50.0))
+    assert fast.controller_bounds.max_window_ms == 100.0
+    given = BatcherSettings(slo=SLO(latency_ms=1000.0), bounds=Bounds(0.0, 20.0, 1, 8))
+    assert given.controller_bounds.max_window_ms == 20.0
+
+
+def test_set_slo_moves_the_default_window_range_only() -> None:
+    from adaptive_batcher.core import BatcherCore
+
+    core: BatcherCore[int] = BatcherCore(BatcherSettings(max_batch_size=8, slo=SLO(50.0)))
+    core.set_slo(SLO(latency_ms=500.0, preprocess_ms=100.0))
+    assert core.bounds.max_window_ms == 300.0  # 0.8 x 500 - 100
+    assert core.controller is not None and core.controller.bounds.max_window_ms == 300.0
+    bounded = BatcherSettings(max_batch_size=8, slo=SLO(50.0), bounds=Bounds(0.0, 30.0, 1, 8))
+    core = BatcherCore(bounded)
+    core.set_slo(SLO(latency_ms=500.0))
+    assert core.bounds.max_window_ms == 30.0
+
+
 def test_settings_survive_dataclasses_replace() -> None:
     from dataclasses import replace
 

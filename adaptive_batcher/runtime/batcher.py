@@ -230,7 +230,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             holds the controller's state (a PID's integrator, a bandit's statistics): give each
             batcher its own instance.
         bounds: the range the controller keeps window and cap in. Default: window 0 to
-            ``max(100, window_ms)`` ms, cap 1 to ``max_batch_size``, on ``batch_sizes`` if given.
+            ``max(100, window_ms, the SLO's batcher budget)`` ms, cap 1 to ``max_batch_size``, on
+            ``batch_sizes`` if given.
         guards: guard factories around the policy, innermost first (default: unused-window,
             budget, memory, and bucket guards; see :mod:`adaptive_batcher.control.guards`).
         telemetry: a GPU telemetry source (e.g. ``adaptive_batcher.telemetry.auto_telemetry()``),
