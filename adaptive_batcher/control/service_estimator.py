@@ -58,7 +58,6 @@ from adaptive_batcher.metrics.recorder import BatchSample
 __all__ = [
     "CHANGE_RATIO",
     "DEEP_Z",
-    "FRESH_BATCHES",
     "MAX_LEVEL",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
@@ -94,11 +93,6 @@ OUTLIER_LEVERAGE = math.log(1.25)
 """The least log-ratio between the predicted times of the longer and the shorter half of the
 outliers for their elasticity to be measured (batches of about the same time cannot show how
 an outlier's excess grows with the batch)."""
-
-FRESH_BATCHES = 64
-"""A size with a sample among the last ``FRESH_BATCHES`` batches is fresh; the others are
-stale, and their medians are held within what the fresh sizes allow (see
-:func:`_within_fresh`)."""
 
 OUTLIER_CONFIRM = 5
 """Outliers of one direction (slow or fast) among the last ``OUTLIER_WINDOW`` batches that make
@@ -165,7 +159,6 @@ class ServiceTimeEstimator:
         self.refit_every = refit_every
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
-        self._last_kept: dict[int, int] = {}  # the batch number of each size's newest sample
         self._kept = 0  # samples in all the reservoirs
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
@@ -246,21 +239,15 @@ class ServiceTimeEstimator:
         sizes = sorted(self._reservoir)
         medians = [self._median_at(n) for n in sizes]
         counts = [float(len(self._reservoir[n])) for n in sizes]
-        fresh = [self._taken - self._last_kept[n] < FRESH_BATCHES for n in sizes]
         for n, ms in self._seed:  # prior points for sizes outside the observed range
             if n < sizes[0] or n > sizes[-1]:
                 sizes.append(n)
                 medians.append(ms)
                 counts.append(1.0)
-                fresh.append(False)
         order = sorted(range(len(sizes)), key=sizes.__getitem__)
-        sizes = [sizes[i] for i in order]
-        counts = [counts[i] for i in order]
-        noise = self._body_quantile(self._spread_z)
-        held = _within_fresh(
-            sizes, [medians[i] for i in order], counts, [fresh[i] for i in order], noise
+        self._fit_points(
+            [sizes[i] for i in order], [medians[i] for i in order], [counts[i] for i in order]
         )
-        self._fit_points(sizes, held, counts)
         self._note_level()
 
     def _take(
@@ -327,7 +314,6 @@ class ServiceTimeEstimator:
         )
 
     def _keep(self, units: int, measured_ms: float) -> None:
-        self._last_kept[units] = self._taken
         reservoir = self._reservoir.get(units)
         if reservoir is None:
             reservoir = self._reservoir[units] = deque(maxlen=self.per_size)
@@ -551,51 +537,6 @@ def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None
     for mean, count in zip(means, counts, strict=True):
         fitted.extend([mean] * count)
     return fitted
-
-
-def _within_fresh(
-    sizes: Sequence[int],
-    medians: Sequence[float],
-    counts: Sequence[float],
-    fresh: Sequence[bool],
-    noise: float = 1.0,
-) -> list[float]:
-    """``medians`` (at increasing ``sizes``), the stale ones held within the envelope the fresh
-    ones allow, widened by the ``noise`` factor (the noise body's 95th percentile ratio, >= 1)
-    either way: at least the fresh fit at the next fresh size below, at most the fresh fit at
-    the next fresh size above, and at most the next fresh size below in proportion to the size
-    (service time never falls as the batch grows, and grows at most in proportion to it, as
-    :meth:`ServiceTimeEstimator.upper_ms` assumes). A stale median outside it is from another
-    regime (a slowdown that has passed, contention that has begun): without this, the sizes a
-    slowdown's queue formed kept their slow medians after it, and the tail cap stayed cut for
-    as long as they went unseen. Unchanged when every size is fresh, or none is."""
-    chosen = [i for i, is_fresh in enumerate(fresh) if is_fresh]
-    if not chosen or len(chosen) == len(sizes):
-        return list(medians)
-    fitted = dict(
-        zip(
-            chosen,
-            isotonic_fit([medians[i] for i in chosen], [counts[i] for i in chosen]),
-            strict=True,
-        )
-    )
-    held = list(medians)
-    below: int | None = None
-    above_at = 0  # index into chosen of the next fresh size above
-    for i, size in enumerate(sizes):
-        if fresh[i]:
-            held[i] = medians[i]
-            below = i
-            above_at += 1
-            continue
-        low, high = 0.0, math.inf
-        if below is not None:
-            low = fitted[below] / noise
-            high = fitted[below] * size / sizes[below] * noise
-        if above_at < len(chosen):
-            high = min(high, fitted[chosen[above_at]] * noise)
-        held[i] = min(max(medians[i], low), max(low, high))
-    return held
 
 
 def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:

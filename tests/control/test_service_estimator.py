@@ -375,26 +375,6 @@ def test_a_lasting_slowdown_rescales_every_size_and_its_end_brings_them_back() -
     assert estimator.level_changes == 2
 
 
-def test_a_stale_size_is_held_within_what_the_fresh_sizes_allow() -> None:
-    """A size unseen for a while whose median says it grew faster than in proportion to the
-    batch is from another regime: it is held at the fresh sizes' proportional bound."""
-    estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
-    estimator.update(samples({16: 5.0, 64: 40.0}), total_seen=8)  # 64: a slow regime's
-    assert estimator.predict_ms(64) == pytest.approx(40.0)
-    fresh = [BatchSample(0.0, 16, 16, 0.005)] * 70
-    estimator.update(fresh, total_seen=78)
-    assert estimator.predict_ms(64) == pytest.approx(5.0 * 64 / 16)
-    estimator.update(samples({64: 16.0}, repeat=40), total_seen=118)  # seen again: as measured
-    assert estimator.predict_ms(64) == pytest.approx(16.0)
-
-
-def test_a_stale_size_within_the_bounds_keeps_its_median() -> None:
-    estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
-    estimator.update(samples({16: 5.0, 256: 16.0}), total_seen=8)  # launch-bound, amortised
-    estimator.update([BatchSample(0.0, 16, 16, 0.005)] * 70, total_seen=78)
-    assert estimator.predict_ms(256) == pytest.approx(16.0)
-
-
 def test_batches_that_ran_across_a_loop_stall_are_left_out() -> None:
     estimator, seen = fitted_estimator(rare=58)
     before = estimator.predict_ms(40)
