@@ -35,7 +35,10 @@ class Counts:
     close without draining, or in a batch a time-limited close cancelled before it ran),
     ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
     of these. Once every request has ended, ``submitted`` is the sum of the five outcome
-    counts (``within_slo`` is part of ``completed``).
+    counts (``within_slo`` is part of ``completed``). Each count only goes up, and a request
+    is counted once, when it ends: a stream when its stream ends (or its reader leaves after
+    its first element, which counts it completed), its latency being the time to its first
+    element. Every change goes through :class:`~adaptive_batcher.core.BatcherCore`.
 
     ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
     several items, which is then split and re-run, and a single item, whose caller gets the
@@ -152,6 +155,14 @@ class Recorder:
         # latency <= limit  <=>  arrived at or after now - limit
         good = answered if limit == math.inf else answered - bisect_left(arrivals_s, now - limit)
         self._count_answers(answered, good, failed)
+
+    def record_waits(self, arrivals_s: list[float], now: float) -> None:
+        """Latencies of requests that arrived at ``arrivals_s`` (non-decreasing) and got a
+        first answer at ``now`` whose outcome is counted later (a stream's first element):
+        the histograms only, no count."""
+        self.latency.record_since(arrivals_s, now)
+        if self.latency_cumulative is not None:
+            self.latency_cumulative.record_since(arrivals_s, now)
 
     def _count_answers(self, answered: int, good: int, failed: int) -> None:
         self.completed += answered - failed

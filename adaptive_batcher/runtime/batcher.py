@@ -331,7 +331,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             size_fn is not None,
             bool(bisect_on_error),
             is_oom,
-            self.recorder,
+            self._core,
             self._clock,
             name,
         )
@@ -429,18 +429,11 @@ class AdaptiveBatcher(Generic[X, Y]):
             return await future
         except asyncio.CancelledError:
             self._engine.cancel(request)
-            # not counted elsewhere: no result or error was set, and no streaming batch counted
-            # it as completed at its first step
-            if future.cancelled() and not self._counted_by_a_stream(request):
-                self.recorder.cancelled += 1
+            # no result or error was set: cancelled, unless a streaming batch had handed it a
+            # first element (then it counts as completed)
+            if future.cancelled() and not self._runner.leave(request):
+                self._core.count_cancelled(1)
             raise
-
-    def _counted_by_a_stream(self, request: _Pending) -> bool:
-        """True when the running streaming batch that holds ``request`` counted it as
-        completed at its first step (see :mod:`adaptive_batcher.runtime.streaming`)."""
-        return self._streams and any(
-            request in live for live in self._running if self._runner.counted(live)
-        )
 
     def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> Stream[Y]:
         """Queue ``item`` for a streaming model now and return its stream of elements.
@@ -492,8 +485,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             return
         self._engine.cancel(request)
         request.handle.cancel()
-        if not request.answered:  # an answered stream stays completed (see streaming)
-            self.recorder.cancelled += 1
+        if not self._runner.leave(request):  # one that had an element counts as completed
+            self._core.count_cancelled(1)
 
     async def submit_many(
         self,
@@ -888,8 +881,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _fail_unstarted(self, requests: list[Request[asyncio.Future[Any]]]) -> None:
         """Requests a close took off the queue: refused, like a submit after closing."""
-        self.recorder.rejected += self._fail_each(
-            requests, lambda: BatcherClosedError("batcher closed before this ran")
+        self._core.count_rejected(
+            self._fail_each(requests, lambda: BatcherClosedError("batcher closed before this ran"))
         )
 
     def _fail_each(
@@ -909,12 +902,11 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Fail everything still pending and cancel the running batches."""
         self._fail_unstarted(self._core.close(drain=False))
         for requests in self._running:
-            failed = self._fail_each(
-                requests, lambda: BatcherClosedError("batcher closed while this ran")
+            self._core.count_failed(
+                self._fail_each(
+                    requests, lambda: BatcherClosedError("batcher closed while this ran")
+                )
             )
-            self.recorder.failed += failed
-            if self._runner.counted(requests):  # streams answered at their first element
-                self.recorder.completed -= failed
         for batch in self._unstarted:  # their tasks are cancelled before they run
             self._fail_never_ran(batch)
         tasks = {*self._tasks, *self._warming}
@@ -1019,7 +1011,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                     action.request,
                     DeadlineExceededError("request did not start before its deadline"),
                 ):
-                    self.recorder.expired += 1
+                    self._core.count_expired(1)
             elif type(action) is SetTimer:
                 self._set_timer(action.at_s)
 
@@ -1047,8 +1039,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._closed:
             self._fail_unstarted(batch.requests)
             return
-        self.recorder.failed += self._fail_each(
-            batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
+        self._core.count_failed(
+            self._fail_each(
+                batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
+            )
         )
 
     def _tell_listeners(self, record: BatchRecord) -> None:
@@ -1109,7 +1103,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 )
                 await self._runner.run(live)
         except BaseException as exc:  # nothing may leave a caller waiting (e.g. a logger raising)
-            fail_pending(live, exc, self.recorder)
+            fail_pending(live, exc, self._core)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 # raised in the loop once the callers' tasks have seen their errors, as asyncio
                 # raises its own tasks' (from the task's step it would skip their wake-ups)

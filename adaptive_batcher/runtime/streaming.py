@@ -19,11 +19,13 @@ a batch has left (ended, failed or stopped reading), the generator is closed at 
 freed.
 Elements are buffered per caller: the model is not held back by a slow reader.
 
-Counting: a stream counts as answered at its first element (its latency is the time to its first
-element, which is what an SLO and :meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure); one
-that fails after that (the model raises, a close times out) moves from ``completed`` to
-``failed``, and a caller that stops reading after that leaves it ``completed`` (one that stops
-before counts as ``cancelled``). The batch's service time is the whole stream.
+Counting: a stream's latency is the time to its first element (what an SLO and
+:meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure), recorded then; its outcome is counted
+once, when it ends: ``completed`` at its normal end (``within_slo`` if its first element came
+in time), ``failed`` at its error (the model raises, a close times out, after elements or not),
+and a caller that stops reading (or a ``submit`` caller cancelled) after its first element
+counts as ``completed``, one that stops before as ``cancelled``. So every count only goes up.
+The batch's service time is the whole stream.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Request, RequestState
 from adaptive_batcher.errors import BatchFailedError, PaddingError, describe
-from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
@@ -63,11 +65,10 @@ class StreamRequest(Request[asyncio.Future[Any]]):
     """A queued stream: the engine's request, the caller's item and the elements not yet read.
 
     ``handle`` is the stream's end: its result (None) is a normal end, its exception the
-    stream's error; a cancelled handle means that the caller left. ``answered`` is True once
-    the stream was counted as completed (at its batch's first step).
+    stream's error; a cancelled handle means that the caller left.
     """
 
-    __slots__ = ("answered", "elements", "item", "waiter")
+    __slots__ = ("elements", "item", "waiter")
 
     def __init__(
         self,
@@ -85,7 +86,6 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.item = item
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
-        self.answered = False  # counted as completed: its batch's first step was handed out
         future.add_done_callback(self._on_end)
 
     def push(self, element: Any) -> None:
@@ -203,9 +203,8 @@ class StreamRunner(BatchRunner):
         self.streamer = executor
         self._deliveries: dict[int, _Delivery] = {}  # the running batches', by id(requests)
 
-    def counted(self, requests: list[Any]) -> bool:
-        delivery = self._deliveries.get(id(requests))
-        return delivery is not None and delivery.answered
+    def leave(self, request: Any) -> bool:
+        return any(delivery.leave(request) for delivery in self._deliveries.values())
 
     async def run(self, requests: list[Any]) -> None:
         """Stream ``requests`` through the model and settle each stream.
@@ -214,7 +213,7 @@ class StreamRunner(BatchRunner):
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
         """
-        delivery = self._deliveries[id(requests)] = _Delivery(requests, self.recorder, self.clock)
+        delivery = self._deliveries[id(requests)] = _Delivery(requests, self.core, self.clock)
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
             batch = self.pad(list(map(_item_of, requests)), self._units(requests))
@@ -275,13 +274,15 @@ class StreamRunner(BatchRunner):
 
 
 class _Delivery:
-    """Hands one batch's steps to its callers and keeps the counts right."""
+    """Hands one batch's steps to its callers and counts each caller once, at its end."""
 
-    def __init__(self, requests: list[Any], recorder: Recorder, clock: Callable[[], float]):
+    def __init__(self, requests: list[Any], core: BatcherCore[Any], clock: Callable[[], float]):
         self.requests = requests
-        self.recorder = recorder
+        self.core = core
         self.clock = clock
-        self.answered = False  # the first step has been handed out (and counted)
+        self.answered = False  # the first step has been handed out
+        # the callers handed a first element whose outcome is not counted yet: id -> in time
+        self.in_time: dict[int, bool] = {}
         # callers of submit(): their elements, set as their result at their end
         self.collected: dict[int, list[Any]] = {
             id(r): [] for r in requests if type(r) is not StreamRequest
@@ -289,47 +290,55 @@ class _Delivery:
 
     def deliver(self, step: Sequence[Any]) -> bool:
         """Hand out one step; True while some caller is still reading."""
-        first = not self.answered
-        self.answered = True
-        arrivals: list[float] = []
-        failed = 0
+        if not self.answered:
+            self.answered = True
+            self._first_step()
         reading = False
         for request, element in zip(self.requests, step, strict=False):
             future = request.handle
             if future.done():
                 continue
-            if first:
-                arrivals.append(request.arrival_s)
-                if type(request) is StreamRequest:
-                    request.answered = True
             if ends_stream(element):
                 self._end(request)
             elif isinstance(element, BaseException):
                 if not isinstance(element, Exception):  # never hand KeyboardInterrupt & co. on
                     element = BatchFailedError(element, len(self.requests))
                 future.set_exception(element)
-                failed += 1
+                self.in_time.pop(id(request), None)
+                self.core.count_failed(1)
             else:
                 self._push(request, element)
                 reading = True
-        if first:
-            self.recorder.record_answers(arrivals, failed, self.clock())
-        elif failed:
-            self._move_to_failed(failed)
         return reading
 
+    def _first_step(self) -> None:
+        """The latencies of the callers still open, whose first element this step holds."""
+        pending = [r for r in self.requests if not r.handle.done()]
+        in_time = self.core.record_first_elements([r.arrival_s for r in pending], self.clock())
+        self.in_time = {id(r): good for r, good in zip(pending, in_time, strict=True)}
+
+    def leave(self, request: Any) -> bool:
+        """``request``'s caller left: True (counted as completed) if it had its first element."""
+        good = self.in_time.pop(id(request), None)
+        if good is None:
+            return False
+        self.core.count_completed(1, int(good))
+        return True
+
     def end_all(self) -> None:
-        """The model's stream is over: every stream still open ends normally."""
+        """The model's stream is over: every stream still open ends normally (one that had
+        no element has its latency, to this end, recorded now)."""
+        if not self.answered:
+            self.answered = True
+            self._first_step()
         for request in self.requests:
             if not request.handle.done():
                 self._end(request)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every stream still open with its own typed error; returns how many."""
-        failed = fail_pending(self.requests, exc, self.recorder)
-        if self.answered:  # they were counted as completed at the first step
-            self.recorder.completed -= failed
-        return failed
+        self.in_time.clear()
+        return fail_pending(self.requests, exc, self.core)
 
     def _push(self, request: Any, element: Any) -> None:
         if type(request) is StreamRequest:
@@ -338,8 +347,7 @@ class _Delivery:
             self.collected[id(request)].append(element)
 
     def _end(self, request: Any) -> None:
+        """A normal end: completed, in time if its first element was."""
+        good = self.in_time.pop(id(request), False)
         request.handle.set_result(self.collected.pop(id(request), None))
-
-    def _move_to_failed(self, failed: int) -> None:
-        self.recorder.completed -= failed
-        self.recorder.failed += failed
+        self.core.count_completed(1, int(good))

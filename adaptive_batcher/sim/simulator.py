@@ -400,7 +400,7 @@ class _Replay:
             if type(action) is Dispatch:
                 self._dispatch(action.batch)
             elif type(action) is Expire:
-                self.recorder.expired += 1
+                self.core.count_expired(1)
                 self._finish(action.request.handle, Outcome.EXPIRED)
             elif type(action) is SetTimer:
                 self.timer_at = action.at_s
@@ -487,7 +487,7 @@ class _Replay:
                 idle = 0.0
                 outcome = Outcome.OK
             elif count == 1:  # an OOM on a single item: it cannot be split further
-                self.recorder.failed += 1
+                core.count_failed(1)
                 outcome = Outcome.FAILED
             else:
                 continue  # split and re-run: the halves are parts of their own
