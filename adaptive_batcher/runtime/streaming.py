@@ -40,7 +40,12 @@ from typing import Any, TypeVar
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Request, RequestState
-from adaptive_batcher.errors import BatchFailedError, PaddingError, describe
+from adaptive_batcher.errors import (
+    BatchFailedError,
+    ConcurrentReadError,
+    PaddingError,
+    describe,
+)
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
@@ -115,7 +120,13 @@ class Stream(AsyncIterator[T]):
     ``async for`` over ``submit_stream(...)`` itself). A stream kept in a variable after a
     ``break`` may still be read on, so it is withdrawn only when closed or dropped.
 
+    One task reads a stream at a time (as with an async generator): a task that asks for the
+    next element while another task waits for it gets ``ConcurrentReadError`` at once, and the
+    waiting reader reads on undisturbed (two readers sharing elements would each see an
+    arbitrary part of the stream). Tasks may take turns.
+
     Raises (from ``__anext__``):
+        ConcurrentReadError: another task is waiting for the next element (nothing changes).
         Exception: the stream's error (see the module docstring), after its elements; then
             ``StopAsyncIteration``, as for a stream that ended or was left.
     """
@@ -141,11 +152,18 @@ class Stream(AsyncIterator[T]):
                 self._over = True
                 handle.result()  # raises the stream's error
                 break
+            if request.waiter is not None:  # another task waits: one reader at a time
+                raise ConcurrentReadError(
+                    "another task is already waiting for this stream's next element; a "
+                    "stream has one reader at a time"
+                )
             waiter: asyncio.Future[None] = handle.get_loop().create_future()
             request.waiter = waiter
             try:
                 await waiter
             except BaseException:  # cancelled while waiting: the caller has left
+                if request.waiter is waiter:
+                    request.waiter = None
                 self._stop()
                 raise
         raise StopAsyncIteration

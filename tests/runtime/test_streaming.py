@@ -12,6 +12,7 @@ from adaptive_batcher import (
     AdaptiveBatcher,
     BatcherClosedError,
     BatchFailedError,
+    ConcurrentReadError,
     DeadlineExceededError,
     PaddingError,
     ResultCountError,
@@ -538,3 +539,39 @@ async def test_warmup_runs_a_streaming_model_to_the_end_at_each_size() -> None:
         timings = await batcher.warmup(lambda: 1)
         assert sorted(timings) == [2, 4]
     assert steps == [2, 2, 4, 4]
+
+
+async def test_a_second_task_reading_a_stream_gets_a_typed_error_and_the_first_reads_on() -> None:
+    """Before: the second reader replaced the first's wake-up, and the first waited forever,
+    even after the stream had ended."""
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        await gate.wait()
+        for step in range(3):
+            yield [f"{item}{step}" for item in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        stream = batcher.submit_stream("a")
+        first = asyncio.ensure_future(read(stream))
+        await asyncio.sleep(0.01)  # the first reader waits for an element
+        try:
+            with pytest.raises(
+                ConcurrentReadError,
+                match=r"^another task is already waiting for this stream's next element; "
+                r"a stream has one reader at a time$",
+            ):
+                await asyncio.wait_for(anext(stream), timeout=5)
+        finally:
+            gate.set()
+        assert await asyncio.wait_for(first, timeout=5) == ["a0", "a1", "a2"]
+        counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed) == (1, 1)
+
+
+async def test_tasks_may_take_turns_reading_a_stream() -> None:
+    async with AdaptiveBatcher(three_steps, max_batch_size=1, window_ms=0) as batcher:
+        stream = batcher.submit_stream("a")
+        assert await asyncio.ensure_future(anext(stream)) == "a0"
+        assert await asyncio.ensure_future(anext(stream)) == "a1"
+        assert await asyncio.wait_for(read(stream), timeout=5) == ["a2"]
