@@ -922,7 +922,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             self._timer = None
         self._executor.close()
         if self._sampler is not None and self._sampler.running:
-            self._sampler.stop()
+            self._sampler.stop_soon()  # never a wait on the loop: a reading may be stuck
 
     async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
         if self._closed:
