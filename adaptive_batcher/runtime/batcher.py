@@ -557,7 +557,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         per-batch histograms from it (see :mod:`adaptive_batcher.export`).
 
         The listener runs on the event loop, so it must be quick and must not block; an
-        exception it raises is logged (``batch_listener.failed``) and otherwise ignored.
+        exception it raises, ``Exception`` or not, is logged (``batch_listener.failed``) and
+        otherwise ignored (a ``KeyboardInterrupt`` or ``SystemExit`` is raised in the loop
+        after the batch's bookkeeping, as the model's would be).
 
         Raises:
             TypeError: ``listener`` is not callable.
@@ -1046,16 +1048,21 @@ class AdaptiveBatcher(Generic[X, Y]):
         )
 
     def _tell_listeners(self, record: BatchRecord) -> None:
+        """Call each listener; whatever one raises is logged, and serving goes on (a
+        ``KeyboardInterrupt`` or ``SystemExit`` is raised in the loop afterwards, from a loop
+        callback, as for the model)."""
         for listener in tuple(self._batch_listeners):
             try:
                 listener(record)
-            except Exception as exc:  # a listener must never stop serving
+            except BaseException as exc:  # a listener must never stop serving
                 _log.error(
                     "batch_listener.failed",
                     batcher=self.name,
                     batch_id=record.batch_id,
                     error=describe(exc),
                 )
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    _running_loop().call_soon(_raise, exc)
 
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:
@@ -1119,18 +1126,20 @@ class AdaptiveBatcher(Generic[X, Y]):
     ) -> None:
         ended = self._now()
         self._core.complete(batch, ended)
-        if live:
-            self._core.record_device_time(ended - started)
-            units = len(live) if self._size_fn is None else sum(r.size for r in live)
-            if self._buckets:
-                units = pad_target(self._buckets, units)  # what the model actually ran
-            self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
-            if self._batch_listeners:
-                record = BatchRecord(
-                    batch.batch_id, live[0].arrival_s, started, ended, len(live), units
-                )
-                self._tell_listeners(record)
-        if self._pumping:  # ended inside create_task (eager task factories, Python 3.12+):
-            self._schedule_pump()  # pumping from here would nest one pump per batch
-        else:
-            self._pump(ended)
+        try:
+            if live:
+                self._core.record_device_time(ended - started)
+                units = len(live) if self._size_fn is None else sum(r.size for r in live)
+                if self._buckets:
+                    units = pad_target(self._buckets, units)  # what the model actually ran
+                self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+                if self._batch_listeners:
+                    record = BatchRecord(
+                        batch.batch_id, live[0].arrival_s, started, ended, len(live), units
+                    )
+                    self._tell_listeners(record)
+        finally:  # the slot is free: whatever happened, what is queued must not wait
+            if self._pumping:  # ended inside create_task (eager task factories, 3.12+):
+                self._schedule_pump()  # pumping from here would nest one pump per batch
+            else:
+                self._pump(ended)
