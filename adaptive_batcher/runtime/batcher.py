@@ -918,6 +918,15 @@ class AdaptiveBatcher(Generic[X, Y]):
             await asyncio.wait(tasks, timeout=0)
         _log.warning("batcher.aborted", batcher=self.name, cancelled_batches=len(tasks))
 
+    def abandon(self) -> None:
+        """Close at once, without settling anything, and release the threads (the model's
+        worker threads, the telemetry sampler): for a batcher whose event loop has been closed,
+        where nothing can run any more and :meth:`aclose` cannot be awaited. Requests still
+        pending stay so (their loop is gone). ``@batched`` calls it for the batchers of closed
+        loops."""
+        self._closed = True
+        self._release()
+
     def _release(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

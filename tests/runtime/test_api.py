@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -269,6 +271,54 @@ async def test_decorated_function_recovers_after_its_batcher_is_closed() -> None
     await echo.batcher.aclose()
     assert await echo(2) == 2  # a new batcher for this loop
     await echo.aclose()
+
+
+def model_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("adaptive-batcher-model")]
+
+
+def threads_left(before: int) -> int:
+    """Model threads beyond ``before``, once the released ones have ended (they end at once;
+    given up to 5 s on a loaded machine)."""
+    for _ in range(500):
+        if len(model_threads()) - before <= 1:
+            break
+        time.sleep(0.01)
+    return len(model_threads()) - before
+
+
+def test_a_sync_batched_function_keeps_no_batcher_or_thread_per_closed_loop() -> None:
+    """Before: one batcher and one idle worker thread per event loop stayed behind (a batcher
+    holds its loop, so the weak mapping kept every one): 10 asyncio.run calls left 10."""
+
+    @batched(max_batch_size=4, window_ms=0)
+    def double(batch: list[int]) -> list[int]:
+        return [2 * x for x in batch]
+
+    async def main(x: int) -> int:
+        return await double(x)
+
+    before = len(model_threads())
+    assert [asyncio.run(main(x)) for x in range(10)] == [2 * x for x in range(10)]
+    assert threads_left(before) <= 1  # the last loop's batcher keeps its thread
+    assert len(double._batchers) <= 1
+
+
+def test_a_batched_method_releases_its_instance_batchers_of_closed_loops() -> None:
+    class Model:
+        @batched(max_batch_size=4, window_ms=0)
+        def run(self, batch: list[int]) -> list[int]:
+            return batch
+
+    model = Model()
+
+    async def main(x: int) -> int:
+        return await model.run(x)
+
+    before = len(model_threads())
+    assert [asyncio.run(main(x)) for x in range(5)] == list(range(5))
+    assert threads_left(before) <= 1
+    assert len(model.run._batchers) <= 1
 
 
 def test_decorating_a_method_of_a_slotted_class_says_why_it_fails() -> None:
