@@ -399,6 +399,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             item: one input; its size is ``size_fn(item)`` units (1 by default).
             deadline_ms: if the request has not started within this many ms of now, it fails with
                 ``DeadlineExceededError`` at that moment (a timer, not the end of a running batch).
+                It bounds the request's queue delay: with a slot free at that moment, its batch
+                starts then instead, even if the window is longer.
 
         Raises:
             QueueFullError: ``max_queue_size`` requests are waiting (raised at once).
