@@ -52,7 +52,12 @@ from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
-from adaptive_batcher.runtime.streaming import Stream, StreamRequest, StreamRunner
+from adaptive_batcher.runtime.streaming import (
+    CollectedRequest,
+    Stream,
+    StreamRequest,
+    StreamRunner,
+)
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -341,6 +346,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         else:
             self._runner = BatchRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
         self._streams = isinstance(self._runner, StreamRunner)
+        # a submit() caller: of a streaming model, one whose first step is remembered
+        self._request_type: type[_Pending] | type[CollectedRequest] = (
+            CollectedRequest if self._streams else _Pending
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         # the loop's clock and future factory, set on binding (see loop_shortcuts)
         self._now: Callable[[], float] = time.monotonic
@@ -423,7 +432,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
         size = 1 if self._size_fn is None else self._item_size(item)
         future: asyncio.Future[Y] = self._new_future()
-        request = _Pending(item, future, now, size, deadline_s)
+        request = self._request_type(item, future, now, size, deadline_s)
         if self._core.arrive(request, now) and not self._pump_scheduled:
             self._pump_scheduled = True
             loop.call_soon(self._pump_callback)

@@ -49,7 +49,7 @@ from adaptive_batcher.errors import (
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
-__all__ = ["Stream", "StreamRequest", "StreamRunner", "ends_stream"]
+__all__ = ["CollectedRequest", "Stream", "StreamRequest", "StreamRunner", "ends_stream"]
 
 _log = get_logger()
 T = TypeVar("T")
@@ -66,14 +66,43 @@ def ends_stream(element: object) -> bool:
     )
 
 
+class CollectedRequest(Request[asyncio.Future[Any]]):
+    """A ``submit`` caller of a streaming model: the engine's request and the caller's item;
+    its future gets the list of its elements at the stream's end.
+
+    ``in_time`` is None until its batch's first step, then whether that step came within the
+    SLO: a caller that leaves after it counts as completed (in time or not), before it as
+    cancelled.
+    """
+
+    __slots__ = ("in_time", "item")
+
+    def __init__(
+        self,
+        item: Any,
+        future: asyncio.Future[Any],
+        arrival_s: float,
+        size: int,
+        deadline_s: float | None,
+    ) -> None:
+        self.handle = future
+        self.arrival_s = arrival_s
+        self.size = size
+        self.deadline_s = deadline_s
+        self.state = RequestState.QUEUED
+        self.item = item
+        self.in_time: bool | None = None
+
+
 class StreamRequest(Request[asyncio.Future[Any]]):
     """A queued stream: the engine's request, the caller's item and the elements not yet read.
 
     ``handle`` is the stream's end: its result (None) is a normal end, its exception the
-    stream's error; a cancelled handle means that the caller left.
+    stream's error; a cancelled handle means that the caller left. ``in_time`` as for
+    :class:`CollectedRequest`.
     """
 
-    __slots__ = ("elements", "item", "waiter")
+    __slots__ = ("elements", "in_time", "item", "waiter")
 
     def __init__(
         self,
@@ -91,6 +120,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.item = item
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.in_time: bool | None = None
         future.add_done_callback(self._on_end)
 
     def push(self, element: Any) -> None:
@@ -222,7 +252,12 @@ class StreamRunner(BatchRunner):
         self._deliveries: dict[int, _Delivery] = {}  # the running batches', by id(requests)
 
     def leave(self, request: Any) -> bool:
-        return any(delivery.leave(request) for delivery in self._deliveries.values())
+        in_time: bool | None = getattr(request, "in_time", None)
+        if in_time is None:  # no first element yet: the caller counts it as cancelled
+            return False
+        request.in_time = None  # counted once
+        self.core.count_completed(1, int(in_time))
+        return True
 
     async def run(self, requests: list[Any]) -> None:
         """Stream ``requests`` through the model and settle each stream.
@@ -299,8 +334,6 @@ class _Delivery:
         self.core = core
         self.clock = clock
         self.answered = False  # the first step has been handed out
-        # the callers handed a first element whose outcome is not counted yet: id -> in time
-        self.in_time: dict[int, bool] = {}
         # callers of submit(): their elements, set as their result at their end
         self.collected: dict[int, list[Any]] = {
             id(r): [] for r in requests if type(r) is not StreamRequest
@@ -322,7 +355,6 @@ class _Delivery:
                 if not isinstance(element, Exception):  # never hand KeyboardInterrupt & co. on
                     element = BatchFailedError(element, len(self.requests))
                 future.set_exception(element)
-                self.in_time.pop(id(request), None)
                 self.core.count_failed(1)
             else:
                 self._push(request, element)
@@ -333,15 +365,8 @@ class _Delivery:
         """The latencies of the callers still open, whose first element this step holds."""
         pending = [r for r in self.requests if not r.handle.done()]
         in_time = self.core.record_first_elements([r.arrival_s for r in pending], self.clock())
-        self.in_time = {id(r): good for r, good in zip(pending, in_time, strict=True)}
-
-    def leave(self, request: Any) -> bool:
-        """``request``'s caller left: True (counted as completed) if it had its first element."""
-        good = self.in_time.pop(id(request), None)
-        if good is None:
-            return False
-        self.core.count_completed(1, int(good))
-        return True
+        for request, good in zip(pending, in_time, strict=True):
+            request.in_time = good
 
     def end_all(self) -> None:
         """The model's stream is over: every stream still open ends normally (one that had
@@ -355,7 +380,6 @@ class _Delivery:
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every stream still open with its own typed error; returns how many."""
-        self.in_time.clear()
         return fail_pending(self.requests, exc, self.core)
 
     def _push(self, request: Any, element: Any) -> None:
@@ -366,6 +390,5 @@ class _Delivery:
 
     def _end(self, request: Any) -> None:
         """A normal end: completed, in time if its first element was."""
-        good = self.in_time.pop(id(request), False)
         request.handle.set_result(self.collected.pop(id(request), None))
-        self.core.count_completed(1, int(good))
+        self.core.count_completed(1, int(bool(request.in_time)))
