@@ -21,6 +21,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
     check_bool,
     check_callable,
+    check_choice,
     check_int,
     check_integral,
     check_number,
@@ -136,6 +137,31 @@ def _check_padding(
         raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
 
 
+STREAM_OVERFLOWS = ("fail", "hold")
+"""What a stream whose reader fell ``max_buffered_elements`` behind does (see the batcher)."""
+
+
+def _check_stream_buffer(
+    executor: object, max_buffered: object, overflow: object
+) -> tuple[int | None, str]:
+    """The stream buffer's bound and policy, checked.
+
+    Raises:
+        TypeError, ValueError: a bound that is not an int >= 1 or None, a policy not in
+            STREAM_OVERFLOWS, or a bound given for a model that does not stream.
+    """
+    policy = check_choice("stream_overflow", overflow, STREAM_OVERFLOWS)
+    if max_buffered is None:
+        return None, policy
+    bound = check_int("max_buffered_elements", max_buffered, 1)
+    if not isinstance(executor, StreamExecutor):
+        raise ValueError(
+            "max_buffered_elements bounds the elements a stream buffers: it needs a streaming "
+            "model (an async generator function)"
+        )
+    return bound, policy
+
+
 def default_is_oom(exc: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -230,6 +256,18 @@ class AdaptiveBatcher(Generic[X, Y]):
             it the model learns from the first batches (and is optimistic beyond them).
         shed_late: with an SLO, fail at once (``DeadlineExceededError``) the queued requests that
             can no longer meet it, instead of serving them late (see ``ShedGuard``).
+        max_buffered_elements: for a streaming model: most elements buffered unread per
+            stream (a slow reader of a fast generator); None (default): unbounded. What
+            happens when a reader falls that far behind is ``stream_overflow``'s.
+        stream_overflow: ``"fail"`` (default): that stream ends with
+            ``StreamBufferFullError`` after the elements it buffered (counted as failed), and
+            the batch goes on for the others: one slow client cannot hold up its batch or
+            grow memory. ``"hold"``: the model's next step waits until every open stream has
+            room, so no element is ever dropped and the batch (and its slot) runs at the pace
+            of its slowest reader; a reader that stops without closing or dropping its stream
+            holds the batch until a timed close. Each stream then holds at most
+            ``max_buffered_elements`` elements. ``submit`` callers of a streaming model
+            collect their whole list and are not bounded.
         name: the ``batcher`` field of this batcher's log events.
         cuda_event_factory: for ``executor="cuda"``: makes completion events (tests pass a fake).
 
@@ -280,6 +318,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         control_interval_batches: int | None = None,
         service_profile: ServiceProfile | None = None,
         shed_late: bool = False,
+        max_buffered_elements: int | None = None,
+        stream_overflow: str = "fail",
         name: str = "batcher",
         cuda_event_factory: Callable[[], CompletionEvent] | None = None,
     ) -> None:
@@ -341,8 +381,15 @@ class AdaptiveBatcher(Generic[X, Y]):
             name,
         )
         self._runner: BatchRunner
+        overflow = _check_stream_buffer(self._executor, max_buffered_elements, stream_overflow)
         if isinstance(self._executor, StreamExecutor):  # an async generator model
-            self._runner = StreamRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
+            self._runner = StreamRunner(
+                self._executor,
+                *runner_args,
+                on_oom=self._core.note_oom,
+                max_buffered=overflow[0],
+                overflow=overflow[1],
+            )
         else:
             self._runner = BatchRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
         self._streams = isinstance(self._runner, StreamRunner)

@@ -17,7 +17,11 @@ number of items (``PaddingError``, before the model runs), a deadline, or the ba
 A batch holds its execution slot until the model's generator is exhausted; when every caller of
 a batch has left (ended, failed or stopped reading), the generator is closed at once and the slot
 freed.
-Elements are buffered per caller: the model is not held back by a slow reader.
+Elements are buffered per caller: by default the model is not held back by a slow reader, and a
+stream's buffer is unbounded. ``max_buffered_elements`` bounds it; when a reader falls that far
+behind, ``stream_overflow="fail"`` ends that stream with ``StreamBufferFullError`` (after the
+elements it buffered; the others go on), and ``"hold"`` makes the model's next step wait until
+every open stream has room (nothing is dropped; the batch runs at its slowest reader's pace).
 
 Counting: a stream's latency is the time to its first element (what an SLO and
 :meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure), recorded then; its outcome is counted
@@ -44,6 +48,7 @@ from adaptive_batcher.errors import (
     BatchFailedError,
     ConcurrentReadError,
     PaddingError,
+    StreamBufferFullError,
     describe,
 )
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
@@ -102,7 +107,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
     :class:`CollectedRequest`.
     """
 
-    __slots__ = ("elements", "in_time", "item", "waiter")
+    __slots__ = ("elements", "in_time", "item", "room_waiter", "waiter")
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.item = item
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.room_waiter: asyncio.Future[None] | None = None  # a held batch step waits on it
         self.in_time: bool | None = None
         future.add_done_callback(self._on_end)
 
@@ -128,9 +134,30 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.elements.append(element)
         self._wake()
 
+    def take(self) -> Any:
+        """The oldest element not yet read (call only while there is one)."""
+        element = self.elements.popleft()
+        if self.room_waiter is not None:
+            self._wake_room()
+        return element
+
+    async def room(self) -> None:
+        """Wait until the reader takes an element or the stream ends."""
+        if self.room_waiter is None:
+            self.room_waiter = self.handle.get_loop().create_future()
+        await self.room_waiter
+
     def _on_end(self, future: asyncio.Future[Any]) -> None:
         del future
         self._wake()
+        self._wake_room()
+
+    def _wake_room(self) -> None:
+        waiter = self.room_waiter
+        if waiter is not None:
+            self.room_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -176,7 +203,7 @@ class Stream(AsyncIterator[T]):
         handle, elements = request.handle, request.elements
         while not self._over:
             if elements:
-                element: T = elements.popleft()
+                element: T = request.take()
                 return element
             if handle.done():
                 self._over = True
@@ -244,12 +271,20 @@ class StreamRunner(BatchRunner):
             answered.
     """
 
-    def __init__(self, executor: StreamExecutor, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        executor: StreamExecutor,
+        *args: Any,
+        max_buffered: int | None = None,
+        overflow: str = "fail",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(executor, *args, **kwargs)
         if self.bisect:
             raise ValueError("bisect_on_error does not apply to a streaming model")
         self.streamer = executor
-        self._deliveries: dict[int, _Delivery] = {}  # the running batches', by id(requests)
+        self.max_buffered = max_buffered
+        self.hold = overflow == "hold"
 
     def leave(self, request: Any) -> bool:
         in_time: bool | None = getattr(request, "in_time", None)
@@ -266,7 +301,7 @@ class StreamRunner(BatchRunner):
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
         """
-        delivery = self._deliveries[id(requests)] = _Delivery(requests, self.core, self.clock)
+        delivery = _Delivery(requests, self.core, self.clock, self.max_buffered, self.name)
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
             batch = self.pad(list(map(_item_of, requests)), self._units(requests))
@@ -276,6 +311,8 @@ class StreamRunner(BatchRunner):
                 check_results(step, expected)
                 if not delivery.deliver(step):
                     break  # every caller has ended or left: stop the model now
+                if self.hold and not await delivery.room():
+                    break  # every caller left while the step was held
             delivery.end_all()
         except PaddingError as exc:  # before the model ran: nothing was delivered
             self.padding_failed(requests, exc)
@@ -293,7 +330,6 @@ class StreamRunner(BatchRunner):
             delivery.fail_all(exc)
             raise
         finally:
-            del self._deliveries[id(requests)]
             if stream is not None:
                 await self._close(stream)
 
@@ -329,10 +365,19 @@ class StreamRunner(BatchRunner):
 class _Delivery:
     """Hands one batch's steps to its callers and counts each caller once, at its end."""
 
-    def __init__(self, requests: list[Any], core: BatcherCore[Any], clock: Callable[[], float]):
+    def __init__(
+        self,
+        requests: list[Any],
+        core: BatcherCore[Any],
+        clock: Callable[[], float],
+        max_buffered: int | None,
+        name: str,
+    ):
         self.requests = requests
         self.core = core
         self.clock = clock
+        self.max_buffered = max_buffered  # None: unbounded
+        self.name = name
         self.answered = False  # the first step has been handed out
         # callers of submit(): their elements, set as their result at their end
         self.collected: dict[int, list[Any]] = {
@@ -356,8 +401,7 @@ class _Delivery:
                     element = BatchFailedError(element, len(self.requests))
                 future.set_exception(element)
                 self.core.count_failed(1)
-            else:
-                self._push(request, element)
+            elif self._push(request, element):
                 reading = True
         return reading
 
@@ -382,11 +426,45 @@ class _Delivery:
         """Fail every stream still open with its own typed error; returns how many."""
         return fail_pending(self.requests, exc, self.core)
 
-    def _push(self, request: Any, element: Any) -> None:
-        if type(request) is StreamRequest:
-            request.push(element)
-        else:
+    def _push(self, request: Any, element: Any) -> bool:
+        """Buffer ``element`` for ``request``; False if its reader's buffer was full: the
+        stream then ends with ``StreamBufferFullError`` (after what it buffered)."""
+        if type(request) is not StreamRequest:
             self.collected[id(request)].append(element)
+            return True
+        bound = self.max_buffered
+        if bound is not None and len(request.elements) >= bound:
+            request.handle.set_exception(
+                StreamBufferFullError(
+                    f"the reader fell behind: {bound} elements were waiting unread "
+                    "(max_buffered_elements) when the model produced another"
+                )
+            )
+            self.core.count_failed(1)
+            _log.warning("stream.overflow", batcher=self.name, max_buffered_elements=bound)
+            return False
+        request.push(element)
+        return True
+
+    async def room(self) -> bool:
+        """Wait until every open stream's buffer has room for one more element (the "hold"
+        policy: the model's next step waits for the slowest reader); False if no caller is
+        left open meanwhile (the model stops)."""
+        bound = self.max_buffered
+        assert bound is not None
+        while True:
+            full = None
+            open_ = False
+            for request in self.requests:
+                if request.handle.done():
+                    continue
+                open_ = True
+                if type(request) is StreamRequest and len(request.elements) >= bound:
+                    full = request
+                    break
+            if full is None:
+                return open_
+            await full.room()
 
     def _end(self, request: Any) -> None:
         """A normal end: completed, in time if its first element was."""
