@@ -29,8 +29,9 @@ class Counts:
 
     ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
     the SLO (all of them when no SLO is set), ``failed`` those that got an exception from the
-    model, a result-count error, were running when a time-limited close gave up on them, or
-    whose batch's task something cancelled before it ran, ``rejected`` those refused at submit
+    model, a result-count error, were running when a time-limited close gave up on them, whose
+    batch's task something cancelled before it ran, or (a stream) whose reader fell
+    ``max_buffered_elements`` behind, ``rejected`` those refused at submit
     (queue full, too large, closed) or that a close kept from starting (taken off the queue by a
     close without draining, or in a batch a time-limited close cancelled before it ran),
     ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
