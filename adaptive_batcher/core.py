@@ -44,14 +44,21 @@ from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision
-from adaptive_batcher.engine import Action, Batch, BatchingEngine, EngineLimits, Request
+from adaptive_batcher.engine import (
+    Action,
+    Batch,
+    BatchingEngine,
+    EngineLimits,
+    Request,
+    SetTimer,
+)
 from adaptive_batcher.errors import BatcherError, describe
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings, check_policy
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
-__all__ = ["BatcherCore", "DecisionHook", "TelemetryReader"]
+__all__ = ["LOOP_STALL_S", "BatcherCore", "DecisionHook", "TelemetryReader"]
 
 H = TypeVar("H")
 
@@ -60,6 +67,12 @@ TelemetryReader = Callable[[float], TelemetrySample]
 
 DecisionHook = Callable[[float, Decision], None]
 """``hook(now_s, decision)``: called after every controller tick with the decision in force."""
+
+LOOP_STALL_S = 0.1
+"""A timer that fires this many seconds late, or more, tells of a stall of the shell's event
+loop (a blocking call in a handler, a large request body parsed on the loop, a long
+garbage-collector pause): the core logs ``batcher.loop_stalled`` and tells the controller
+(:meth:`Controller.note_loop_stall`)."""
 
 _log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")
@@ -117,6 +130,8 @@ class BatcherCore(Generic[H]):
         self._warmed = warmed
         self._on_decision = on_decision
         self._tick_forced = False
+        self._timer_due_s: float | None = None  # the timer the last poll asked for
+        self.loop_stalls = 0
         self._policy_stopped = False  # set_policy(None): an SLO set later starts no controller
         self._apply_slo(settings.slo)
         policy = settings.policy
@@ -206,11 +221,29 @@ class BatcherCore(Generic[H]):
             The engine's actions: ``Expire``, then ``Dispatch`` in FIFO order, then ``SetTimer``.
         """
         controller = self.controller
+        due = self._timer_due_s
+        if due is not None and now - due >= LOOP_STALL_S:
+            self._note_loop_stall(due, now)
         if controller is not None and (
             self._tick_forced or controller.due(now, self.recorder.batch_count)
         ):
             self._tick(controller, now)
-        return self.engine.poll(now)
+        actions = self.engine.poll(now)
+        timer = actions[-1]
+        self._timer_due_s = timer.at_s if type(timer) is SetTimer else None
+        return actions
+
+    def _note_loop_stall(self, due_s: float, now: float) -> None:
+        """A timer due at ``due_s`` fires only at ``now``: the shell's loop stood still."""
+        self.loop_stalls += 1
+        _log.warning(
+            "batcher.loop_stalled",
+            batcher=self.name,
+            late_ms=round((now - due_s) * 1e3, 3),
+            queue_depth=self.engine.queue_depth,
+        )
+        if self.controller is not None:
+            self.controller.note_loop_stall(due_s, now)
 
     # -- counting: every change of an outcome count goes through one of these --------------
     #

@@ -39,6 +39,8 @@ ADAPTIVE, ADAPTIVE_NO_SHED = "adaptive_pid_shed", "adaptive_pid"
 STATIONARY = ("poisson_30", "poisson_60", "poisson_90")
 OVERLOADED = ("steps", "diurnal", "bursts")
 NOISY = ("noise_30", "stalls", "bursts_stalls")
+FAULTED = ("loop_stalls", "slowdown_10x", "contention", "long_batch")
+AFTER_FAULT_S = 2.0  # the longest the cap may stay below the stability cap after a fault
 SHED_GRID = {"windows_ms": (0.0, 10.0, 20.0, 30.0), "caps": (128, 256, 512)}
 BANDITS = ("bandit_ucb_shed", "bandit_thompson_shed")
 
@@ -87,7 +89,9 @@ def test_replay_static_grid(benchmark: Any, scenario: str) -> None:
         record(benchmark, scenario, "cost_oracle", oracle.result, oracle.label)
 
 
-@pytest.mark.parametrize("scenario", [*OVERLOADED, "overload_then_light", "bursts_stalls"])
+@pytest.mark.parametrize(
+    "scenario", [*OVERLOADED, "overload_then_light", "bursts_stalls", *FAULTED]
+)
 def test_replay_static_grid_with_shedding(benchmark: Any, scenario: str) -> None:
     case = SCENARIOS[scenario]
     grids: list[Any] = []
@@ -139,6 +143,8 @@ def _verdicts() -> list[str]:
     out += _light_after_overload("overload_then_light")
     for name in NOISY:
         out += _noise(name)
+    for name in FAULTED:
+        out += _fault(name)
     out += _bandits("poisson_30_long")
     out += _earlier_targets()
     return out
@@ -204,15 +210,63 @@ def _noise(name: str) -> list[str]:
     return out
 
 
-def _ticks_below_stability_cap(case: Scenario, result: SimResult) -> int | None:
-    """Consecutive ticks the cap spent below what keeps up with the scenario's mean rate
-    (measured table, no headroom), at most; None when the scenario has no single rate."""
+def _fault(name: str) -> list[str]:
+    """Issue 21's targets for a fault replayed: attainment never below Triton-like's, within 1
+    point of the best static setting's (with shedding, for the contender that sheds), and the
+    cap below the stability cap for at most ``AFTER_FAULT_S`` once the fault is over."""
+    triton = _cell(name, "triton_like")
+    case = SCENARIOS[name]
+    out = []
+    for contender, static_name in (
+        (ADAPTIVE, "best_static_shed"),
+        (ADAPTIVE_NO_SHED, "best_static"),
+    ):
+        ours, static = _cell(name, contender), _cell(name, static_name)
+        if ours is None or triton is None or static is None:
+            continue
+        below_triton = triton.slo_attainment - ours.slo_attainment
+        below_static = static.slo_attainment - ours.slo_attainment
+        low_s = _seconds_below_stability_cap(case, ours)
+        ok = below_triton <= 0.0001 and below_static <= 0.01 and low_s <= AFTER_FAULT_S
+        out.append(
+            f"{_tag(ok)} {name} ({contender}): SLO attainment {ours.slo_attainment:.4f}, "
+            f"Triton-like {triton.slo_attainment:.4f} (never below, to 0.01 points), "
+            f"{static_name} {static.slo_attainment:.4f} (within 1 point); after the fault "
+            f"{low_s:.2f} s below the stability cap (<= {AFTER_FAULT_S:g})"
+        )
+    return out
+
+
+def _seconds_below_stability_cap(case: Scenario, result: SimResult) -> float:
+    """The longest span, after the scenario's faults end, that the cap spent below the
+    smallest cap keeping up with its mean rate (measured table, no headroom), seconds."""
+    stable = _stability_cap(case)
+    decisions = result.series.decisions
+    if stable is None or case.faults is None or not decisions.size:
+        return 0.0
+    longest, since = 0.0, None
+    for at_s, _, cap in decisions[decisions[:, 0] >= case.faults.end_s]:
+        if cap < stable:
+            since = at_s if since is None else since
+            longest = max(longest, at_s - since)
+        else:
+            since = None
+    return longest
+
+
+def _stability_cap(case: Scenario) -> int | None:
     if case.rate_rps is None or not case.warmup:
         return None
     keeping_up = [n for n, ms in case.warmup if n / (ms / 1e3) >= case.rate_rps]
-    if not keeping_up:
+    return min(keeping_up) if keeping_up else None
+
+
+def _ticks_below_stability_cap(case: Scenario, result: SimResult) -> int | None:
+    """Consecutive ticks the cap spent below what keeps up with the scenario's mean rate
+    (measured table, no headroom), at most; None when the scenario has no single rate."""
+    stable = _stability_cap(case)
+    if stable is None:
         return None
-    stable = min(keeping_up)
     longest = run_length = 0
     for cap in result.series.decisions[:, 2]:
         run_length = run_length + 1 if cap < stable else 0

@@ -118,6 +118,8 @@ class Controller:
         self.failures = 0
         self._last: _Snapshot | None = None
         self._rates: deque[tuple[float, float]] = deque()  # (time, per-tick arrival rate)
+        self.loop_stall: tuple[float, float] = (-math.inf, -math.inf)  # the latest, (start, end)
+        self.loop_stalls = 0
 
     @property
     def slo_unreachable(self) -> bool:
@@ -147,6 +149,13 @@ class Controller:
         """Change the objective; it applies from the next tick."""
         self.slo = slo
 
+    def note_loop_stall(self, start_s: float, end_s: float) -> None:
+        """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its
+        clock): the batches that ran across it are kept out of the service-time fit (they
+        measured the stall), and the next observations say so (``loop_stall_s``)."""
+        self.loop_stall = (start_s, end_s)
+        self.loop_stalls += 1
+
     def due(self, now: float, batches: int | None = None) -> bool:
         """True when a tick is due at ``now`` (``batches``: batches finished so far, for
         ``interval_batches``)."""
@@ -172,7 +181,7 @@ class Controller:
         counts = recorder.counts()
         if self.decision is None or self._last is None:
             raise RuntimeError("Controller.start() must be called before tick()")
-        self.service_estimator.update(recorder.batches, counts.batches)
+        self.service_estimator.update(recorder.batches, counts.batches, self.loop_stall)
         observation = self._observe(
             now, recorder, counts, (queue_depth, queued_units, slots), telemetry
         )
@@ -279,6 +288,7 @@ class Controller:
             service_tail_ms=model.tail_ms,
             contention=model.contention,
             last_stall_s=model.last_stall_s,
+            loop_stall_s=self.loop_stall[1],
             outlier_elasticity=model.outlier_elasticity,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,

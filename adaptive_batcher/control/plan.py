@@ -38,7 +38,11 @@ The model (one tick's worth; the controller's feedback corrects what it misses):
   twice in 17.6 ms: 1.5 points of attainment below Triton-like). The median fit is used here
   (growing in proportion beyond the sizes it knows), not the error bars: under CPU contention
   service times spread out, and smaller batches would only lower throughput, so contention narrows
-  the window, never the cap.
+  the window, never the cap. When even two batches of the smallest cap, with the error bars,
+  overrun the room, the constraint is out of reach and gives way (no tail cap: the
+  highest-throughput cap): noise that swamps the batch's own time makes the median fit of
+  rarely seen sizes noise too (the README's FastAPI app on a busy 2-core machine: batches of
+  0.1 ms measured 0.1 to 40 ms on the loop, and the tail cap cut 64 to 1).
 * **Stability cap.** The smallest cap whose full batches keep up with the recent peak demand
   (arrivals plus the backlog beyond one full batch, drained within one budget) with
   ``STABILITY_HEADROOM``; if none
@@ -177,13 +181,17 @@ class Plan:
 
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
-        sizes the model knows)."""
+        sizes the model knows); none when even two batches of the smallest cap, with the
+        noise's error bars, do not fit: the constraint is out of reach, and gives way (see the
+        module docstring)."""
         fitting = self._fits.get(budget_ms)
         if fitting is None:
             upper = self.service_upper_ms or self.service_ms
-            fitting = self._fits[budget_ms] = [
-                cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms
-            ]
+            if 2.0 * self._service_high(self.caps[0]) > budget_ms:
+                fitting = []
+            else:
+                fitting = [cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms]
+            self._fits[budget_ms] = fitting
         return fitting
 
     def overloaded(self, budget_ms: float) -> bool:

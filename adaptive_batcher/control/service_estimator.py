@@ -56,7 +56,10 @@ import numpy as np
 from adaptive_batcher.metrics.recorder import BatchSample
 
 __all__ = [
+    "CHANGE_RATIO",
     "DEEP_Z",
+    "FRESH_BATCHES",
+    "MAX_LEVEL",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
     "OUTLIER_ELASTICITY_MIN",
@@ -92,9 +95,24 @@ OUTLIER_LEVERAGE = math.log(1.25)
 outliers for their elasticity to be measured (batches of about the same time cannot show how
 an outlier's excess grows with the batch)."""
 
+FRESH_BATCHES = 64
+"""A size with a sample among the last ``FRESH_BATCHES`` batches is fresh; the others are
+stale, and their medians are held within what the fresh sizes allow (see
+:func:`_within_fresh`)."""
+
 OUTLIER_CONFIRM = 5
-"""Outliers among the last ``OUTLIER_WINDOW`` batches that make them a change of service time,
-not isolated stalls (a stall spans one batch per execution slot)."""
+"""Outliers of one direction (slow or fast) among the last ``OUTLIER_WINDOW`` batches that make
+them a change of service time, not isolated ones (a stall spans one batch per execution
+slot)."""
+
+CHANGE_RATIO = 1.5
+"""A batch beyond this ratio to its prediction either way (or beyond the noise body's 99.9th
+percentile, if that is wider) is suspect: ``OUTLIER_CONFIRM`` of them in one direction among
+the last ``OUTLIER_WINDOW`` batches are a change of level (see
+:attr:`ServiceTimeEstimator.level`)."""
+
+MAX_LEVEL = 1e3
+"""The most :attr:`ServiceTimeEstimator.level` may move from 1, either way."""
 
 
 DEEP_Z = 3.09
@@ -147,6 +165,7 @@ class ServiceTimeEstimator:
         self.refit_every = refit_every
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
+        self._last_kept: dict[int, int] = {}  # the batch number of each size's newest sample
         self._kept = 0  # samples in all the reservoirs
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
@@ -172,8 +191,13 @@ class ServiceTimeEstimator:
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
-        self._recent_outliers: deque[bool] = deque(maxlen=OUTLIER_WINDOW)
-        self._held: deque[tuple[int, int, float]] = deque()  # (batch number, units, ms)
+        # the direction of each recent batch: 1 a slow outlier, -1 a fast one, 0 neither
+        self._recent_outliers: deque[int] = deque(maxlen=OUTLIER_WINDOW)
+        # suspect batches held out: (batch number, units, ms, ratio to the prediction,
+        # direction, whether an outlier)
+        self._held: deque[tuple[int, int, float, float, int, bool]] = deque()
+        self.level = 1.0  # every size's time over the fitted shape's (see _change_level)
+        self.level_changes = 0
         self._taken = 0
         self.outliers_held_out = 0
         self.outliers_seen = 0
@@ -183,24 +207,36 @@ class ServiceTimeEstimator:
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
-    def update(self, batches: Sequence[BatchSample], total_seen: int) -> None:
+    def update(
+        self,
+        batches: Sequence[BatchSample],
+        total_seen: int,
+        stall: tuple[float, float] = (-math.inf, -math.inf),
+    ) -> None:
         """Take in the batches recorded since the last call and refit if due.
 
         ``batches`` are the most recent batch samples (oldest first) and ``total_seen`` the
         running count of batches ever recorded; the samples new since the last call are kept in
         a small per-size reservoir (``per_size`` most recent each), so sizes seen long ago stay
-        known when one size dominates for a while.
+        known when one size dominates for a while. A batch that ran across ``stall`` (the
+        latest stall of the event loop, ``(start_s, end_s)``) is left out: it measured the
+        stall, not the model.
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
         # the error bars as last read (reading them here would move when they are recomputed)
-        outlier_ratio = (
-            OUTLIER_FACTOR * self._body_quantile(self._spread_z)
-            if self._ends is not None
-            else math.inf
-        )
+        outlier_ratio, change_ratio = math.inf, math.inf
+        if self._ends is not None:
+            outlier_ratio = OUTLIER_FACTOR * self._body_quantile(self._spread_z)
+            change_ratio = min(outlier_ratio, max(CHANGE_RATIO, self._body_quantile(DEEP_Z)))
+        stall_start, stall_end = stall
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
-            if sample.units > 0 and self._take(sample.units, sample.service_s * 1e3, outlier_ratio):
+            if sample.end_s >= stall_start and sample.end_s - sample.service_s <= stall_end:
+                continue  # it ran across a stall of the loop
+            measured_ms = sample.service_s * 1e3
+            if sample.units > 0 and self._take(
+                sample.units, measured_ms, outlier_ratio, change_ratio
+            ):
                 self.last_stall_s = sample.end_s
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
@@ -210,57 +246,94 @@ class ServiceTimeEstimator:
         sizes = sorted(self._reservoir)
         medians = [self._median_at(n) for n in sizes]
         counts = [float(len(self._reservoir[n])) for n in sizes]
+        fresh = [self._taken - self._last_kept[n] < FRESH_BATCHES for n in sizes]
         for n, ms in self._seed:  # prior points for sizes outside the observed range
             if n < sizes[0] or n > sizes[-1]:
                 sizes.append(n)
                 medians.append(ms)
                 counts.append(1.0)
+                fresh.append(False)
         order = sorted(range(len(sizes)), key=sizes.__getitem__)
-        self._fit_points(
-            [sizes[i] for i in order], [medians[i] for i in order], [counts[i] for i in order]
+        sizes = [sizes[i] for i in order]
+        counts = [counts[i] for i in order]
+        noise = self._body_quantile(self._spread_z)
+        held = _within_fresh(
+            sizes, [medians[i] for i in order], counts, [fresh[i] for i in order], noise
         )
+        self._fit_points(sizes, held, counts)
         self._note_level()
 
-    def _take(self, units: int, measured_ms: float, outlier_ratio: float) -> bool:
-        """One batch's time: into the error bars, and into its size's samples unless it is an
-        isolated outlier (see the module docstring); True if it is held out as one."""
-        outlier = False
+    def _take(
+        self, units: int, measured_ms: float, outlier_ratio: float, change_ratio: float
+    ) -> bool:
+        """One batch's time: into the error bars, and into its size's samples unless it is
+        suspect (beyond ``change_ratio`` either way: held until it is either part of a change
+        of level or old) or an isolated outlier (beyond ``outlier_ratio``: dropped; see the
+        module docstring). True if it is held out as a slow outlier (a stall)."""
+        direction, ratio, outlier = 0, math.nan, False
         if outlier_ratio < math.inf:
             predicted = self.predict_ms(units)
             if predicted > 0:
-                self._note_ratio(measured_ms / predicted)
+                ratio = measured_ms / predicted
+                self._note_ratio(ratio)
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
-                known = self._ends is not None and units <= self._ends[1]
-                outlier = known and measured_ms > outlier_ratio * predicted
-                if outlier:
-                    self._outliers.append((predicted, measured_ms - predicted))
-                    self.outliers_seen += 1
+                if self._ends is not None and units <= self._ends[1]:
+                    direction = (ratio > change_ratio) - (ratio * change_ratio < 1.0)
+                    outlier = ratio > outlier_ratio or ratio * outlier_ratio < 1.0
+                    if ratio > outlier_ratio:
+                        self._outliers.append((predicted, measured_ms - predicted))
+                        self.outliers_seen += 1
         self._taken += 1
-        self._recent_outliers.append(outlier)
-        held = self._held
-        while held and held[0][0] <= self._taken - OUTLIER_WINDOW:
-            held.popleft()  # an isolated outlier: never counted
-        if not outlier:
+        self._recent_outliers.append(direction)
+        self._release_aged()
+        if direction == 0:
             self._keep(units, measured_ms)
             return False
-        held.append((self._taken, units, measured_ms))
-        self.outliers_held_out += 1
-        if sum(self._recent_outliers) >= OUTLIER_CONFIRM:  # the service time has changed
-            while held:
-                _, held_units, held_ms = held.popleft()
-                self._keep(held_units, held_ms)
-                self.outliers_held_out -= 1
-            self.last_stall_s = -math.inf  # they were no isolated stalls after all
+        self._held.append((self._taken, units, measured_ms, ratio, direction, outlier))
+        stall = outlier and direction > 0
+        self.outliers_held_out += stall
+        if self._recent_outliers.count(direction) >= OUTLIER_CONFIRM:
+            self._change_level(direction)  # the service time has changed
             return False
-        return True
+        return stall
+
+    def _release_aged(self) -> None:
+        """The suspect batches that left the last ``OUTLIER_WINDOW`` with no change of level:
+        kept as samples, but for the outliers (isolated ones: never counted)."""
+        held, oldest = self._held, self._taken - OUTLIER_WINDOW
+        while held and held[0][0] <= oldest:
+            _, units, measured_ms, _, _, outlier = held.popleft()
+            if not outlier:
+                self._keep(units, measured_ms)
+
+    def _change_level(self, direction: int) -> None:
+        """The recent suspect batches of ``direction`` (1: slow, -1: fast) are a change of
+        service time, not isolated ones: every size's time is rescaled by their median ratio
+        to the prediction, and they are kept as samples (see the module docstring)."""
+        confirming = [entry for entry in self._held if entry[4] == direction]
+        level = min(MAX_LEVEL, max(1.0 / MAX_LEVEL, self.level * _median(e[3] for e in confirming)))
+        factor, self.level = level / self.level, level  # batches measured at 0 ms included
+        self.level_changes += 1
+        self._cache = {}
+        for _, units, measured_ms, ratio, _, _ in confirming:
+            self._replace_ratio(ratio, ratio / factor)
+            self._keep(units, measured_ms)
+        self._held = deque(entry for entry in self._held if entry[4] != direction)
+        if direction > 0:
+            self.outliers_held_out -= sum(entry[5] for entry in confirming)
+            self.last_stall_s = -math.inf  # they were no isolated stalls after all
+        self._recent_outliers = deque(
+            (0 if d == direction else d for d in self._recent_outliers), maxlen=OUTLIER_WINDOW
+        )
 
     def _keep(self, units: int, measured_ms: float) -> None:
+        self._last_kept[units] = self._taken
         reservoir = self._reservoir.get(units)
         if reservoir is None:
             reservoir = self._reservoir[units] = deque(maxlen=self.per_size)
         if len(reservoir) < self.per_size:
             self._kept += 1
-        reservoir.append(measured_ms)
+        reservoir.append(measured_ms / self.level)
         self._median_of.pop(units, None)
 
     def _note_ratio(self, ratio: float) -> None:
@@ -273,6 +346,21 @@ class ServiceTimeEstimator:
         ratios.append(ratio)
         insort(ordered, ratio)
         self._ratios_taken += 1
+
+    def _replace_ratio(self, old: float, new: float) -> None:
+        """``old``, one of the ratios in the error bars' window, read as ``new`` instead (it
+        stays where it was in the window's order)."""
+        ratios, ordered = self._ratios, self._ordered_ratios
+        index = bisect_left(ordered, old)
+        if index == len(ordered) or ordered[index] != old:
+            return  # it has left the window
+        del ordered[index]
+        insort(ordered, new)
+        for position, value in enumerate(ratios):
+            if value == old:
+                ratios[position] = new
+                break
+        self._ratios_taken += 1  # the quantiles and the body are stale
 
     @property
     def spread(self) -> float:
@@ -360,7 +448,7 @@ class ServiceTimeEstimator:
         ends = self._ends
         if ends is None or batch_size <= ends[1]:
             return self.predict_ms(batch_size)
-        return ends[3] * batch_size / ends[1]
+        return self.level * ends[3] * batch_size / ends[1]
 
     def _note_level(self) -> None:
         """Track how the fit compares with the fastest it has been, at the sizes observed."""
@@ -378,7 +466,7 @@ class ServiceTimeEstimator:
         """Predicted service time of a batch of ``batch_size`` units, ms (NaN before a fit)."""
         cached = self._cache.get(batch_size)
         if cached is None:
-            cached = self._cache[batch_size] = self._predict(batch_size)
+            cached = self._cache[batch_size] = self.level * self._predict(batch_size)
         return cached
 
     def _median_at(self, size: int) -> float:
@@ -463,6 +551,51 @@ def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None
     for mean, count in zip(means, counts, strict=True):
         fitted.extend([mean] * count)
     return fitted
+
+
+def _within_fresh(
+    sizes: Sequence[int],
+    medians: Sequence[float],
+    counts: Sequence[float],
+    fresh: Sequence[bool],
+    noise: float = 1.0,
+) -> list[float]:
+    """``medians`` (at increasing ``sizes``), the stale ones held within the envelope the fresh
+    ones allow, widened by the ``noise`` factor (the noise body's 95th percentile ratio, >= 1)
+    either way: at least the fresh fit at the next fresh size below, at most the fresh fit at
+    the next fresh size above, and at most the next fresh size below in proportion to the size
+    (service time never falls as the batch grows, and grows at most in proportion to it, as
+    :meth:`ServiceTimeEstimator.upper_ms` assumes). A stale median outside it is from another
+    regime (a slowdown that has passed, contention that has begun): without this, the sizes a
+    slowdown's queue formed kept their slow medians after it, and the tail cap stayed cut for
+    as long as they went unseen. Unchanged when every size is fresh, or none is."""
+    chosen = [i for i, is_fresh in enumerate(fresh) if is_fresh]
+    if not chosen or len(chosen) == len(sizes):
+        return list(medians)
+    fitted = dict(
+        zip(
+            chosen,
+            isotonic_fit([medians[i] for i in chosen], [counts[i] for i in chosen]),
+            strict=True,
+        )
+    )
+    held = list(medians)
+    below: int | None = None
+    above_at = 0  # index into chosen of the next fresh size above
+    for i, size in enumerate(sizes):
+        if fresh[i]:
+            held[i] = medians[i]
+            below = i
+            above_at += 1
+            continue
+        low, high = 0.0, math.inf
+        if below is not None:
+            low = fitted[below] / noise
+            high = fitted[below] * size / sizes[below] * noise
+        if above_at < len(chosen):
+            high = min(high, fitted[chosen[above_at]] * noise)
+        held[i] = min(max(medians[i], low), max(low, high))
+    return held
 
 
 def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:

@@ -195,6 +195,10 @@ class Observation:
         last_stall_s: when the latest batch ended that the service-time fit held out as an
             isolated outlier (a stall: far beyond the error bars, its neighbours normal), s
             (-inf: none yet).
+        loop_stall_s: when the latest stall of the shell's event loop ended, s (-inf: none
+            yet): a timer fired ``LOOP_STALL_S`` or more late (see
+            :meth:`~adaptive_batcher.core.BatcherCore.poll`). The batches that ran across it
+            measured the stall, not the model, and are kept out of the service-time fit.
         outlier_elasticity: how the excess time of outlier batches grows with the batch's
             predicted time (about 1: outliers scale with the batch, and a narrower window
             shortens them; about 0: pauses added whatever the batch; NaN: not known); see
@@ -243,6 +247,7 @@ class Observation:
     service_tail_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
+    loop_stall_s: float = -math.inf
     outlier_elasticity: float = math.nan
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1

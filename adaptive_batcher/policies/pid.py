@@ -108,30 +108,32 @@ class PID:
             self._overloaded_at = observation.now_s
             cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
             return Decision(0.0, cap, "pid.overload")
-        self._feedback(observation)
+        stalled = self._feedback(observation)
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
         window = plan.widest_window_ms(budget * (1.0 + self.output), cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
-        return Decision(window, cap, "pid.plan" if self.output == 0.0 else "pid.trim")
+        return Decision(window, cap, _reason(stalled, self.output))
 
-    def _feedback(self, observation: Observation) -> None:
-        """Update ``u`` from the latency error (conditional integration, see the module)."""
+    def _feedback(self, observation: Observation) -> bool:
+        """Update ``u`` from the latency error (conditional integration, see the module);
+        True when an overshoot was left alone because a stall set it."""
         latency = observation.latency_ms
         settling = observation.now_s - self._overloaded_at < self.settle_s
         if settling or observation.latency_samples < self.min_samples or math.isnan(latency):
             self._error = None
-            return
+            return False
         target = observation.target_ms
         error = max(-2.0, min(1.0, (target - latency) / target))
         if error < 0 and _stall_set_latency(observation, self.settle_s):
-            # the overshoot follows a stall (a batch far beyond the error bars) still in the
-            # measurement: the queue behind it, not the window, set that latency
+            # the overshoot follows a stall (of the loop, or a batch far beyond the error
+            # bars) still in the measurement: the queue behind it, not the window, set it
             self._error = None
-            return
+            return True
         self._measurements = [*self._measurements[-2:], latency]
         self.output = max(-1.0, min(0.0, self.output + self._step(error, target)))
         self._error = error
+        return False
 
     def _step(self, error: float, target_ms: float) -> float:
         previous = self._error if self._error is not None else error
@@ -142,11 +144,22 @@ class PID:
         return change
 
 
+def _reason(stalled: bool, output: float) -> str:
+    """``pid.stall`` while a stall holds the window, else ``pid.plan`` (the plan trusted) or
+    ``pid.trim`` (narrowed by the feedback)."""
+    if stalled:
+        return "pid.stall"
+    return "pid.plan" if output == 0.0 else "pid.trim"
+
+
 def _stall_set_latency(observation: Observation, settle_s: float) -> bool:
-    """True when an outlier batch ended within ``settle_s`` and outliers do not scale with
+    """True when the event loop stalled within ``settle_s``, or when an outlier batch ended
+    within it and outliers do not scale with
     the batch (``outlier_elasticity`` below 0.5, or unknown): narrowing the window would then
     only add batches, each risking a stall, where outliers that scale with the batch's work
     (10x spikes on resnet50 at 45 % load: batches of 150-500 ran 110-310 ms) are shortened by
     a narrower window's smaller batches."""
+    if observation.now_s - observation.loop_stall_s < settle_s:
+        return True  # the loop stood still: its latency is no sign of the window's
     recent = observation.now_s - observation.last_stall_s < settle_s
     return recent and not observation.outlier_elasticity >= 0.5

@@ -51,7 +51,12 @@ from adaptive_batcher.runtime.batch_runner import BatchRunner, fail_pending
 from adaptive_batcher.runtime.buckets import pad_target, warmup_sizes
 from adaptive_batcher.runtime.collate import repeat_last
 from adaptive_batcher.runtime.collector import freeze_after_warmup
-from adaptive_batcher.runtime.executors import CompletionEvent, StreamExecutor, make_executor
+from adaptive_batcher.runtime.executors import (
+    CompletionEvent,
+    StreamExecutor,
+    ThreadExecutor,
+    make_executor,
+)
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
 from adaptive_batcher.runtime.streaming import (
     CollectedRequest,
@@ -59,6 +64,7 @@ from adaptive_batcher.runtime.streaming import (
     StreamRequest,
     StreamRunner,
 )
+from adaptive_batcher.runtime.threads import check_threads
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -87,15 +93,26 @@ _running_loop = asyncio.get_running_loop
 def loop_shortcuts(
     loop: asyncio.AbstractEventLoop,
 ) -> tuple[Callable[[], float], Callable[[], asyncio.Future[Any]]]:
-    """``loop.time`` and ``loop.create_future`` as plain callables. For asyncio's own loops,
-    whose methods only call ``time.monotonic()`` and ``Future(loop=loop)``, those are called
-    directly: two Python calls fewer per request. Other loops (uvloop) keep their own."""
+    """The batcher's clock and ``loop.create_future`` as plain callables.
+
+    The clock is ``time.monotonic`` on asyncio's own loops, whose ``time()`` only calls it
+    (one Python call fewer per request), and on uvloop's: its ``time()`` is libuv's loop time,
+    in whole milliseconds and read once per loop iteration (on the same monotonic clock), so
+    it measured a 0.2 ms batch as 0 or 1 ms and every event of one iteration at one instant
+    (uvicorn serves on uvloop when it is installed). Other loops keep their own ``time()``
+    (a virtual clock in tests). ``Future(loop=loop)`` is called directly on asyncio's loops."""
     stock = asyncio.BaseEventLoop
     # the bound methods' functions: catches subclasses and methods replaced on the instance
-    now = time.monotonic if _function_of(loop.time) is stock.time else loop.time
+    stock_time = _function_of(loop.time) is stock.time
+    now = time.monotonic if stock_time or _is_uvloop(loop) else loop.time
     if _function_of(loop.create_future) is stock.create_future:
         return now, functools.partial(asyncio.Future, loop=loop)
     return now, loop.create_future
+
+
+def _is_uvloop(loop: asyncio.AbstractEventLoop) -> bool:
+    """True for uvloop's loop (whose ``time()`` is a cached millisecond clock)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
 
 
 def _function_of(method: Callable[..., Any]) -> Any:
@@ -1025,6 +1042,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         self._core.start(self._now())
         if self._sampler is not None and not self._closed:
             self._sampler.start()
+        if isinstance(self._executor, ThreadExecutor):
+            check_threads(_log, self.name)
         return loop
 
     def _clock(self) -> float:

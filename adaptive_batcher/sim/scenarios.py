@@ -27,6 +27,7 @@ from adaptive_batcher.control.policy import Policy, declares_shedding
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.policies import AIMD, PID, DiscountedThompson, DiscountedUCB
 from adaptive_batcher.policies.cork import BentoCork
+from adaptive_batcher.sim.faults import Fault, Faults, LongBatch, LoopStall, Slowdown
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, Stalls, TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
@@ -85,6 +86,8 @@ class Scenario:
             shed fraction and SLO attainment are judged on their own).
         rate_rps: the mean arrival rate of a stationary workload, req/s (None otherwise): what
             the stability cap is judged against.
+        faults: event-loop stalls, slowdowns and long batches replayed on every contender
+            (None: none).
     """
 
     name: str
@@ -98,6 +101,7 @@ class Scenario:
     warmup: tuple[tuple[int, float], ...] = _NO_WARMUP
     light_from_s: float | None = None
     rate_rps: float | None = None
+    faults: Faults | None = None
 
 
 def _resnet() -> TableService:
@@ -275,9 +279,39 @@ def make_scenarios(
             _workload(lambda: MMPPBursts(0.4 * capacity, 2.0 * capacity, 1.0, 4.0), 40.0),
             service=lambda: Stalls(measured, probability=0.05, scale_s=0.005, alpha=1.5),
         ),
+        *_fault_scenarios(slo, capacity),
     ]
     defaults = {"service": lambda: measured, "warmup": warmup_seed(table)}
     return {s.name: _with_defaults(s, defaults) for s in scenarios}
+
+
+def _fault_scenarios(slo: SLO, capacity: float) -> list[Scenario]:
+    """Faults only real time has, replayed at 60 % of capacity for 30 s (see
+    :mod:`adaptive_batcher.sim.faults`)."""
+    rate = 0.6 * capacity
+    stalls: list[Fault] = [LoopStall(6.0 + 2.0 * i, 0.1) for i in range(5)]
+    stalls.append(LoopStall(20.0, 2.0))
+    cases: list[tuple[str, str, list[Fault]]] = [
+        ("loop_stalls", "event-loop stalls: 0.1 s every 2 s from 6 s, then 2 s at 20 s", stalls),
+        ("slowdown_10x", "the model 10x slower for 5 s from 10 s", [Slowdown(10.0, 5.0, 10.0)]),
+        (
+            "contention",
+            "CPU contention for 10 s from 10 s: batches 1.5x slower and 2 ms longer",
+            [Slowdown(10.0, 10.0, 1.5, 0.002)],
+        ),
+        ("long_batch", "one batch 500 ms longer at 10 s", [LongBatch(10.0, 0.5)]),
+    ]
+    return [
+        Scenario(
+            name,
+            f"Poisson at 60 % of capacity; {description}",
+            slo,
+            _poisson(rate, 30.0),
+            rate_rps=rate,
+            faults=Faults(tuple(faults)),
+        )
+        for name, description, faults in cases
+    ]
 
 
 def _with_defaults(scenario: Scenario, defaults: dict[str, Any]) -> Scenario:
@@ -370,7 +404,12 @@ def sheds(config: SimConfig) -> bool:
 def run(scenario: Scenario, config: SimConfig, seed: int = 0) -> SimResult:
     """Replay ``scenario`` against ``config`` (fresh service model; same seed, same result)."""
     simulator = Simulator(
-        scenario.service(), config, memory=scenario.memory, seed=seed, judge_slo=scenario.slo
+        scenario.service(),
+        config,
+        memory=scenario.memory,
+        seed=seed,
+        judge_slo=scenario.slo,
+        faults=scenario.faults,
     )
     return simulator.run(scenario.arrivals(seed))
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from adaptive_batcher._validate import MAX_SERVICE_S, check_int, check_number, check_str
 from adaptive_batcher.control.types import Decision
@@ -31,6 +32,7 @@ from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherError
 from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
+from adaptive_batcher.sim.faults import Faults
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.service import (
     MemoryLimit,
@@ -117,10 +119,13 @@ class Simulator:
         judge_slo: the SLO the result's goodput and SLO attainment are measured against
             (default: ``config.slo``). A static batcher is judged against a scenario's SLO
             without being given one (with an SLO, a batcher tunes itself).
+        faults: event-loop stalls, slowdowns and long batches to replay (see
+            :mod:`adaptive_batcher.sim.faults`; None: none).
 
     Raises:
         TypeError: an argument of the wrong type (``service`` without ``service_s``, a
-            ``config`` that is not a :class:`SimConfig`, and so on; the message names it).
+            ``config`` that is not a :class:`SimConfig`, ``faults`` not a :class:`Faults`,
+            and so on; the message names it).
         ValueError: a negative ``seed``.
     """
 
@@ -132,10 +137,14 @@ class Simulator:
         memory: MemoryLimit | None = None,
         seed: int = 0,
         judge_slo: SLO | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.service, self.config, self.memory = _check_replay_setup(service, config, memory)
         self.seed = check_int("seed", seed, 0)
         self.judge_slo = check_slo(judge_slo, "judge_slo") or config.slo
+        if faults is not None and not isinstance(faults, Faults):
+            raise TypeError(f"faults must be a Faults or None, got {type(faults).__name__}")
+        self.faults = faults or None
 
     def run(self, workload: Arrivals | ClosedLoop) -> SimResult:
         """Replay ``workload``: open-loop :class:`Arrivals`, or :class:`ClosedLoop` clients (for
@@ -173,6 +182,15 @@ def _no_progress(client: int, request_id: int, outcome: int, at_s: float) -> str
         "time > 0, or make every request take time (a service time > 0 or a window > 0, and a "
         "queue with room for every client)"
     )
+
+
+def _seen_arrivals(times_s: npt.ArrayLike, faults: Faults | None) -> npt.NDArray[np.float64]:
+    """Arrival times as the batcher sees them: one that falls in a loop stall reaches it when
+    the stall ends (the result keeps the arrival itself)."""
+    times = np.ascontiguousarray(times_s, dtype=float)
+    if faults is None or not faults.has_stalls:
+        return times
+    return np.fromiter((faults.seen_s(t) for t in times.tolist()), float, len(times))
 
 
 def _check_replay_setup(
@@ -235,15 +253,20 @@ class _Replay:
         self.closed: ClosedLoop | None = None
         self.closed_heap: list[tuple[float, int, int]] = []
         self.end_s = math.inf
+        faults = sim.faults
+        self.faults = faults
+        self.seen = faults.seen_s if faults is not None and faults.has_stalls else None
+        self.long_batches = list(faults.long_batches) if faults is not None else []
         if isinstance(workload, ClosedLoop):
             self.closed, self.end_s = workload, workload.duration_s
             for client, at in enumerate(workload.first_arrivals(self.rng)):
-                heapq.heappush(self.closed_heap, (float(at), next(self.sequence), client))
+                at = float(at) if self.seen is None else self.seen(float(at))
+                heapq.heappush(self.closed_heap, (at, next(self.sequence), client))
         elif workload is not None:
             count = self.open_count = len(workload)
             self.open_workload = workload
             state = self.state
-            state.arrival_s.frombytes(np.ascontiguousarray(workload.times_s).tobytes())
+            state.arrival_s.frombytes(_seen_arrivals(workload.times_s, faults).tobytes())
             state.size.frombytes(np.ascontiguousarray(workload.sizes, dtype=np.int64).tobytes())
             state.done_s = array("d", [math.nan]) * count
             state.outcome = array("b", [Outcome.PENDING]) * count
@@ -421,7 +444,8 @@ class _Replay:
                 self.core.count_expired(1)
                 self._finish(action.request.handle, Outcome.EXPIRED)
             elif type(action) is SetTimer:
-                self.timer_at = action.at_s
+                at, seen = action.at_s, self.seen
+                self.timer_at = at if at is None or seen is None else seen(at)
 
     def _note_decision(self, now: float, decision: Decision) -> None:
         self.state.decisions.append((now, decision.window_ms, decision.max_batch_size))
@@ -438,6 +462,8 @@ class _Replay:
             if self.closed.think_s == 0 and done <= state.arrival_s[request_id]:
                 raise ValueError(_no_progress(client, request_id, outcome, done))
             at = max(self.closed.next_arrival(done, self.rng), self.now)  # never in the past
+            if self.seen is not None:
+                at = self.seen(at)
             heapq.heappush(self.closed_heap, (at, next(self.sequence), client))
 
     # -- running a batch --------------------------------------------------------------------
@@ -471,12 +497,15 @@ class _Replay:
         service = model.service_s(units, self.rng)
         if type(service) is not float or not 0.0 <= service <= MAX_SERVICE_S:  # NaN fails too
             service = check_service_time(model, units, service)
+        if self.faults is not None:
+            service = self._with_faults(start, service)
         memory = self.sim.memory
         if memory is not None and memory.is_oom(model, units, start):
-            failed_at = start + OOM_DETECT_FRACTION * service
+            busy = OOM_DETECT_FRACTION * service
+            failed_at = self._seen_end(start + busy)
             self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
-            self.core.record_device_time(failed_at - start)
-            self.state.busy_s += failed_at - start
+            self.core.record_device_time(busy)
+            self.state.busy_s += busy
             parts.append((start, failed_at, ids, units, False))
             if len(ids) == 1:
                 return failed_at
@@ -485,9 +514,23 @@ class _Replay:
             return self._execute(ids[middle:], after_first, parts)
         self.core.record_device_time(service)
         self.state.busy_s += service
-        end = start + service
+        end = self._seen_end(start + service)
         parts.append((start, end, ids, units, True))
         return end
+
+    def _with_faults(self, start: float, service: float) -> float:
+        """``service`` for a batch that starts at ``start``, with the replay's slowdowns and
+        the first long batch due (each long batch applies once)."""
+        assert self.faults is not None
+        service = self.faults.service_s(start, service)
+        long_batches = self.long_batches
+        while long_batches and long_batches[0].at_s <= start:
+            service += long_batches.pop(0).extra_s
+        return service
+
+    def _seen_end(self, end: float) -> float:
+        """When the shell sees a model call that ends at ``end`` (after a loop stall)."""
+        return end if self.seen is None else self.seen(end)
 
     def _complete(self, event: _Completion) -> None:
         _, _, batch, parts = event

@@ -397,6 +397,23 @@ def test_memory_guard_shrinks_under_low_free_memory() -> None:
     assert guard.decide(observe(current=Decision(0.0, 96), telemetry=roomy)).max_batch_size == 96
 
 
+def test_memory_guard_shrinks_once_per_pressure_unless_free_memory_keeps_falling() -> None:
+    """A co-tenant holding most of a large GPU keeps the free fraction under 10 % whatever our
+    batches: before, every tick shrank the cap by a quarter, down to 1 with no OOM at all."""
+    guard = guarded(MemoryGuard, Decision(0.0, 512, "policy"))
+    tight = TelemetrySample(mem_total_bytes=1000, mem_free_bytes=9)
+
+    def cap(now_s: float, current: int, telemetry: TelemetrySample = tight) -> int:
+        seen = observe(now_s=now_s, current=Decision(0.0, current), telemetry=telemetry)
+        return guard.decide(seen).max_batch_size
+
+    assert cap(10.0, 512) == 384
+    assert [cap(10.25 + 0.25 * i, 384) for i in range(20)] == [384] * 20
+    fell = TelemetrySample(mem_total_bytes=1000, mem_free_bytes=4)  # halved: shrink again
+    assert cap(16.0, 384) == 384 and cap(16.25, 384, fell) == 288
+    assert cap(16.5, 288, fell) == 288
+
+
 def test_memory_guard_ignores_unknown_memory() -> None:
     guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"))
     assert guard.decide(observe(telemetry=TelemetrySample())).max_batch_size == 128
@@ -461,6 +478,31 @@ def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
 
 
+def _slowed_resnet(n: int) -> float:
+    """resnet50's shape, 3x slower: flat to 32, then linear (s(64) 16.8, s(128) 26.4 ms)."""
+    return 3.0 * (4.0 + 0.05 * max(0, n - 32))
+
+
+def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time() -> None:
+    """Under a 3x slowdown at 4.7k req/s no cap both keeps up and fits twice in the SLO: 64
+    fits (2 x 16.8 ms) but serves 3.8k/s, so shedding at it fails a fifth of the requests;
+    at cap 128 (4.8k/s) the batches that form hold about 118 requests (24.9 ms), each waits
+    at most one batch and nearly all meet 50 ms. Before, the guard cut to 64 and shed 35 %
+    of a load that window 0 with natural batching served at 98 % within the SLO."""
+    slowed = observe(service_ms=_slowed_resnet, arrival_rate_rps=4700.0)
+    plan = slowed.plan()
+    assert plan.throughput_cap(50.0) == 64 and plan.stable_cap(40.0) == 256
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(slowed)
+    assert decision.max_batch_size == 128
+    assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
+
+
+def test_shed_guard_still_sheds_when_natural_batches_would_not_keep_up() -> None:
+    swamped = observe(service_ms=_slowed_resnet, arrival_rate_rps=9000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
+    assert decision.max_batch_size == 64  # 9k/s: no cap keeps up, the best that fits twice
+
+
 def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
     """The deadlines enforce the SLO (50 ms), so a full batch behind a full batch may take all
     of it: 256 (24.5 ms, twice 49 ms) serves more than 128 (14.2 ms) under overload, though
@@ -484,3 +526,47 @@ def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
     assert decision.shed_after_ms is None and decision.shed_after_short_ms is None
+
+
+def test_a_shut_window_is_tried_again_and_shut_for_longer_each_time() -> None:
+    """No cut is permanent: after ``retry_s`` the policy's window is tried again; a try that
+    shuts again doubles the wait (closed-loop clients pay one tick per try, ever rarer)."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+
+    def tick(now_s: float, window_ms: float) -> float:
+        observation = observe(now_s=now_s, current=Decision(window_ms, 64), **lonely)
+        return guard.decide(observation).window_ms
+
+    assert tick(10.0, 10.0) == 0.0  # shut
+    assert tick(11.0, 0.0) == 0.0
+    assert tick(12.0, 0.0) == 10.0  # 2 s later: tried again
+    assert tick(12.25, 10.0) == 0.0  # still unused: shut, now for 4 s
+    assert tick(15.0, 0.0) == 0.0
+    assert tick(16.25, 0.0) == 10.0
+    assert tick(16.5, 10.0) == 0.0  # shut for 8 s
+    assert tick(24.0, 0.0) == 0.0
+    assert tick(24.5, 0.0) == 10.0
+
+
+def test_a_window_that_reopens_on_its_own_resets_the_wait() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    for now_s, window_ms in ((10.0, 10.0), (12.0, 0.0), (12.25, 10.0)):  # shut, try, shut
+        guard.decide(observe(now_s=now_s, current=Decision(window_ms, 64), **lonely))
+    guard.decide(observe(now_s=12.5, current=Decision(0.0, 64), **lonely))  # the reference rate
+    busier = observe(now_s=13.0, current=Decision(0.0, 64), mean_batch_size=1.0)
+    assert guard.decide(busier).window_ms == 10.0  # load grew: open, the wait back to 2 s
+    assert guard.decide(observe(now_s=20.0, current=Decision(10.0, 64), **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=21.0, current=Decision(0.0, 64), **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=22.0, current=Decision(0.0, 64), **lonely)).window_ms == 10
+
+
+def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:
+    """The batches released after a stall of the event loop waited out the stall: that is no
+    sign of closed-loop clients (an open-loop load's window was shut for good by it)."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"))
+    idle = {"window_idle_fraction": 1.0, "largest_batch_size": 10, "current": Decision(10.0, 64)}
+    after_stall = observe(now_s=10.0, loop_stall_s=9.8, **idle)
+    assert guard.decide(after_stall).window_ms == 10.0
+    assert guard.decide(observe(now_s=12.0, loop_stall_s=9.8, **idle)).window_ms == 0.0

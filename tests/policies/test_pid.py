@@ -141,6 +141,7 @@ def test_an_overshoot_after_a_stall_does_not_narrow_the_window() -> None:
     planned = pid.decide(observe(now_s=10.0, latency_ms=30.0)).window_ms
     after_stall = pid.decide(observe(now_s=10.5, latency_ms=90.0, last_stall_s=9.8))
     assert pid.output == 0.0 and after_stall.window_ms == planned
+    assert after_stall.reason == "pid.stall"  # the decision says why it held
     # once the stall has left the measurement span, an overshoot trims the window again
     pid.decide(observe(now_s=12.0, latency_ms=90.0, last_stall_s=9.8))
     assert pid.output < 0.0
@@ -151,6 +152,20 @@ def test_an_overshoot_after_a_stall_does_not_narrow_the_window() -> None:
     before = recovering.output
     recovering.decide(observe(now_s=10.5, latency_ms=10.0, last_stall_s=10.4))
     assert recovering.output > before
+
+
+def test_an_overshoot_after_a_loop_stall_holds_whatever_the_outliers() -> None:
+    """A stall of the event loop (a timer that fired late) made the latency, not the window:
+    the overshoot it leaves in the measure narrows nothing, even when outliers scale with the
+    batch, and the decision says so."""
+    pid = PID(settle_s=2.0)
+    planned = pid.decide(observe(now_s=10.0, latency_ms=30.0)).window_ms
+    held = pid.decide(
+        observe(now_s=10.5, latency_ms=900.0, loop_stall_s=10.3, outlier_elasticity=1.0)
+    )
+    assert pid.output == 0.0 and held.window_ms == planned and held.reason == "pid.stall"
+    later = pid.decide(observe(now_s=12.5, latency_ms=90.0, loop_stall_s=10.3))
+    assert pid.output < 0.0 and later.reason == "pid.trim"
 
 
 def test_an_overshoot_after_outliers_that_scale_with_the_batch_narrows_the_window() -> None:

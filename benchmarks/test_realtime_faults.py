@@ -1,0 +1,177 @@
+"""Real-time faults (issue 21): the controller against static settings, in process and behind
+the README's FastAPI app, interleaved run by run.
+
+In process (``realtime_faults.py``): each fault case, ``ROUNDS`` rounds; in each round every
+contender runs once (the order rotates from round to round, so drift in the machine's load
+reaches all alike): ours (SLO p99 60 ms with shedding), static windows 0, 5 and 20 ms, all at
+cap 128. Targets: ours answers at least as many requests within the SLO as static window 0 in
+all but one round and in total, at no more device time per request. The best static setting
+(the most answers within the SLO over the rounds, in hindsight) is reported beside them.
+
+The FastAPI app (``fastapi_faults.py``): see ``test_fastapi_stall``.
+
+Run: ``python -m pytest benchmarks/test_realtime_faults.py`` on a quiet machine (about 40 min;
+``ADAPTIVE_BATCHER_FAULT_ROUNDS`` sets the rounds, default 5). Results, with the machine's load
+average, go to ``benchmarks/results/realtime_faults*.md`` and the window and cap over time to
+``benchmarks/results/realtime_<case>.png``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from benchmarks.conftest import RESULTS_DIR, report_lines
+from benchmarks.realtime_faults import CASES, CONTENDERS, Model, RunResult, run_case
+
+ROUNDS = int(os.environ.get("ADAPTIVE_BATCHER_FAULT_ROUNDS", "5"))
+
+
+def _table(name: str, results: list[RunResult]) -> list[str]:
+    case = CASES[name]
+    lines = [
+        f"### {name}: {case.description} ({case.model} model, {case.rate_rps:g} req/s)",
+        "",
+        "| contender | within SLO, per round | total | p99 ms (median run) | mean batch "
+        "| device ms/req | cap back after (s) | load avg |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for contender in CONTENDERS:
+        runs = sorted((r for r in results if r.contender == contender.name), key=_round)
+        p99 = sorted(r.p99_ms for r in runs)[len(runs) // 2]
+        device = sum(r.device_ms_per_request for r in runs) / len(runs)
+        batch = sum(r.mean_batch for r in runs) / len(runs)
+        recovery = (
+            ", ".join(f"{r.cap_recovery_s():.1f}" for r in runs) if contender.adaptive else "-"
+        )
+        loads = ", ".join(f"{r.load_average:.1f}" for r in runs)
+        lines.append(
+            f"| {contender.name} | {' / '.join(str(r.within_slo) for r in runs)} "
+            f"| {sum(r.within_slo for r in runs)} | {p99:.1f} | {batch:.1f} | {device:.3f} "
+            f"| {recovery} | {loads} |"
+        )
+    return lines
+
+
+def _round(result: RunResult) -> int:
+    return result.round
+
+
+def _plot(name: str, results: list[RunResult]) -> None:
+    from adaptive_batcher._optional import agg_figure
+
+    figure = agg_figure("realtime faults", figsize=(9, 5))
+    window_ax, cap_ax = figure.subplots(2, 1, sharex=True)
+    for result in results:
+        if result.round != 0 or not result.timeline:
+            continue
+        times = [t for t, _, _ in result.timeline]
+        window_ax.step(
+            times, [w for _, w, _ in result.timeline], where="post", label=result.contender
+        )
+        cap_ax.step(times, [c for _, _, c in result.timeline], where="post", label=result.contender)
+    for axis in (window_ax, cap_ax):
+        axis.axvline(4.0, color="grey", linestyle=":", linewidth=1)
+    window_ax.set_ylabel("window, ms")
+    cap_ax.set_ylabel("batch cap")
+    cap_ax.set_xlabel("time, s (the fault starts at the dotted line)")
+    window_ax.legend(fontsize=7)
+    window_ax.set_title(f"{name}: {CASES[name].description} (round 1)")
+    figure.tight_layout()
+    RESULTS_DIR.mkdir(exist_ok=True)
+    figure.savefig(RESULTS_DIR / f"realtime_{name}.png", dpi=100)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_realtime_fault(benchmark: Any, name: str) -> None:
+    case = CASES[name]
+    model = Model(case.model)
+    results: list[RunResult] = []
+
+    def runs() -> None:
+        for index in range(ROUNDS):
+            shift = index % len(CONTENDERS)
+            for contender in CONTENDERS[shift:] + CONTENDERS[:shift]:
+                results.append(run_case(case, contender, model, seed=index))
+
+    benchmark.pedantic(runs, rounds=1, iterations=1)
+    lines = _table(name, results)
+    ours = {r.round: r for r in results if r.contender == "ours"}
+    window0 = {r.round: r for r in results if r.contender == "static_0"}
+    wins = sum(ours[i].within_slo >= window0[i].within_slo for i in range(ROUNDS))
+    total_ours = sum(r.within_slo for r in ours.values())
+    total_0 = sum(r.within_slo for r in window0.values())
+    device_ours = sum(r.device_ms_per_request for r in ours.values())
+    device_0 = sum(r.device_ms_per_request for r in window0.values())
+    verdict = (
+        f"ours >= window 0 within the SLO in {wins}/{ROUNDS} rounds, total {total_ours} vs "
+        f"{total_0} ({total_ours / max(total_0, 1):.3f}x); device time per request "
+        f"{device_ours / device_0:.2f}x window 0's"
+    )
+    lines += ["", f"- {verdict}", ""]
+    report_lines(f"realtime_faults_{name}", lines)
+    _plot(name, results)
+    benchmark.extra_info["verdict"] = verdict
+    assert all(r.submitted == r.answered + r.errors for r in results), "a request was lost"
+    assert wins >= ROUNDS - 1 and total_ours >= total_0, verdict
+    assert device_ours <= device_0, verdict
+
+
+FASTAPI_CONTENDERS: tuple[tuple[str, float | None], ...] = (
+    ("ours", None),
+    ("static_0", 0.0),
+    ("static_5", 5.0),
+)
+
+
+def test_fastapi_stall(benchmark: Any) -> None:
+    """The README's app under 16 closed-loop HTTP clients: a 20 MB body at 3 s (413 at once,
+    the loop never late by more than 50 ms), then a blocking call that stalls the loop for
+    20 s at 8 s. Targets, in every run: ours' cap is back at its pre-stall value within 5 s
+    of the stall's end, and it answers at least as many requests within the SLO as static
+    window 0 and as the best static setting less 1 %."""
+    from benchmarks.fastapi_faults import STALL_S, HttpRun, http_run
+
+    runs: list[HttpRun] = []
+
+    def serve() -> None:
+        for index in range(ROUNDS):
+            shift = index % len(FASTAPI_CONTENDERS)
+            order = FASTAPI_CONTENDERS[shift:] + FASTAPI_CONTENDERS[:shift]
+            for name, window_ms in order:
+                runs.append(http_run(name, window_ms, index))
+
+    benchmark.pedantic(serve, rounds=1, iterations=1)
+    lines = [
+        f"### FastAPI app: 20 MB body, then a {STALL_S:g} s loop stall, 16 clients",
+        "",
+        "| round | contender | within SLO | answered 200 | big body: status, s, worst lag ms "
+        "| cap back after (s) | load avg |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_round: dict[int, dict[str, HttpRun]] = {}
+    for run in sorted(runs, key=lambda r: (r.round, r.contender)):
+        by_round.setdefault(run.round, {})[run.contender] = run
+        recovery = f"{run.cap_recovery_s():.1f}" if run.contender == "ours" else "-"
+        lines.append(
+            f"| {run.round + 1} | {run.contender} | {run.within_slo} | {run.ok} "
+            f"| {run.big_body_status}, {run.big_body_s:.2f}, {run.max_lag_ms:.1f} "
+            f"| {recovery} | {run.load_average:.1f} |"
+        )
+    failures = []
+    for index, by_name in by_round.items():
+        ours = by_name["ours"]
+        best = max(r.within_slo for name, r in by_name.items() if name != "ours")
+        if not ours.cap_recovery_s() <= 5.0:
+            failures.append(f"round {index + 1}: cap back after {ours.cap_recovery_s():.1f} s")
+        if ours.within_slo < by_name["static_0"].within_slo or ours.within_slo < 0.99 * best:
+            failures.append(f"round {index + 1}: {ours.within_slo} within the SLO, best {best}")
+        for run in by_name.values():
+            if run.big_body_status != 413 or not run.max_lag_ms <= 50.0:
+                status = run.big_body_status
+                failures.append(f"round {index + 1} {run.contender}: big body {status}")
+    lines += ["", *(f"- FAIL {f}" for f in failures)] if failures else ["", "- all targets met"]
+    report_lines("realtime_faults_fastapi", lines)
+    assert not failures, "\n".join(lines)

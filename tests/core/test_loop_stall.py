@@ -1,0 +1,62 @@
+"""A stall of the shell's event loop, seen by the sans-IO core as a timer that fires late."""
+
+from __future__ import annotations
+
+from structlog.testing import capture_logs
+
+from adaptive_batcher.core import LOOP_STALL_S, BatcherCore
+from adaptive_batcher.engine import Dispatch, Request, SetTimer
+from adaptive_batcher.settings import BatcherSettings
+from adaptive_batcher.slo import SLO
+
+
+def _core() -> BatcherCore[int]:
+    core: BatcherCore[int] = BatcherCore(
+        BatcherSettings(max_batch_size=8, window_ms=5.0, slo=SLO(latency_ms=50.0))
+    )
+    core.start(0.0)
+    return core
+
+
+def test_a_timer_that_fires_late_is_a_loop_stall_the_controller_hears_of() -> None:
+    core = _core()
+    assert core.arrive(Request(0, 0.0), 0.0)
+    assert core.poll(0.0)[-1] == SetTimer(at_s=0.005)
+    with capture_logs() as logs:
+        actions = core.poll(2.0)  # the loop stood still for 2 s
+    assert isinstance(actions[0], Dispatch)
+    assert core.loop_stalls == 1
+    assert core.controller is not None and core.controller.loop_stall == (0.005, 2.0)
+    stalled = [e for e in logs if e["event"] == "batcher.loop_stalled"]
+    assert stalled == [
+        {
+            "event": "batcher.loop_stalled",
+            "log_level": "warning",
+            "batcher": "batcher",
+            "late_ms": 1995.0,
+            "queue_depth": 1,
+        }
+    ]
+
+
+def test_a_timer_on_time_or_a_little_late_is_no_stall() -> None:
+    core = _core()
+    core.arrive(Request(0, 0.0), 0.0)
+    core.poll(0.0)
+    core.poll(0.005 + LOOP_STALL_S / 2)
+    core.arrive(Request(1, 0.2), 0.2)
+    core.poll(0.2)  # a new timer at 0.205: the old one is no longer due
+    core.poll(0.205)
+    assert core.loop_stalls == 0
+
+
+def test_no_timer_no_stall_after_an_idle_spell() -> None:
+    core = _core()
+    core.arrive(Request(0, 0.0), 0.0)
+    (dispatch, timer) = core.poll(0.005)
+    assert isinstance(dispatch, Dispatch) and timer == SetTimer(at_s=None)
+    core.complete(dispatch.batch, 0.01)
+    core.poll(0.01)
+    core.arrive(Request(1, 60.0), 60.0)  # a minute of nothing: idle, not stalled
+    core.poll(60.0)
+    assert core.loop_stalls == 0

@@ -1,0 +1,92 @@
+"""Faults replayed on the virtual clock: loop stalls, slowdowns, long batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adaptive_batcher.sim.faults import Faults, LongBatch, LoopStall, Slowdown
+from adaptive_batcher.sim.service import LinearService
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
+
+SERVICE = LinearService(fixed_s=0.010, per_unit_s=0.0)  # every batch takes 10 ms
+
+
+def replay(times_s: list[float], faults: Faults | None, window_ms: float = 0.0) -> Any:
+    config = SimConfig(max_batch_size=64, window_ms=window_ms)
+    arrivals = Arrivals(np.asarray(times_s), np.ones(len(times_s), dtype=np.int64), "fixed")
+    return Simulator(SERVICE, config, faults=faults).run(arrivals)
+
+
+def test_a_loop_stall_holds_arrivals_completions_and_timers_until_it_ends() -> None:
+    """A batch that starts at 0 ends at 10 ms, during a stall from 5 to 105 ms: it is seen to
+    end at 105 ms (its callers answered then, its time measured as 105 ms), while the device
+    was busy for 10 ms only; a request that arrives at 50 ms reaches the batcher at 105 ms."""
+    result = replay([0.0, 0.05], Faults((LoopStall(0.005, 0.1),)))
+    assert list(result.done_s) == pytest.approx([0.105, 0.115])
+    assert result.device_busy_s == pytest.approx(0.020)
+    assert result.calls[:, :2].ravel().tolist() == pytest.approx([0.0, 0.105, 0.105, 0.115])
+    assert list(result.arrival_s) == [0.0, 0.05]  # latency counts from the arrival itself
+
+
+def test_a_window_timer_due_in_a_stall_fires_when_it_ends() -> None:
+    result = replay([0.0], Faults((LoopStall(0.001, 0.2),)), window_ms=5.0)
+    assert result.calls[0, 0] == pytest.approx(0.201)  # the window ended at 5 ms, unseen
+
+
+def test_a_slowdown_scales_the_batches_that_start_in_it_and_a_long_batch_comes_once() -> None:
+    faults = Faults((Slowdown(0.1, 0.1, factor=3.0, overhead_s=0.002), LongBatch(0.3, 0.05)))
+    result = replay([0.0, 0.15, 0.35, 0.5], faults)
+    durations = (result.calls[:, 1] - result.calls[:, 0]).tolist()
+    assert durations == pytest.approx([0.010, 0.032, 0.060, 0.010])
+    assert result.device_busy_s == pytest.approx(sum(durations))
+
+
+def test_closed_loop_clients_send_again_once_the_loop_resumes() -> None:
+    loop = ClosedLoop(clients=1, think_s=0.0, duration_s=0.2)
+    stalled = Simulator(SERVICE, SimConfig(4, 0.0), faults=Faults((LoopStall(0.05, 0.1),)))
+    result = stalled.run(loop)
+    assert not np.any((result.arrival_s > 0.05) & (result.arrival_s < 0.15))
+    assert result.lost == 0
+
+
+def test_faults_merge_overlapping_stalls_and_say_when_they_end() -> None:
+    faults = Faults((LoopStall(1.0, 1.0), LoopStall(1.5, 1.0), Slowdown(4.0, 1.0, 2.0)))
+    assert faults.has_stalls and faults.end_s == 5.0
+    assert faults.seen_s(0.5) == 0.5 and faults.seen_s(1.2) == 2.5 and faults.seen_s(2.5) == 2.5
+    assert faults.service_s(4.5, 0.01) == 0.02 and faults.service_s(5.0, 0.01) == 0.01
+    assert not Faults() and Faults().end_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: LoopStall(-1.0, 1.0), ValueError, "LoopStall.at_s must be a finite number >= 0"),
+        (
+            lambda: LoopStall(0.0, 0.0),
+            ValueError,
+            "LoopStall.duration_s must be a finite number > 0",
+        ),
+        (
+            lambda: Slowdown(0.0, 1.0, 0.0),
+            ValueError,
+            "Slowdown.factor must be a finite number > 0",
+        ),
+        (lambda: Slowdown(0.0, 1.0, 2.0, -1.0), ValueError, "Slowdown.overhead_s must be"),
+        (lambda: LongBatch(0.0, "1"), TypeError, "LongBatch.extra_s must be a number, got str"),
+        (lambda: Faults((1.0,)), TypeError, "Faults.faults[0] must be a LoopStall, Slowdown or"),
+        (lambda: Faults("x"), TypeError, "Faults.faults must be a sequence of faults, got str"),
+        (
+            lambda: Simulator(SERVICE, SimConfig(4, 0.0), faults=[LoopStall(0, 1)]),
+            TypeError,
+            "faults must be a Faults or None, got list",
+        ),
+    ],
+)
+def test_faults_are_checked(make: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as raised:
+        make()
+    assert str(raised.value).startswith(message)

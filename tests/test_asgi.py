@@ -1,0 +1,77 @@
+"""BodyLimit: bodies over the bound get 413 before the app reads them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from adaptive_batcher.asgi import BodyLimit
+
+READS: list[int] = []
+
+
+async def echo_length(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that reads the whole body and answers its length."""
+    if scope["type"] != "http":
+        return
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return  # the client (or BodyLimit) gave up
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    READS.append(size)
+    body = str(size).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def post(body: Any, max_bytes: int = 100, **headers: str) -> httpx.Response:
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=BodyLimit(echo_length, max_bytes=max_bytes))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/", content=body, headers=headers)
+
+    return asyncio.run(main())
+
+
+async def chunks(total: int, size: int = 10) -> AsyncIterator[bytes]:
+    for _ in range(total // size):
+        yield b"x" * size
+
+
+def test_a_body_within_the_bound_reaches_the_app() -> None:
+    READS.clear()
+    assert post(b"x" * 100).text == "100"
+    assert post(chunks(100)).text == "100"
+    assert READS == [100, 100]
+
+
+def test_a_sized_body_over_the_bound_is_refused_unread() -> None:
+    READS.clear()
+    answer = post(b"x" * 101)
+    assert answer.status_code == 413
+    assert answer.json() == {"error": "RequestBodyTooLarge", "max_bytes": 100}
+    assert READS == []
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_bound() -> None:
+    READS.clear()
+    answer = post(chunks(1000))
+    assert answer.status_code == 413
+    assert READS == []  # the app never finished reading it
+
+
+def test_an_unreadable_content_length_is_a_400() -> None:
+    assert post(b"x", **{"content-length": "ten"}).status_code == 400
+
+
+@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (1.5, TypeError)])
+def test_the_bound_is_checked(value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"BodyLimit\.max_bytes must be"):
+        BodyLimit(echo_length, max_bytes=value)
