@@ -231,8 +231,11 @@ class Stream(AsyncIterator[T]):
 
     def _stop(self) -> None:
         self._over = True
-        if not self._request.handle.done():
+        handle = self._request.handle
+        if not handle.done():
             self._leave(self._request)
+        else:  # it ended, maybe with an error this reader will never read: mark it read now,
+            _read_error(handle)  # not at collection, where the future may be finalized first
 
     def __del__(self) -> None:
         handle = self._request.handle

@@ -656,3 +656,30 @@ async def test_stream_buffer_options_are_checked() -> None:
         r"streaming model \(an async generator function\)$",
     ):
         AdaptiveBatcher(lambda b: b, max_buffered_elements=4)
+
+
+async def test_a_reader_cancelled_as_its_stream_fails_marks_the_error_read_at_once() -> None:
+    """Before: the error was marked read only when the stream object was collected; in a
+    reference cycle the future could be finalized first and log 'Future exception was never
+    retrieved' (found by the chaos run: a reader cancelled as its request expired)."""
+    gate = asyncio.Event()
+
+    async def busy(batch: list[int]) -> AsyncIterator[list[int]]:
+        await gate.wait()
+        yield batch
+
+    batcher = AdaptiveBatcher(busy, max_batch_size=1, window_ms=0)
+    first = batcher.submit_stream(0)  # holds the only slot
+    stream = batcher.submit_stream(1, deadline_ms=5)  # expires while the slot is busy
+    reader = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    handle = stream._request.handle  # type: ignore[attr-defined]
+    handle.add_done_callback(lambda _: reader.cancel())  # cancelled in the expiry's turn
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert handle.done()
+    assert handle._log_traceback is False  # read: nothing will be logged when it is collected
+    assert isinstance(handle.exception(), DeadlineExceededError)
+    gate.set()
+    assert await read(first) == [0]
+    await batcher.aclose()
