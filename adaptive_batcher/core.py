@@ -24,6 +24,11 @@ A shell's part, per event:
 * a model call ends: :meth:`~BatcherCore.record_run` (and :meth:`~BatcherCore.note_oom` if it
   ran out of memory), :meth:`~BatcherCore.record_answers` for the requests it answered, and
   :meth:`~BatcherCore.record_device_time` for the time it held the device;
+* a request ends otherwise: one ``count_*`` method per outcome (:meth:`~BatcherCore.count_failed`,
+  :meth:`~BatcherCore.count_expired`, ...); a stream's first element:
+  :meth:`~BatcherCore.record_first_elements`, its end: :meth:`~BatcherCore.count_completed` or
+  :meth:`~BatcherCore.count_failed`. The shells never change a count themselves, so that every
+  count only goes up and each request is counted once;
 * a dispatched batch has ended: :meth:`~BatcherCore.complete`, then :meth:`~BatcherCore.poll`.
 """
 
@@ -245,6 +250,60 @@ class BatcherCore(Generic[H]):
         if self.controller is not None:
             self.controller.note_loop_stall(due_s, now)
 
+    # -- counting: every change of an outcome count goes through one of these --------------
+    #
+    # The counts only go up (an exporter reads a decrease as a reset), each request ends in
+    # exactly one outcome, and ``within_slo`` is part of ``completed``. A shell counts each
+    # outcome once, when the request's caller is settled (a stream: when it ends).
+
+    def record_answers(self, arrivals_s: list[float], failed: int, now: float) -> None:
+        """Requests that arrived at ``arrivals_s`` (non-decreasing) were answered at ``now``;
+        ``failed`` of them with an error: their latencies are recorded and they are counted
+        as completed (``within_slo`` those in time) or failed (see
+        :meth:`Recorder.record_answers`)."""
+        self.recorder.record_answers(arrivals_s, failed, now)
+
+    def record_first_elements(self, arrivals_s: list[float], now: float) -> list[bool]:
+        """Streams that arrived at ``arrivals_s`` (non-decreasing) got their first element at
+        ``now``: their latencies (the time to that element) are recorded, their outcomes are
+        counted when they end (:meth:`count_completed`, :meth:`count_failed`). Returns, for
+        each, whether it met the SLO in force (always True without one)."""
+        self.recorder.record_waits(arrivals_s, now)
+        since = now - self.recorder.slo_latency_s
+        return [arrival >= since for arrival in arrivals_s]
+
+    def count_completed(self, completed: int, within_slo: int) -> None:
+        """``completed`` requests ended with a result (a stream: at its end, or when its
+        reader left after its first element), ``within_slo`` of them in time."""
+        _check_count(completed)
+        if not 0 <= within_slo <= completed:
+            raise ValueError(f"within_slo must be in 0..{completed}, got {within_slo}")
+        recorder = self.recorder
+        recorder.completed += completed
+        recorder.within_slo += within_slo
+
+    def count_failed(self, failed: int) -> None:
+        """``failed`` requests ended with an error of the model or of their batch (see
+        :class:`~adaptive_batcher.metrics.Counts`)."""
+        _check_count(failed)
+        self.recorder.failed += failed
+
+    def count_rejected(self, rejected: int) -> None:
+        """``rejected`` requests that arrived were refused by a close before they ran."""
+        _check_count(rejected)
+        self.recorder.rejected += rejected
+
+    def count_expired(self, expired: int) -> None:
+        """``expired`` requests failed with ``DeadlineExceededError`` (an ``Expire`` carried
+        out)."""
+        _check_count(expired)
+        self.recorder.expired += expired
+
+    def count_cancelled(self, cancelled: int) -> None:
+        """``cancelled`` callers gave up before their request had any outcome."""
+        _check_count(cancelled)
+        self.recorder.cancelled += cancelled
+
     def record_run(
         self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
     ) -> None:
@@ -257,11 +316,6 @@ class BatcherCore(Generic[H]):
         """The device ran model calls for ``busy_s`` seconds (every call counts: split, failed
         and padded ones too); this is the device cost ``stats()`` and replays report."""
         self.recorder.record_device_time(busy_s)
-
-    def record_answers(self, arrivals_s: list[float], failed: int, now: float) -> None:
-        """Requests that arrived at ``arrivals_s`` (non-decreasing) were answered at ``now``;
-        ``failed`` of them with an error (see :meth:`Recorder.record_answers`)."""
-        self.recorder.record_answers(arrivals_s, failed, now)
 
     def note_oom(self) -> None:
         """A model call ran out of memory: counted, and the controller ticks at the next poll
@@ -455,6 +509,12 @@ class BatcherCore(Generic[H]):
             engine.expire_after(self._shed_after_now(self.shed_after_s))
         if self._on_decision is not None and controller.decision is not None:
             self._on_decision(now, controller.decision)
+
+
+def _check_count(count: int) -> None:
+    """Counts only go up: refuse a negative change (ValueError)."""
+    if count < 0:
+        raise ValueError(f"a count only goes up; got a change of {count}")
 
 
 def _default_policy() -> Policy:

@@ -23,6 +23,10 @@ Semantics (each learned from a bug in an earlier batcher; see docs/architecture.
   overtaken. A request larger than the current cap (possible only after the cap was lowered at run
   time) runs alone; one larger than the hard cap is rejected at arrival.
 * Per-request deadlines expire on a timer, not when the running batch ends (Triton #7512).
+* A deadline bounds its request's queue delay: a request whose deadline comes while a slot is
+  free starts its batch then, window or not, with what queued meanwhile (Triton's rule: a
+  request's timeout bounds its queue delay); it expires only if no slot can take it at its
+  deadline.
 * ``max_queue_size`` counts the requests waiting beyond what the free slots take next (a full
   batch each): a request is never refused while a free slot could take it.
 * Cancelled requests are skipped lazily and never dispatched (Ray #50054).
@@ -254,6 +258,10 @@ class BatchingEngine(Generic[H]):
         self._draining = False
         self._from_slot_free = window_origin == "slot_free"
         self._slot_freed_s = -math.inf
+        # since when a slot has been free without a break (inf: every slot busy; None: one
+        # freed at a moment not given, taken as the next poll's): a deadline at or after it
+        # came with a slot free, and starts its batch rather than expire
+        self._free_since: float | None = -math.inf
         self._update_admission()
 
     # -- read-only state -------------------------------------------------------------------
@@ -396,6 +404,8 @@ class BatchingEngine(Generic[H]):
         they arrived. The next :meth:`poll` expires those already past it."""
         queued = RequestState.QUEUED
         waiting = [r for r in self._queue[self._front :] if r.state == queued]
+        if self._free_since != math.inf:  # deadlines now past were never met by a free slot
+            self._free_since = None
         # one heap of the queued requests' deadlines, numbered in arrival order so that equal
         # deadlines still expire in arrival order (a rebuild: rare, when shedding begins)
         self._deadline_fifo.clear()
@@ -464,6 +474,8 @@ class BatchingEngine(Generic[H]):
         del batch
         if self._in_flight <= 0:
             raise RuntimeError("complete() called with no batch in flight")
+        if self._in_flight - 1 < self._slots <= self._in_flight:  # a slot is free again
+            self._free_since = now
         self._in_flight -= 1
         if now is not None:
             self._slot_freed_s = now
@@ -484,7 +496,12 @@ class BatchingEngine(Generic[H]):
         self._limits = limits
         self._window_s = limits.window_s
         self._cap = limits.max_batch_size
+        was_full = self._in_flight >= self._slots
         self._slots = limits.max_concurrent_batches
+        if self._in_flight >= self._slots:
+            self._free_since = math.inf
+        elif was_full:
+            self._free_since = None  # a slot is free from the next poll on
         self._update_wake_units()
         self._update_admission()
 
@@ -520,8 +537,18 @@ class BatchingEngine(Generic[H]):
             Expire actions first, then Dispatch actions in FIFO order, then exactly one SetTimer.
         """
         actions: list[Action] = []
+        if self._free_since is None:
+            self._free_since = now
         if self._deadlines or self._deadline_fifo:
+            # a request whose deadline came while a slot was free starts now, window or not,
+            # rather than expire (its deadline bounds its queue delay: Triton's rule); those
+            # due before (every slot busy, or a deadline set in the past) expire
+            free_since = self._free_since
+            if free_since > -math.inf:
+                self._expire(min(now, math.nextafter(free_since, -math.inf)), actions)
+            started = self._start_due(now)
             self._expire(now, actions)
+            actions.extend(started)
         while self._in_flight < self._slots and self._queued:
             why = self._ready(now)
             if why == _NOT_READY:
@@ -571,6 +598,35 @@ class BatchingEngine(Generic[H]):
             return _AT_ONCE
         return _BY_WINDOW if now >= self._window_start() + self._window_s else _NOT_READY
 
+    def _start_due(self, now: float) -> list[Action]:
+        """Form the batches that must start at ``now`` because a queued request's deadline is
+        due (at or before ``now``, and not before a slot was free: those expired first) while
+        a slot is free; the FIFO order is kept, so they are the head batches (a request whose
+        deadline is due goes in the first of them: a queue still inside its window holds less
+        than a full batch)."""
+        started: list[Action] = []
+        while self._in_flight < self._slots and self._queued:
+            earliest = self._earliest_deadline()
+            if earliest is None or earliest > now:
+                break
+            why = self._ready(now)
+            window_end = self._window_start() + self._window_s if why == _BY_WINDOW else None
+            started.append(Dispatch(self._form_batch(now, window_end)))
+        return started
+
+    def _earliest_deadline(self) -> float | None:
+        """The earliest deadline of a queued request (None: none has one); drops the stale
+        entries at the heads of the deadline FIFO and heap."""
+        heap, fifo = self._deadlines, self._deadline_fifo
+        queued = RequestState.QUEUED
+        while fifo and fifo[0][2].state != queued:
+            fifo.popleft()
+        while heap and heap[0][2].state != queued:
+            heapq.heappop(heap)
+        if fifo and (not heap or fifo[0][0] <= heap[0][0]):
+            return fifo[0][0]
+        return heap[0][0] if heap else None
+
     def _window_start(self) -> float:
         start = self._head().arrival_s
         return max(start, self._slot_freed_s) if self._from_slot_free else start
@@ -583,6 +639,8 @@ class BatchingEngine(Generic[H]):
         self._queued -= len(taken)
         self._queued_units -= units
         self._in_flight += 1
+        if self._in_flight >= self._slots:
+            self._free_since = math.inf
         if self._queued == 0:
             self._clear_queue()  # what is left are stale entries
         elif self._front >= _COMPACT_AT and 2 * self._front >= len(self._queue):
@@ -662,14 +720,7 @@ class BatchingEngine(Generic[H]):
         wake: float | None = None
         if self._queued and self._in_flight < self._slots and self._window_s > 0.0:
             wake = self._window_start() + self._window_s
-        heap, fifo = self._deadlines, self._deadline_fifo
-        queued = RequestState.QUEUED
-        while fifo and fifo[0][2].state != queued:
-            fifo.popleft()
-        while heap and heap[0][2].state != queued:
-            heapq.heappop(heap)
-        if fifo and (wake is None or fifo[0][0] < wake):
-            wake = fifo[0][0]
-        if heap and (wake is None or heap[0][0] < wake):
-            wake = heap[0][0]
+        deadline = self._earliest_deadline()
+        if deadline is not None and (wake is None or deadline < wake):
+            wake = deadline
         return wake

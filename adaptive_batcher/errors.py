@@ -10,7 +10,9 @@ Hierarchy::
     ├── ItemSizeError          ``size_fn`` raised, or gave the item no int >= 1 (a ValueError)
     ├── ResultCountError       the model returned a different number of results than items
     ├── PaddingError           ``pad_fn`` raised or returned a wrong number of items; no model call
-    └── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
+    ├── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
+    ├── ConcurrentReadError    a second task read a stream while another waited on it
+    └── StreamBufferFullError  a stream's reader fell ``max_buffered_elements`` behind
 
 A model may also return an exception *instance* in one result slot: only that caller receives it,
 raised as is, and its neighbours get their own results. A slot exception that cannot be raised into
@@ -24,12 +26,14 @@ __all__ = [
     "BatchFailedError",
     "BatcherClosedError",
     "BatcherError",
+    "ConcurrentReadError",
     "DeadlineExceededError",
     "ItemSizeError",
     "ItemTooLargeError",
     "PaddingError",
     "QueueFullError",
     "ResultCountError",
+    "StreamBufferFullError",
     "describe",
 ]
 
@@ -84,6 +88,19 @@ class BatchFailedError(BatcherError):
         self.cause = cause
         self.batch_size = batch_size
         self.__cause__ = cause
+
+
+class ConcurrentReadError(BatcherError, RuntimeError):
+    """A task read a stream while another task was waiting for its next element. A stream has
+    one reader at a time (as an async generator has: Python raises ``RuntimeError`` for a
+    second concurrent ``anext``); the waiting reader is not disturbed and reads on. Raised at
+    once to the second reader; the stream itself goes on."""
+
+
+class StreamBufferFullError(BatcherError):
+    """The stream's reader fell behind: ``max_buffered_elements`` of its elements were waiting
+    unread when the model produced another (``stream_overflow="fail"``). The stream ends with
+    this error after the elements it had buffered; the batch goes on for the other callers."""
 
 
 def describe(exc: BaseException) -> str:

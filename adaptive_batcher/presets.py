@@ -425,18 +425,25 @@ def _not_a_file(folder: Path) -> PresetError:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as file:
-            return tomllib.load(file)
+        data = path.read_bytes()
     except OSError as exc:
         raise PresetError(f"{path}: cannot read: {exc}", path) from exc
+    try:
+        return tomllib.loads(data.decode("utf-8-sig"))  # a byte-order mark is allowed
     except tomllib.TOMLDecodeError as exc:
         raise PresetError(f"{path}: invalid TOML: {exc}", path) from exc
-    except UnicodeDecodeError as exc:  # tomllib decodes the whole file before parsing
+    except UnicodeDecodeError as exc:
         raise PresetError(
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
             f"{exc.start}); TOML files must be UTF-8",
             path,
         ) from exc
+    except RecursionError:
+        raise PresetError(
+            f"{path}: invalid TOML: arrays or tables nested too deeply", path
+        ) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise PresetError(f"{path}: invalid TOML: {exc}", path) from None
 
 
 # -- parsing: one code path for one batcher and for groups --------------------------------------

@@ -14,6 +14,15 @@ few (``short``), random whole-call failures, ``MemoryError`` for calls above a s
 changes over time (the batcher splits them), and hung calls (``hang`` items; only in segments
 whose close has a time limit, and never with the inline executor, whose model runs on the loop).
 
+Faults around the model (issue 22): a telemetry source whose ``sample()`` gets stuck for good
+(the close must not wait for it: checked, the reading is released only after the close); a batch
+listener that stalls the loop (a slow exporter) or raises a ``BaseException`` that is not an
+``Exception``; a streaming model (``STREAM_STEPS`` elements per caller, failing mid-stream,
+hanging, slot errors, wrong step lengths) whose streams a second task sometimes reads at the same
+time (``ConcurrentReadError`` for the one that comes second while the other waits; the elements
+both took are the stream's, in order). Each seed's segment ``i`` has at least the fault
+``FORCED[i % 3]``, so every seed exercises all three.
+
 Known faults fixed elsewhere are left out of the mix on purpose: a sync model raising
 ``StopIteration``, ``StopIteration`` returned in a result slot, a model awaiting
 ``batcher.aclose()``, and ``SystemExit``/``KeyboardInterrupt`` from the model.
@@ -37,7 +46,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +57,7 @@ from adaptive_batcher import (
     AdaptiveBatcher,
     BatcherClosedError,
     BatchFailedError,
+    ConcurrentReadError,
     DeadlineExceededError,
     ItemTooLargeError,
     QueueFullError,
@@ -62,6 +72,11 @@ EXECUTORS = ("async", "thread", "inline")
 CLOSES = ("drain", "nodrain", "drain_timeout", "nodrain_timeout", "zero_timeout", "escalate")
 TIMED_CLOSES = ("drain_timeout", "nodrain_timeout", "zero_timeout", "escalate")
 CONTROLS = ("static", "slo_pid", "aimd", "ucb", "static_policy")
+LISTENERS = ("none", "none", "stall", "raise")
+FORCED = ("stuck_telemetry", "streaming", "listener")  # segment i has FORCED[i % 3], at least
+STREAM_STEPS = 3  # elements per caller of a streaming model
+STUCK_SAFETY_S = 5.0  # a stuck telemetry reading is released then at the latest
+EXPECTED_ERRORS = frozenset({"batch_listener.failed"})  # logged for the raising listener
 CLOSE_OVERLAP_S = 0.05  # arrivals go on this long after the close begins
 SETTLE_LIMIT_S = 10.0  # a caller not settled this long after the close is a violation
 THREAD_EXIT_LIMIT_S = 10.0
@@ -171,14 +186,30 @@ class Segment:
     close: str
     sized: bool  # items of 1-4 units (a size function), a few larger than the cap
     shed_late: bool  # SLO-aware shedding: any request may expire
+    streaming: bool = False  # an async generator model; callers read streams
+    stuck_telemetry: bool = False  # the telemetry source's sample() gets stuck for good
+    listener: str = "none"  # a batch listener that stalls the loop, or raises a BaseException
 
     @classmethod
-    def draw(cls, index: int, rng: random.Random, mix: FaultMix, duration_s: float) -> Segment:
+    def draw(
+        cls,
+        index: int,
+        rng: random.Random,
+        mix: FaultMix,
+        duration_s: float,
+        force: str | None = None,
+    ) -> Segment:
         executor = rng.choice(EXECUTORS)
+        streaming = force == "streaming" or (executor == "async" and rng.random() < 0.3)
+        if streaming:
+            executor = "async"  # a streaming model runs on the loop
         cap = rng.choice((4, 8, 16, 32, 64))
         hang = executor != "inline" and rng.random() < mix.hang
         sized = rng.random() < 0.3
         control = rng.choice(CONTROLS)
+        telemetry = force == "stuck_telemetry" or rng.random() < 0.3
+        stuck = telemetry and (force == "stuck_telemetry" or rng.random() < 0.4)
+        listener = rng.choice(("stall", "raise")) if force == "listener" else rng.choice(LISTENERS)
         return cls(
             index=index,
             executor=executor,
@@ -188,14 +219,17 @@ class Segment:
             window_ms=rng.choice((0.0, 0.5, 2.0, 5.0)),
             slots=rng.randint(1, 3),
             max_queue_size=rng.choice((None, None, 32, 128, 512)),
-            bisect=rng.random() < 0.5,
+            bisect=not streaming and rng.random() < 0.5,
             buckets=_powers_of_two(cap) if not sized and rng.random() < 0.3 else None,
             control=control,
-            telemetry=rng.random() < 0.3,
+            telemetry=telemetry,
             hang=hang,
             close=rng.choice(TIMED_CLOSES if hang else CLOSES),
             sized=sized,
             shed_late=control in ("slo_pid", "ucb") and rng.random() < 0.5,
+            streaming=streaming,
+            stuck_telemetry=stuck,
+            listener=listener,
         )
 
 
@@ -272,6 +306,20 @@ class ChaosModel:
         result: list[Any] = value
         return result
 
+    async def run_stream(self, batch: list[Item]) -> AsyncIterator[list[Any]]:
+        """The streaming model: ``STREAM_STEPS`` steps of the same results; a failing call
+        raises at a random step, after 0 to ``STREAM_STEPS - 1`` steps were handed out."""
+        action, value = self._plan(batch)
+        with self._lock:
+            fail_at = self._rng.randrange(STREAM_STEPS)
+        for step in range(STREAM_STEPS):
+            await asyncio.sleep(self._service_s(len(batch)))
+            if action == "raise" and step == fail_at:
+                raise value
+            if action == "hang":
+                await asyncio.Event().wait()  # until a time-limited close cancels it
+            yield value
+
     def run_sync(self, batch: list[Item]) -> list[Any]:
         time.sleep(self._service_s(len(batch)))
         action, value = self._plan(batch)
@@ -284,10 +332,46 @@ class ChaosModel:
         return result
 
 
+class StuckTelemetry:
+    """A telemetry source whose ``sample()`` gets stuck after a few readings (a wedged NVML call),
+    until :attr:`release` is set: after the segment's close, or after ``STUCK_SAFETY_S``."""
+
+    name = "stuck"
+
+    def __init__(self, good_readings: int) -> None:
+        self._left = good_readings
+        self.release = threading.Event()
+        self.stuck = threading.Event()
+
+    def sample(self) -> TelemetrySample:
+        if self._left > 0:
+            self._left -= 1
+        else:
+            self.stuck.set()
+            self.release.wait()
+        return TelemetrySample(time_s=time.monotonic(), gpu_util_pct=50.0, source=self.name)
+
+
+class Halt(BaseException):
+    """What the raising batch listener raises: not an ``Exception`` (nor an exit)."""
+
+
 # -- callers ---------------------------------------------------------------------------------------
 
 
 _UNSET: Any = object()
+
+
+class StreamDone:
+    """A stream's normal end, with the elements its readers took, in order."""
+
+    __slots__ = ("elements",)
+
+    def __init__(self, elements: list[Any]) -> None:
+        self.elements = elements
+
+    def __repr__(self) -> str:
+        return f"StreamDone({self.elements!r})"
 
 
 @dataclass(eq=False)
@@ -296,6 +380,10 @@ class Caller:
 
     item: Item
     deadline_ms: float | None
+    streams: bool = False  # reads a stream (submit_stream), with a second reader if ``peer``
+    peer: bool = False
+    elements: list[Any] = field(default_factory=list)  # a stream's, by any of its readers
+    peer_error: Exception | None = None  # the stream's error, if the peer read it (once only)
     started: bool = False
     cancelled_by_harness: bool = False
     outcome: Any = _UNSET
@@ -319,8 +407,13 @@ class EventCounter:
         self.counts[(method_name, str(event_dict.get("event")))] += 1
         raise structlog.DropEvent
 
-    def errors(self) -> list[str]:
-        return [f"{name} x{n}" for (level, name), n in self.counts.items() if level == "error"]
+    def errors(self, allowed: frozenset[str] = frozenset()) -> list[str]:
+        """The error events, but those named in ``allowed`` (expected from a fault)."""
+        return [
+            f"{name} x{n}"
+            for (level, name), n in self.counts.items()
+            if level == "error" and name not in allowed
+        ]
 
 
 @contextlib.contextmanager
@@ -365,11 +458,14 @@ class SegmentRun:
         self.report = SegmentReport(segment)
         self.faults = self.report.faults
         self.hang_planted = False
+        self.stuck = StuckTelemetry(rng.randint(0, 5)) if segment.stuck_telemetry else None
         self.batcher = self._build()
 
     def _build(self) -> AdaptiveBatcher[Item, Any]:
         seg = self.segment
-        model = self.model.run_async if seg.executor == "async" else self.model.run_sync
+        model: Any = self.model.run_async if seg.executor == "async" else self.model.run_sync
+        if seg.streaming:
+            model = self.model.run_stream
         kwargs: dict[str, Any] = {}
         if seg.control == "slo_pid":
             kwargs["slo"] = SLO(latency_ms=self.rng.choice((10.0, 25.0, 50.0)))
@@ -380,7 +476,11 @@ class SegmentRun:
             kwargs["slo"] = SLO(latency_ms=30.0)
         elif seg.control == "static_policy":
             kwargs["policy"] = Static()
-        if seg.telemetry:
+        if seg.stuck_telemetry:
+            assert self.stuck is not None
+            kwargs["telemetry"] = self.stuck
+            kwargs["telemetry_hz"] = 50.0
+        elif seg.telemetry:
             total = 80 << 30
             kwargs["telemetry"] = FakeTelemetry(
                 lambda i: TelemetrySample(
@@ -394,7 +494,7 @@ class SegmentRun:
             kwargs["telemetry_hz"] = 50.0
         if seg.sized:
             kwargs["size_fn"] = _size_of
-        return AdaptiveBatcher(
+        batcher: AdaptiveBatcher[Item, Any] = AdaptiveBatcher(
             model,
             shed_late=seg.shed_late,
             max_batch_size=seg.max_batch_size,
@@ -408,6 +508,22 @@ class SegmentRun:
             name=f"chaos-{seg.index}",
             **kwargs,
         )
+        if seg.listener == "stall":
+            batcher.add_batch_listener(self._stalling_listener)
+        elif seg.listener == "raise":
+            batcher.add_batch_listener(self._raising_listener)
+        return batcher
+
+    def _stalling_listener(self, record: Any) -> None:
+        """A slow exporter: blocks the loop 0.5-3 ms per batch."""
+        self.faults["listener_stalls"] += 1
+        time.sleep(self.rng.uniform(0.0005, 0.003))
+
+    def _raising_listener(self, record: Any) -> None:
+        """A broken exporter: raises a BaseException that is not an Exception, now and then."""
+        if self.rng.random() < 0.2:
+            self.faults["listener_raised"] += 1
+            raise Halt("the exporter stalled")
 
     # -- load ------------------------------------------------------------------------------------
 
@@ -427,9 +543,12 @@ class SegmentRun:
         self._spawn(Item(next(self.tokens), kind, size), deadline)
 
     def _spawn(self, item: Item, deadline_ms: float | None) -> None:
-        caller = Caller(item, deadline_ms)
+        streams = self.segment.streaming and self.rng.random() < 0.8  # else submit()
+        peer = streams and self.rng.random() < 0.2
+        caller = Caller(item, deadline_ms, streams=streams, peer=peer)
         self.callers.append(caller)
-        task = asyncio.get_running_loop().create_task(self._call(caller))
+        call = self._call_stream(caller) if streams else self._call(caller)
+        task = asyncio.get_running_loop().create_task(call)
         self.tasks.append(task)
         self.faults[f"items_{item.kind}"] += 1
         if deadline_ms is not None:
@@ -449,6 +568,53 @@ class SegmentRun:
             caller.settle(exc)
         else:
             caller.settle(result)
+
+    async def _call_stream(self, caller: Caller) -> None:
+        """Read the caller's stream to its end; with ``peer``, a second task reads it too."""
+        caller.started = True
+        try:
+            stream = self.batcher.submit_stream(caller.item, deadline_ms=caller.deadline_ms)
+        except Exception as exc:
+            caller.settle(exc)
+            return
+        if caller.peer:
+            peer = asyncio.get_running_loop().create_task(self._peer_read(caller, stream))
+            self.tasks.append(peer)
+        try:
+            while True:
+                try:
+                    element = await anext(stream)
+                except ConcurrentReadError:  # the peer is waiting: take turns
+                    self.faults["concurrent_reads_refused_main"] += 1
+                    await asyncio.sleep(0)
+                    continue
+                except StopAsyncIteration:
+                    break
+                caller.elements.append(element)
+        except asyncio.CancelledError as exc:
+            caller.settle(exc)
+            raise
+        except Exception as exc:
+            caller.settle(exc)
+        else:  # a stream raises its error once, then ends: the peer may have read it
+            caller.settle(caller.peer_error or StreamDone(caller.elements))
+
+    async def _peer_read(self, caller: Caller, stream: AsyncIterator[Any]) -> None:
+        """A second task reading the same stream once, soon after it was made."""
+        await asyncio.sleep(self.rng.choice((0.0, 0.0002, 0.001, 0.003)))
+        self.faults["concurrent_readers"] += 1
+        try:
+            element = await anext(stream)
+        except ConcurrentReadError:
+            self.faults["concurrent_reads_refused"] += 1
+        except StopAsyncIteration:
+            self.faults["concurrent_reads_at_end"] += 1
+        except Exception as exc:  # the stream's error, raised once: to this reader
+            self.faults["concurrent_reads_of_an_error"] += 1
+            caller.peer_error = exc
+        else:
+            self.faults["concurrent_reads_took_an_element"] += 1
+            caller.elements.append(element)
 
     def _cancel(self, caller: Caller, task: asyncio.Task[None]) -> None:
         if task.done():
@@ -513,12 +679,11 @@ class SegmentRun:
                 change["max_concurrent_batches"] = rng.randint(1, 4)
             batcher.set_limits(**change)
         elif what == "slo":
-            batcher.set_slo(
-                SLO(latency_ms=rng.choice((5.0, 20.0, 80.0))) if rng.random() < 0.8 else None
-            )
+            keep = rng.random() < 0.8 or seg.shed_late  # shedding needs an SLO (None refused)
+            batcher.set_slo(SLO(latency_ms=rng.choice((5.0, 20.0, 80.0))) if keep else None)
         elif what == "policy":
             batcher.set_policy(_random_policy(rng) if rng.random() < 0.8 else None)
-        else:  # the device's free memory changes: calls above the limit raise MemoryError
+        elif not seg.streaming:  # free memory changes: calls above the limit raise MemoryError
             self.model.oom_limit = (
                 rng.randint(1, max(1, seg.max_batch_size // 2)) if rng.random() < 0.7 else 1 << 30
             )
@@ -552,7 +717,18 @@ class SegmentRun:
         load = asyncio.ensure_future(self._load(end + CLOSE_OVERLAP_S))
         monkey = asyncio.ensure_future(self._monkey(end))
         await asyncio.sleep(self.segment.duration_s)
+        safety = None
+        if self.stuck is not None:  # with the old close (a join), the loop would freeze for good
+            safety = threading.Timer(STUCK_SAFETY_S, self.stuck.release.set)
+            safety.start()
         await self._close()
+        if self.stuck is not None and safety is not None:
+            safety.cancel()
+            if self.stuck.stuck.is_set():
+                self.faults["closes_with_stuck_telemetry"] += 1
+            if self.stuck.release.is_set():
+                self._violation("the close waited for the stuck telemetry reading")
+            self.stuck.release.set()
         await asyncio.gather(load, monkey)
         self.model.release.set()
         if self.tasks:
@@ -644,8 +820,15 @@ class SegmentRun:
         item, seg = caller.item, self.segment
         if outcome is _UNSET:
             return "unsettled", False
+        if caller.streams and not self._stream_prefix(caller, isinstance(outcome, StreamDone)):
+            return "stream_elements_wrong", False
+        if isinstance(outcome, StreamDone):
+            return "ok", item.kind == "ok"
         if isinstance(outcome, Echo):
             return "ok", item.kind == "ok" and outcome.token == item.token
+        if isinstance(outcome, list):  # submit() on a streaming model: all its elements
+            own = [e for e in outcome if isinstance(e, Echo) and e.token == item.token]
+            return "ok", item.kind == "ok" and len(own) == len(outcome) == STREAM_STEPS
         if isinstance(outcome, SlotError):
             return "slot_error", item.kind == "slot" and outcome.token == item.token
         if isinstance(outcome, asyncio.CancelledError):
@@ -663,6 +846,14 @@ class SegmentRun:
         if isinstance(outcome, BatcherClosedError):
             return _closed_category(str(outcome))
         return f"unexpected_{type(outcome).__name__}", False
+
+    def _stream_prefix(self, caller: Caller, ended: bool) -> bool:
+        """True when the stream's readers took its own elements, in order: all
+        ``STREAM_STEPS`` at a normal end, a prefix of them before an error or a
+        cancellation."""
+        elements = caller.elements
+        own = all(isinstance(e, Echo) and e.token == caller.item.token for e in elements)
+        return own and (len(elements) == STREAM_STEPS if ended else len(elements) <= STREAM_STEPS)
 
     def _batch_failure(self, item: Item, cause: BaseException) -> tuple[str, bool]:
         if isinstance(cause, PoisonError):
@@ -703,6 +894,16 @@ class ChaosReport:
     def submitted(self) -> int:
         return sum(r.counts.submitted for r in self.segments if r.counts is not None)
 
+    @property
+    def lost(self) -> int:
+        """Callers that never got an outcome, or got one they could not get."""
+        bad = ("unsettled", "never_started", "stream_elements_wrong")
+        return sum(self.outcomes[name] for name in bad) + sum(
+            n
+            for name, n in self.outcomes.items()
+            if name.startswith(("unexpected_", "closed_other"))
+        )
+
     def add(self, segment_report: SegmentReport) -> None:
         self.segments.append(segment_report)
         self.outcomes.update(segment_report.outcomes)
@@ -719,6 +920,9 @@ class ChaosReport:
                 f"sized_{seg.sized}": 1,
                 f"shed_late_{seg.shed_late}": 1,
                 f"hang_segment_{seg.hang}": 1,
+                f"streaming_{seg.streaming}": 1,
+                f"stuck_telemetry_{seg.stuck_telemetry}": 1,
+                f"listener_{seg.listener}": 1,
             }
         )
         self.violations.extend(segment_report.violations)
@@ -741,13 +945,15 @@ def run_chaos(
             left, index = total_s, 0
             while left > 0.5:
                 duration = min(left, rng.uniform(*segment_s))
-                segment = Segment.draw(index, rng, mix, duration)
+                segment = Segment.draw(index, rng, mix, duration, FORCED[index % len(FORCED)])
                 run = SegmentRun(segment, rng, mix, tokens)
                 report.add(loop.run_until_complete(run.run()))
                 left -= duration
                 index += 1
             report.events.update({f"{lvl}:{name}": n for (lvl, name), n in events.counts.items()})
-            report.violations.extend(f"error event {e}" for e in events.errors())
+            report.violations.extend(
+                f"error event {e}" for e in events.errors(allowed=EXPECTED_ERRORS)
+            )
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
@@ -791,6 +997,7 @@ def summary_lines(report: ChaosReport) -> list[str]:
     ]
     for rows, header in sections:
         lines += [*table(rows, header), ""]
+    lines.append(f"lost requests: {report.lost} of {report.submitted}")
     lines.append(f"violations: {len(report.violations)}")
     return lines
 
@@ -803,5 +1010,6 @@ def flat_info(report: ChaosReport) -> dict[str, Any]:
     info.update({f"config_{k}": v for k, v in report.configs.items()})
     info.update({f"fault_{k}": v for k, v in report.faults.items()})
     info.update({f"outcome_{k}": v for k, v in report.outcomes.items()})
+    info["lost"] = report.lost
     info["violations"] = len(report.violations)
     return info

@@ -1,6 +1,8 @@
 """Chaos runs (issue 13): real-time Poisson load with a random mix of model failures, OOM splits,
 hung calls, cancellations, deadlines, queue-full bursts, run-time setting changes and closes of
-every kind, against ``AdaptiveBatcher`` with the async, thread and inline executors.
+every kind, against ``AdaptiveBatcher`` with the async, thread and inline executors; and (issue 22)
+stuck telemetry, stalling and raising batch listeners, and streams read by two tasks at once.
+Every seed must lose no request (``lost``: callers with no outcome or one they cannot get).
 
 Each seed runs ``--chaos-seconds`` (default 30) of real time as a sequence of batcher lifetimes;
 the invariants of :mod:`benchmarks.chaos` are checked after every one. The fault mix and the
@@ -28,10 +30,18 @@ def test_chaos(benchmark: Any, chaos_seconds: float, seed: int) -> None:
     benchmark.extra_info.update(flat_info(result))
     report_lines(f"chaos_seed_{seed}", summary_lines(result))
     report("chaos_requests_submitted", f"seed {seed}", result.submitted, "requests")
+    report("chaos_requests_lost", f"seed {seed}", result.lost, "requests")
     assert not result.violations, "\n".join(result.violations[:30])
+    assert result.lost == 0
     # the run exercised what it claims to (a run with no faults would prove nothing)
     outcomes = result.outcomes
     assert outcomes["ok"] > 1000
     assert outcomes["cancelled"] > 0 and outcomes["expired"] > 0
     assert outcomes["slot_error"] > 0 and outcomes["batch_failed_transient"] > 0
     assert result.faults["oom_raised"] > 0
+    # issue 22's faults: a stuck telemetry reading at a close, a listener raising a
+    # BaseException and one stalling the loop, streams read by two tasks at once
+    assert result.faults["closes_with_stuck_telemetry"] > 0
+    assert result.faults["listener_raised"] + result.faults["listener_stalls"] > 0
+    assert result.faults["concurrent_readers"] > 0
+    assert outcomes["ok"] > 0

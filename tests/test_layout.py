@@ -65,6 +65,7 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
             "BatcherError",
             "BatcherStats",
             "Bounds",
+            "ConcurrentReadError",
             "DeadlineExceededError",
             "GCPauseProbe",
             "ItemSizeError",
@@ -74,6 +75,7 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
             "PresetError",
             "QueueFullError",
             "ResultCountError",
+            "StreamBufferFullError",
             "__version__",
             "batched",
             "concat_rows",
@@ -93,3 +95,40 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
 
 def test_the_package_is_typed() -> None:
     assert (PACKAGE / "py.typed").is_file()
+
+
+COUNTERS = {"submitted", "completed", "within_slo", "failed", "rejected", "expired", "cancelled"}
+
+
+def count_writes(path: Path) -> list[str]:
+    """``<...>.recorder.<counter> = / +=`` and ``recorder.<counter> ...`` writes in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AugAssign)
+            else []
+        )
+        for target in targets:
+            if not (isinstance(target, ast.Attribute) and target.attr in COUNTERS):
+                continue
+            owner = target.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name == "recorder":
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} writes {target.attr}")
+    return found
+
+
+def test_only_the_core_changes_the_outcome_counts() -> None:
+    """Every count change goes through BatcherCore (one method per outcome): the shells never
+    write the recorder's counters, so the rules (counts only go up, each request counted once)
+    live in one place."""
+    writes = [
+        write
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "core.py" or path.parent != PACKAGE
+        for write in count_writes(path)
+    ]
+    assert not writes, "\n".join(writes)

@@ -238,9 +238,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.list:
         given = _given(args, _REPLAY)
         if given:
-            Console(stderr=True).print(
-                f"[red]adaptive-batcher replay: {', '.join(given)}: options for a replay, given "
-                "with --list (it only lists the scenarios and contenders): give --list alone[/red]"
+            _error(
+                f"{', '.join(given)}: options for a replay, given with --list (it only lists "
+                "the scenarios and contenders): give --list alone"
             )
             return 2
         console.print(_epilog())
@@ -250,10 +250,10 @@ def run_command(args: argparse.Namespace) -> int:
         _check_traces(scenarios, args.seed)
     except FileNotFoundError as exc:  # a trace is missing
         hint = "--trace" if args.trace is not None else "--traces-dir at the folder that holds it"
-        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}; point {hint}[/red]")
+        _error(f"{exc}; point {hint}")
         return 2
     except (OSError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
+        _error(str(exc))
         return 2
     if args.trace is not None:
         console.print(_trace_note(scenarios[0].arrivals(args.seed), args.compress))
@@ -261,12 +261,12 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        Console(stderr=True).print(f"[red]adaptive-batcher replay: cannot write {args.out}: {exc}")
+        _error(f"cannot write {args.out}: {exc}")
         return 2
     try:
         cells = _run_all(scenarios, contenders, not args.no_best_static, args.seed, console)
     except FileNotFoundError as exc:  # a scenario's trace is missing
-        Console(stderr=True).print(f"[red]adaptive-batcher replay: {exc}[/red]")
+        _error(str(exc))
         return 2
     console.print(_table(cells))
     if args.service is not None:
@@ -276,6 +276,13 @@ def run_command(args: argparse.Namespace) -> int:
     _write(cells, scenarios, args.out)
     console.print(f"wrote {args.out / 'replay.md'} and plots in {args.out}")
     return 0
+
+
+def _error(message: str) -> None:
+    """The command's error, on one line of stderr: printed as it is (no markup, no wrapping),
+    so a file's text quoted in it (a trace cell like ``[/b]``) shows as written."""
+    one_line = " ".join(message.splitlines())
+    print(f"adaptive-batcher replay: {one_line}", file=sys.stderr)
 
 
 def _extrapolation_note(cells: Sequence[Cell], table: TableService) -> str | None:

@@ -49,20 +49,40 @@ MAX_QUEUE_SIZE = 256
 OVERLOAD = (DeadlineExceededError, QueueFullError, BatcherClosedError)
 """Refusals that tell the client to retry later (503): shed for the SLO, queue full, closing."""
 
+BODY_TIMEOUT_S = 5.0
+"""How long a replica waits for a request's body, seconds; then it answers 408.
+
+Ray Serve (2.60) re-sends a request to another replica when the one it chose dies before its
+"accepted" reply reaches the router, but that replica may already have read the body from the
+proxy (it starts reading as it accepts). The replica the request is re-sent to then waits for a
+body that will not come, until the client disconnects: a request hung for the client's whole
+timeout (60 s) on the surviving replica after a replica was killed. The body of a live request
+arrives in milliseconds."""
+
 
 class ScaleOut:
     """One replica: an adaptive batcher with an SLO around the model, and its load report.
 
     Routes: ``POST /`` with ``{"x": number}`` answers ``{"y", "replica", "batch_size"}`` (503
-    when refused); ``GET /stats`` answers this replica's :meth:`stats`.
+    when refused, 408 when its body does not arrive); ``GET /stats`` answers this replica's
+    :meth:`stats`.
 
     Args:
         base_ms: the model's fixed time per batch, ms.
         per_item_ms: the model's time per item of a batch, ms.
         slo_p99_ms: the replica's latency SLO (p99), ms.
+        body_timeout_s: the longest wait for a request's body, seconds (see
+            :data:`BODY_TIMEOUT_S`); a 408 after it.
     """
 
-    def __init__(self, base_ms: float = 10.0, per_item_ms: float = 0.5, slo_p99_ms: float = 100.0):
+    def __init__(
+        self,
+        base_ms: float = 10.0,
+        per_item_ms: float = 0.5,
+        slo_p99_ms: float = 100.0,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ):
+        self.body_timeout_s = body_timeout_s
         self.base_s = base_ms / 1e3
         self.per_item_s = per_item_ms / 1e3
         self.replica = serve.get_replica_context().replica_id
@@ -91,7 +111,12 @@ class ScaleOut:
         if request.method == "GET" and request.url.path.rstrip("/").endswith("/stats"):
             return JSONResponse(self.stats())
         try:
-            x = float(json.loads(await request.body())["x"])
+            body = await asyncio.wait_for(request.body(), self.body_timeout_s)
+        except TimeoutError:  # a re-sent request whose body another replica read: see above
+            message = f"the request body did not arrive within {self.body_timeout_s:g} s"
+            return JSONResponse({"error": message}, 408)
+        try:
+            x = float(json.loads(body)["x"])
         except (ValueError, KeyError, TypeError) as exc:
             return JSONResponse({"error": f"expected a JSON body {{'x': number}}: {exc}"}, 422)
         try:

@@ -338,20 +338,46 @@ def load_profile(path: str | os.PathLike[str]) -> tuple[ProfileResult, Recommend
 
     Raises:
         FileNotFoundError, OSError: the file cannot be read.
-        ProfileFormatError: (a ValueError) the file is not UTF-8 JSON, has another schema, or a
-            key is missing or wrong; the message starts with the file's path and names the key, e.g.
+        ProfileFormatError: (a ValueError) the file is not UTF-8 JSON (a byte-order mark is
+            allowed; nesting too deep, a key given twice in one object and a number too long
+            are refused too), has another schema, or a key is missing or wrong; the message
+            starts with the file's path and names the key, e.g.
             ``profile.json: key 'rows[1].median_ms': must be a number, got a string``.
     """
     reader = _Reader(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark is allowed
     except UnicodeDecodeError as exc:
         raise reader.fail(None, f"not UTF-8 text: {exc}") from exc
     try:
-        decoded = json.loads(text)
+        decoded = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as exc:
+        raise reader.fail(exc.key, "given twice in one object (JSON keeps the last)") from None
     except json.JSONDecodeError as exc:
         raise reader.fail(None, f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise reader.fail(None, "not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise reader.fail(None, f"not valid JSON: {exc}") from None
     return _read_document(reader, decoded)
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice (which JSON would resolve silently) is refused."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return obj
 
 
 def _result(

@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Any
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.errors import (
     BatcherError,
     BatchFailedError,
@@ -33,7 +34,6 @@ from adaptive_batcher.errors import (
     ResultCountError,
     describe,
 )
-from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.runtime.buckets import pad_target
 from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
@@ -49,9 +49,10 @@ _arrival_of = attrgetter("arrival_s")
 _NOT_RESULT_SEQUENCES = (Mapping, Set, str, bytes)  # a tuple: no union object built per batch
 
 
-def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder) -> int:
-    """Give every request whose future is not done its own typed error; returns how many.
-    A ``ResultCountError`` or ``PaddingError`` is copied for each caller, with its cause."""
+def fail_pending(requests: Sequence[Any], exc: BaseException, core: BatcherCore[Any]) -> int:
+    """Give every request whose future is not done its own typed error, counted as failed by
+    ``core``; returns how many. A ``ResultCountError`` or ``PaddingError`` is copied for each
+    caller, with its cause."""
     failed = 0
     for request in requests:
         future = request.handle
@@ -64,7 +65,7 @@ def fail_pending(requests: Sequence[Any], exc: BaseException, recorder: Recorder
                 error = BatchFailedError(exc, len(requests))
             future.set_exception(error)
             failed += 1
-    recorder.failed += failed
+    core.count_failed(failed)
     return failed
 
 
@@ -79,7 +80,7 @@ class BatchRunner:
         bisect: re-run a failing batch in halves until the failing item is isolated.
         is_oom: tells out-of-memory errors apart (always split); an exception in it counts as
             "not OOM".
-        recorder: where failures, OOMs and latencies are counted.
+        core: where answers, failures and latencies are counted (the batcher's core).
         clock: the event loop's clock, seconds.
         name: the batcher's name, for log events.
         on_oom: called once per model call that ran out of memory (it counts the OOM).
@@ -93,7 +94,7 @@ class BatchRunner:
         counts_units: bool,
         bisect: bool,
         is_oom: Callable[[BaseException], bool],
-        recorder: Recorder,
+        core: BatcherCore[Any],
         clock: Callable[[], float],
         name: str,
         on_oom: Callable[[], None],
@@ -104,16 +105,17 @@ class BatchRunner:
         self.counts_units = counts_units
         self.bisect = bisect
         self.is_oom = is_oom
-        self.recorder = recorder
+        self.core = core
         self.clock = clock
         self.name = name
         self.on_oom = on_oom
 
-    def counted(self, requests: list[Any]) -> bool:
-        """True when the callers of this running batch that are still open were counted as
-        completed already (a stream at its first element, see
-        :mod:`adaptive_batcher.runtime.streaming`); never for a batch answered at once."""
-        del requests
+    def leave(self, request: Any) -> bool:
+        """The caller of ``request`` left (cancelled, or stopped reading its stream): count it
+        as completed if its running batch has handed it a first element (a streaming batch,
+        see :mod:`adaptive_batcher.runtime.streaming`) and return True; else False (never for
+        a batch answered at once), and the caller counts it as cancelled."""
+        del request
         return False
 
     async def run(self, requests: list[Any]) -> None:
@@ -129,7 +131,7 @@ class BatchRunner:
         try:
             results = await self.call_model(items, units)
         except STOPS_THE_TASK as exc:
-            fail_pending(requests, exc, self.recorder)
+            fail_pending(requests, exc, self.core)
             raise
         except PaddingError as exc:  # the user's pad_fn, not an item: no split, no bisection
             self.padding_failed(requests, exc)
@@ -161,7 +163,7 @@ class BatchRunner:
 
     def _fail(self, requests: list[Any], exc: BaseException, event: str) -> int:
         """Fail the requests still pending with ``exc`` and log ``event``; how many failed."""
-        failed = fail_pending(requests, exc, self.recorder)
+        failed = fail_pending(requests, exc, self.core)
         _log.warning(
             event, batcher=self.name, batch_size=len(requests), failed=failed, error=describe(exc)
         )
@@ -234,7 +236,7 @@ class BatchRunner:
             else:
                 future.set_result(result)
         answered = [r for r in requests if id(r) not in settled] if settled else requests
-        self.recorder.record_answers(list(map(_arrival_of, answered)), failed, now)
+        self.core.record_answers(list(map(_arrival_of, answered)), failed, now)
 
     def _note_oom(self, exc: BaseException) -> bool:
         try:

@@ -21,6 +21,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
     check_bool,
     check_callable,
+    check_choice,
     check_int,
     check_integral,
     check_number,
@@ -57,7 +58,12 @@ from adaptive_batcher.runtime.executors import (
     make_executor,
 )
 from adaptive_batcher.runtime.stats import BatcherStats, BatchRecord
-from adaptive_batcher.runtime.streaming import Stream, StreamRequest, StreamRunner
+from adaptive_batcher.runtime.streaming import (
+    CollectedRequest,
+    Stream,
+    StreamRequest,
+    StreamRunner,
+)
 from adaptive_batcher.runtime.threads import check_threads
 from adaptive_batcher.settings import (
     DEFAULT_CONTROL_INTERVAL_MS,
@@ -146,6 +152,31 @@ def _check_padding(
         )
     if pad_fn is None and buckets and size_fn is not None:
         raise ValueError("pad_fn is required when both size_fn and batch_sizes are given")
+
+
+STREAM_OVERFLOWS = ("fail", "hold")
+"""What a stream whose reader fell ``max_buffered_elements`` behind does (see the batcher)."""
+
+
+def _check_stream_buffer(
+    executor: object, max_buffered: object, overflow: object
+) -> tuple[int | None, str]:
+    """The stream buffer's bound and policy, checked.
+
+    Raises:
+        TypeError, ValueError: a bound that is not an int >= 1 or None, a policy not in
+            STREAM_OVERFLOWS, or a bound given for a model that does not stream.
+    """
+    policy = check_choice("stream_overflow", overflow, STREAM_OVERFLOWS)
+    if max_buffered is None:
+        return None, policy
+    bound = check_int("max_buffered_elements", max_buffered, 1)
+    if not isinstance(executor, StreamExecutor):
+        raise ValueError(
+            "max_buffered_elements bounds the elements a stream buffers: it needs a streaming "
+            "model (an async generator function)"
+        )
+    return bound, policy
 
 
 def default_is_oom(exc: BaseException) -> bool:
@@ -243,6 +274,18 @@ class AdaptiveBatcher(Generic[X, Y]):
             it the model learns from the first batches (and is optimistic beyond them).
         shed_late: with an SLO, fail at once (``DeadlineExceededError``) the queued requests that
             can no longer meet it, instead of serving them late (see ``ShedGuard``).
+        max_buffered_elements: for a streaming model: most elements buffered unread per
+            stream (a slow reader of a fast generator); None (default): unbounded. What
+            happens when a reader falls that far behind is ``stream_overflow``'s.
+        stream_overflow: ``"fail"`` (default): that stream ends with
+            ``StreamBufferFullError`` after the elements it buffered (counted as failed), and
+            the batch goes on for the others: one slow client cannot hold up its batch or
+            grow memory. ``"hold"``: the model's next step waits until every open stream has
+            room, so no element is ever dropped and the batch (and its slot) runs at the pace
+            of its slowest reader; a reader that stops without closing or dropping its stream
+            holds the batch until a timed close. Each stream then holds at most
+            ``max_buffered_elements`` elements. ``submit`` callers of a streaming model
+            collect their whole list and are not bounded.
         name: the ``batcher`` field of this batcher's log events.
         cuda_event_factory: for ``executor="cuda"``: makes completion events (tests pass a fake).
 
@@ -293,6 +336,8 @@ class AdaptiveBatcher(Generic[X, Y]):
         control_interval_batches: int | None = None,
         service_profile: ServiceProfile | None = None,
         shed_late: bool = False,
+        max_buffered_elements: int | None = None,
+        stream_overflow: str = "fail",
         name: str = "batcher",
         cuda_event_factory: Callable[[], CompletionEvent] | None = None,
     ) -> None:
@@ -349,16 +394,27 @@ class AdaptiveBatcher(Generic[X, Y]):
             size_fn is not None,
             bool(bisect_on_error),
             is_oom,
-            self.recorder,
+            self._core,
             self._clock,
             name,
         )
         self._runner: BatchRunner
+        overflow = _check_stream_buffer(self._executor, max_buffered_elements, stream_overflow)
         if isinstance(self._executor, StreamExecutor):  # an async generator model
-            self._runner = StreamRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
+            self._runner = StreamRunner(
+                self._executor,
+                *runner_args,
+                on_oom=self._core.note_oom,
+                max_buffered=overflow[0],
+                overflow=overflow[1],
+            )
         else:
             self._runner = BatchRunner(self._executor, *runner_args, on_oom=self._core.note_oom)
         self._streams = isinstance(self._runner, StreamRunner)
+        # a submit() caller: of a streaming model, one whose first step is remembered
+        self._request_type: type[_Pending] | type[CollectedRequest] = (
+            CollectedRequest if self._streams else _Pending
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         # the loop's clock and future factory, set on binding (see loop_shortcuts)
         self._now: Callable[[], float] = time.monotonic
@@ -417,6 +473,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             item: one input; its size is ``size_fn(item)`` units (1 by default).
             deadline_ms: if the request has not started within this many ms of now, it fails with
                 ``DeadlineExceededError`` at that moment (a timer, not the end of a running batch).
+                It bounds the request's queue delay: with a slot free at that moment, its batch
+                starts then instead, even if the window is longer.
 
         Raises:
             QueueFullError: ``max_queue_size`` requests are waiting (raised at once).
@@ -439,7 +497,7 @@ class AdaptiveBatcher(Generic[X, Y]):
             deadline_s = now + check_number("deadline_ms", deadline_ms, 0.0, strict=True) / 1e3
         size = 1 if self._size_fn is None else self._item_size(item)
         future: asyncio.Future[Y] = self._new_future()
-        request = _Pending(item, future, now, size, deadline_s)
+        request = self._request_type(item, future, now, size, deadline_s)
         if self._core.arrive(request, now) and not self._pump_scheduled:
             self._pump_scheduled = True
             loop.call_soon(self._pump_callback)
@@ -447,18 +505,11 @@ class AdaptiveBatcher(Generic[X, Y]):
             return await future
         except asyncio.CancelledError:
             self._engine.cancel(request)
-            # not counted elsewhere: no result or error was set, and no streaming batch counted
-            # it as completed at its first step
-            if future.cancelled() and not self._counted_by_a_stream(request):
-                self.recorder.cancelled += 1
+            # no result or error was set: cancelled, unless a streaming batch had handed it a
+            # first element (then it counts as completed)
+            if future.cancelled() and not self._runner.leave(request):
+                self._core.count_cancelled(1)
             raise
-
-    def _counted_by_a_stream(self, request: _Pending) -> bool:
-        """True when the running streaming batch that holds ``request`` counted it as
-        completed at its first step (see :mod:`adaptive_batcher.runtime.streaming`)."""
-        return self._streams and any(
-            request in live for live in self._running if self._runner.counted(live)
-        )
 
     def submit_stream(self, item: X, *, deadline_ms: float | None = None) -> Stream[Y]:
         """Queue ``item`` for a streaming model now and return its stream of elements.
@@ -510,8 +561,8 @@ class AdaptiveBatcher(Generic[X, Y]):
             return
         self._engine.cancel(request)
         request.handle.cancel()
-        if not request.answered:  # an answered stream stays completed (see streaming)
-            self.recorder.cancelled += 1
+        if not self._runner.leave(request):  # one that had an element counts as completed
+            self._core.count_cancelled(1)
 
     async def submit_many(
         self,
@@ -582,7 +633,9 @@ class AdaptiveBatcher(Generic[X, Y]):
         per-batch histograms from it (see :mod:`adaptive_batcher.export`).
 
         The listener runs on the event loop, so it must be quick and must not block; an
-        exception it raises is logged (``batch_listener.failed``) and otherwise ignored.
+        exception it raises, ``Exception`` or not, is logged (``batch_listener.failed``) and
+        otherwise ignored (a ``KeyboardInterrupt`` or ``SystemExit`` is raised in the loop
+        after the batch's bookkeeping, as the model's would be).
 
         Raises:
             TypeError: ``listener`` is not callable.
@@ -906,8 +959,8 @@ class AdaptiveBatcher(Generic[X, Y]):
 
     def _fail_unstarted(self, requests: list[Request[asyncio.Future[Any]]]) -> None:
         """Requests a close took off the queue: refused, like a submit after closing."""
-        self.recorder.rejected += self._fail_each(
-            requests, lambda: BatcherClosedError("batcher closed before this ran")
+        self._core.count_rejected(
+            self._fail_each(requests, lambda: BatcherClosedError("batcher closed before this ran"))
         )
 
     def _fail_each(
@@ -927,12 +980,11 @@ class AdaptiveBatcher(Generic[X, Y]):
         """Fail everything still pending and cancel the running batches."""
         self._fail_unstarted(self._core.close(drain=False))
         for requests in self._running:
-            failed = self._fail_each(
-                requests, lambda: BatcherClosedError("batcher closed while this ran")
+            self._core.count_failed(
+                self._fail_each(
+                    requests, lambda: BatcherClosedError("batcher closed while this ran")
+                )
             )
-            self.recorder.failed += failed
-            if self._runner.counted(requests):  # streams answered at their first element
-                self.recorder.completed -= failed
         for batch in self._unstarted:  # their tasks are cancelled before they run
             self._fail_never_ran(batch)
         tasks = {*self._tasks, *self._warming}
@@ -942,13 +994,22 @@ class AdaptiveBatcher(Generic[X, Y]):
             await asyncio.wait(tasks, timeout=0)
         _log.warning("batcher.aborted", batcher=self.name, cancelled_batches=len(tasks))
 
+    def abandon(self) -> None:
+        """Close at once, without settling anything, and release the threads (the model's
+        worker threads, the telemetry sampler): for a batcher whose event loop has been closed,
+        where nothing can run any more and :meth:`aclose` cannot be awaited. Requests still
+        pending stay so (their loop is gone). ``@batched`` calls it for the batchers of closed
+        loops."""
+        self._closed = True
+        self._release()
+
     def _release(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._executor.close()
         if self._sampler is not None and self._sampler.running:
-            self._sampler.stop()
+            self._sampler.stop_soon()  # never a wait on the loop: a reading may be stuck
 
     async def __aenter__(self) -> AdaptiveBatcher[X, Y]:
         if self._closed:
@@ -1039,7 +1100,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                     action.request,
                     DeadlineExceededError("request did not start before its deadline"),
                 ):
-                    self.recorder.expired += 1
+                    self._core.count_expired(1)
             elif type(action) is SetTimer:
                 self._set_timer(action.at_s)
 
@@ -1067,21 +1128,28 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._closed:
             self._fail_unstarted(batch.requests)
             return
-        self.recorder.failed += self._fail_each(
-            batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
+        self._core.count_failed(
+            self._fail_each(
+                batch.requests, lambda: BatcherError("the batch was cancelled before it ran")
+            )
         )
 
     def _tell_listeners(self, record: BatchRecord) -> None:
+        """Call each listener; whatever one raises is logged, and serving goes on (a
+        ``KeyboardInterrupt`` or ``SystemExit`` is raised in the loop afterwards, from a loop
+        callback, as for the model)."""
         for listener in tuple(self._batch_listeners):
             try:
                 listener(record)
-            except Exception as exc:  # a listener must never stop serving
+            except BaseException as exc:  # a listener must never stop serving
                 _log.error(
                     "batch_listener.failed",
                     batcher=self.name,
                     batch_id=record.batch_id,
                     error=describe(exc),
                 )
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    _running_loop().call_soon(_raise, exc)
 
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:
@@ -1129,7 +1197,7 @@ class AdaptiveBatcher(Generic[X, Y]):
                 )
                 await self._runner.run(live)
         except BaseException as exc:  # nothing may leave a caller waiting (e.g. a logger raising)
-            fail_pending(live, exc, self.recorder)
+            fail_pending(live, exc, self._core)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 # raised in the loop once the callers' tasks have seen their errors, as asyncio
                 # raises its own tasks' (from the task's step it would skip their wake-ups)
@@ -1145,18 +1213,20 @@ class AdaptiveBatcher(Generic[X, Y]):
     ) -> None:
         ended = self._now()
         self._core.complete(batch, ended)
-        if live:
-            self._core.record_device_time(ended - started)
-            units = len(live) if self._size_fn is None else sum(r.size for r in live)
-            if self._buckets:
-                units = pad_target(self._buckets, units)  # what the model actually ran
-            self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
-            if self._batch_listeners:
-                record = BatchRecord(
-                    batch.batch_id, live[0].arrival_s, started, ended, len(live), units
-                )
-                self._tell_listeners(record)
-        if self._pumping:  # ended inside create_task (eager task factories, Python 3.12+):
-            self._schedule_pump()  # pumping from here would nest one pump per batch
-        else:
-            self._pump(ended)
+        try:
+            if live:
+                self._core.record_device_time(ended - started)
+                units = len(live) if self._size_fn is None else sum(r.size for r in live)
+                if self._buckets:
+                    units = pad_target(self._buckets, units)  # what the model actually ran
+                self._core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+                if self._batch_listeners:
+                    record = BatchRecord(
+                        batch.batch_id, live[0].arrival_s, started, ended, len(live), units
+                    )
+                    self._tell_listeners(record)
+        finally:  # the slot is free: whatever happened, what is queued must not wait
+            if self._pumping:  # ended inside create_task (eager task factories, 3.12+):
+                self._schedule_pump()  # pumping from here would nest one pump per batch
+            else:
+                self._pump(ended)

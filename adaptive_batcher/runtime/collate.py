@@ -9,7 +9,10 @@
   same for row blocks, with one block of zero rows.
 
 Arrays may be ``torch.Tensor`` or ``numpy.ndarray``; the adapters keep sync models sync and async
-models async, so the executor choice is unchanged.
+models async, so the executor choice is unchanged. Both check what the model returns before
+handing rows out: an output that is not an array, or whose rows do not match the rows it was
+given, raises :class:`~adaptive_batcher.errors.ResultCountError` (every caller of the batch gets
+its own), never someone else's rows.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from adaptive_batcher.errors import ResultCountError
 from adaptive_batcher.runtime.executors import is_async_callable
 
 __all__ = ["concat_rows", "pad_rows", "repeat_last", "row_count", "stacked"]
@@ -76,13 +80,32 @@ def _concat(items: list[Any]) -> Any:
     return np.concatenate(items, axis=0)
 
 
+def _check_rows(adapter: str, output: Any, rows: int, given: str) -> None:
+    """Raise ``ResultCountError`` unless ``output`` is an array with ``rows`` rows (its first
+    dimension): a model whose output rows do not match its input's would hand callers
+    someone else's rows."""
+    shape = getattr(output, "shape", None)
+    if shape is None or len(shape) == 0:
+        got = f"a {type(output).__name__}" if shape is None else "an array of no dimension"
+        raise ResultCountError(
+            f"{adapter}: the model returned {got} for {given}; expected an array of {rows} rows"
+        )
+    if int(shape[0]) != rows:
+        raise ResultCountError(
+            f"{adapter}: the model returned {int(shape[0])} rows for {given}; expected {rows}"
+        )
+
+
 def _split_rows(output: Any, counts: list[int]) -> list[Any]:
+    total = sum(counts)
+    _check_rows("concat_rows", output, total, f"{total} input rows ({len(counts)} items)")
     if _is_torch(output):
         return list(output.split(counts, dim=0))
     return list(np.split(output, np.cumsum(counts)[:-1], axis=0))
 
 
-def _unstack(output: Any) -> list[Any]:
+def _unstack(output: Any, items: int) -> list[Any]:
+    _check_rows("stacked", output, items, f"{items} items")
     return list(output.unbind(0)) if _is_torch(output) else list(output)
 
 
@@ -107,13 +130,19 @@ def _adapt(
 
 
 def stacked(fn: Callable[[Any], Any]) -> Callable[[list[Any]], Sequence[Any]]:
-    """Wrap ``fn(x: (n, *S)) -> (n, *T)`` as a batch model over items of shape ``S``."""
-    return _adapt(fn, _stack, lambda out, _items: _unstack(out))
+    """Wrap ``fn(x: (n, *S)) -> (n, *T)`` as a batch model over items of shape ``S``.
+
+    The wrapped model raises ``ResultCountError`` when ``fn`` returns no array or one whose
+    first dimension is not ``n``."""
+    return _adapt(fn, _stack, lambda out, items: _unstack(out, len(items)))
 
 
 def concat_rows(fn: Callable[[Any], Any]) -> Callable[[list[Any]], Sequence[Any]]:
     """Wrap ``fn(x: (N, *S)) -> (N, *T)`` as a batch model over row blocks ``(r_i, *S)``.
 
-    Each caller receives the ``r_i`` output rows that correspond to its own input rows.
+    Each caller receives the ``r_i`` output rows that correspond to its own input rows. The
+    wrapped model raises ``ResultCountError`` when ``fn`` returns no array or one whose first
+    dimension is not ``N`` (more rows would give the last caller another's, fewer would cut
+    callers short).
     """
     return _adapt(fn, _concat, lambda out, items: _split_rows(out, [row_count(i) for i in items]))

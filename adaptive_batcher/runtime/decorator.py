@@ -24,7 +24,9 @@ class BatchedFunction(Generic[X, Y]):
 
     Calling it (``await f(item, deadline_ms=...)``) submits ``item`` to a batcher owned by this
     object: one batcher per event loop, and, on a method, one per instance. Options are those of
-    :class:`~adaptive_batcher.AdaptiveBatcher`.
+    :class:`~adaptive_batcher.AdaptiveBatcher`. The batchers of event loops that have been
+    closed are released (their worker threads ended) when a batcher is made for a new loop, so
+    a test suite that runs a loop per test keeps one batcher, not one per test.
     """
 
     def __init__(self, fn: Callable[..., Any], options: dict[str, Any]) -> None:
@@ -45,11 +47,21 @@ class BatchedFunction(Generic[X, Y]):
             return last[1]
         batcher = self._batchers.get(loop)
         if batcher is None or batcher.closed:
+            self._release_closed_loops()
             # a policy is stateful: every batcher gets its own copy
             batcher = AdaptiveBatcher(self._fn, **copy.deepcopy(self._options))
             self._batchers[loop] = batcher
         self._last = (loop, batcher)
         return batcher
+
+    def _release_closed_loops(self) -> None:
+        """Forget the batchers of event loops that were closed (an ``asyncio.run`` per test)
+        and release their threads: the model's worker threads and the telemetry sampler. (A
+        batcher holds its loop, so the weak mapping alone would keep them all.)"""
+        for loop, batcher in list(self._batchers.items()):
+            if loop.is_closed():
+                del self._batchers[loop]
+                batcher.abandon()
 
     async def __call__(self, item: X, *, deadline_ms: float | None = None) -> Y:
         return await self.batcher.submit(item, deadline_ms=deadline_ms)

@@ -17,13 +17,19 @@ number of items (``PaddingError``, before the model runs), a deadline, or the ba
 A batch holds its execution slot until the model's generator is exhausted; when every caller of
 a batch has left (ended, failed or stopped reading), the generator is closed at once and the slot
 freed.
-Elements are buffered per caller: the model is not held back by a slow reader.
+Elements are buffered per caller: by default the model is not held back by a slow reader, and a
+stream's buffer is unbounded. ``max_buffered_elements`` bounds it; when a reader falls that far
+behind, ``stream_overflow="fail"`` ends that stream with ``StreamBufferFullError`` (after the
+elements it buffered; the others go on), and ``"hold"`` makes the model's next step wait until
+every open stream has room (nothing is dropped; the batch runs at its slowest reader's pace).
 
-Counting: a stream counts as answered at its first element (its latency is the time to its first
-element, which is what an SLO and :meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure); one
-that fails after that (the model raises, a close times out) moves from ``completed`` to
-``failed``, and a caller that stops reading after that leaves it ``completed`` (one that stops
-before counts as ``cancelled``). The batch's service time is the whole stream.
+Counting: a stream's latency is the time to its first element (what an SLO and
+:meth:`~adaptive_batcher.AdaptiveBatcher.stats` measure), recorded then; its outcome is counted
+once, when it ends: ``completed`` at its normal end (``within_slo`` if its first element came
+in time), ``failed`` at its error (the model raises, a close times out, after elements or not),
+and a caller that stops reading (or a ``submit`` caller cancelled) after its first element
+counts as ``completed``, one that stops before as ``cancelled``. So every count only goes up.
+The batch's service time is the whole stream.
 """
 
 from __future__ import annotations
@@ -36,13 +42,19 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher.core import BatcherCore
 from adaptive_batcher.engine import Request, RequestState
-from adaptive_batcher.errors import BatchFailedError, PaddingError, describe
-from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.errors import (
+    BatchFailedError,
+    ConcurrentReadError,
+    PaddingError,
+    StreamBufferFullError,
+    describe,
+)
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 
-__all__ = ["Stream", "StreamRequest", "StreamRunner", "ends_stream"]
+__all__ = ["CollectedRequest", "Stream", "StreamRequest", "StreamRunner", "ends_stream"]
 
 _log = get_logger()
 T = TypeVar("T")
@@ -59,15 +71,43 @@ def ends_stream(element: object) -> bool:
     )
 
 
+class CollectedRequest(Request[asyncio.Future[Any]]):
+    """A ``submit`` caller of a streaming model: the engine's request and the caller's item;
+    its future gets the list of its elements at the stream's end.
+
+    ``in_time`` is None until its batch's first step, then whether that step came within the
+    SLO: a caller that leaves after it counts as completed (in time or not), before it as
+    cancelled.
+    """
+
+    __slots__ = ("in_time", "item")
+
+    def __init__(
+        self,
+        item: Any,
+        future: asyncio.Future[Any],
+        arrival_s: float,
+        size: int,
+        deadline_s: float | None,
+    ) -> None:
+        self.handle = future
+        self.arrival_s = arrival_s
+        self.size = size
+        self.deadline_s = deadline_s
+        self.state = RequestState.QUEUED
+        self.item = item
+        self.in_time: bool | None = None
+
+
 class StreamRequest(Request[asyncio.Future[Any]]):
     """A queued stream: the engine's request, the caller's item and the elements not yet read.
 
     ``handle`` is the stream's end: its result (None) is a normal end, its exception the
-    stream's error; a cancelled handle means that the caller left. ``answered`` is True once
-    the stream was counted as completed (at its batch's first step).
+    stream's error; a cancelled handle means that the caller left. ``in_time`` as for
+    :class:`CollectedRequest`.
     """
 
-    __slots__ = ("answered", "elements", "item", "waiter")
+    __slots__ = ("elements", "in_time", "item", "room_waiter", "waiter")
 
     def __init__(
         self,
@@ -85,7 +125,8 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.item = item
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
-        self.answered = False  # counted as completed: its batch's first step was handed out
+        self.room_waiter: asyncio.Future[None] | None = None  # a held batch step waits on it
+        self.in_time: bool | None = None
         future.add_done_callback(self._on_end)
 
     def push(self, element: Any) -> None:
@@ -93,9 +134,30 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         self.elements.append(element)
         self._wake()
 
+    def take(self) -> Any:
+        """The oldest element not yet read (call only while there is one)."""
+        element = self.elements.popleft()
+        if self.room_waiter is not None:
+            self._wake_room()
+        return element
+
+    async def room(self) -> None:
+        """Wait until the reader takes an element or the stream ends."""
+        if self.room_waiter is None:
+            self.room_waiter = self.handle.get_loop().create_future()
+        await self.room_waiter
+
     def _on_end(self, future: asyncio.Future[Any]) -> None:
         del future
         self._wake()
+        self._wake_room()
+
+    def _wake_room(self) -> None:
+        waiter = self.room_waiter
+        if waiter is not None:
+            self.room_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -115,7 +177,13 @@ class Stream(AsyncIterator[T]):
     ``async for`` over ``submit_stream(...)`` itself). A stream kept in a variable after a
     ``break`` may still be read on, so it is withdrawn only when closed or dropped.
 
+    One task reads a stream at a time (as with an async generator): a task that asks for the
+    next element while another task waits for it gets ``ConcurrentReadError`` at once, and the
+    waiting reader reads on undisturbed (two readers sharing elements would each see an
+    arbitrary part of the stream). Tasks may take turns.
+
     Raises (from ``__anext__``):
+        ConcurrentReadError: another task is waiting for the next element (nothing changes).
         Exception: the stream's error (see the module docstring), after its elements; then
             ``StopAsyncIteration``, as for a stream that ended or was left.
     """
@@ -135,17 +203,24 @@ class Stream(AsyncIterator[T]):
         handle, elements = request.handle, request.elements
         while not self._over:
             if elements:
-                element: T = elements.popleft()
+                element: T = request.take()
                 return element
             if handle.done():
                 self._over = True
                 handle.result()  # raises the stream's error
                 break
+            if request.waiter is not None:  # another task waits: one reader at a time
+                raise ConcurrentReadError(
+                    "another task is already waiting for this stream's next element; a "
+                    "stream has one reader at a time"
+                )
             waiter: asyncio.Future[None] = handle.get_loop().create_future()
             request.waiter = waiter
             try:
                 await waiter
             except BaseException:  # cancelled while waiting: the caller has left
+                if request.waiter is waiter:
+                    request.waiter = None
                 self._stop()
                 raise
         raise StopAsyncIteration
@@ -156,8 +231,11 @@ class Stream(AsyncIterator[T]):
 
     def _stop(self) -> None:
         self._over = True
-        if not self._request.handle.done():
+        handle = self._request.handle
+        if not handle.done():
             self._leave(self._request)
+        else:  # it ended, maybe with an error this reader will never read: mark it read now,
+            _read_error(handle)  # not at collection, where the future may be finalized first
 
     def __del__(self) -> None:
         handle = self._request.handle
@@ -196,16 +274,28 @@ class StreamRunner(BatchRunner):
             answered.
     """
 
-    def __init__(self, executor: StreamExecutor, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        executor: StreamExecutor,
+        *args: Any,
+        max_buffered: int | None = None,
+        overflow: str = "fail",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(executor, *args, **kwargs)
         if self.bisect:
             raise ValueError("bisect_on_error does not apply to a streaming model")
         self.streamer = executor
-        self._deliveries: dict[int, _Delivery] = {}  # the running batches', by id(requests)
+        self.max_buffered = max_buffered
+        self.hold = overflow == "hold"
 
-    def counted(self, requests: list[Any]) -> bool:
-        delivery = self._deliveries.get(id(requests))
-        return delivery is not None and delivery.answered
+    def leave(self, request: Any) -> bool:
+        in_time: bool | None = getattr(request, "in_time", None)
+        if in_time is None:  # no first element yet: the caller counts it as cancelled
+            return False
+        request.in_time = None  # counted once
+        self.core.count_completed(1, int(in_time))
+        return True
 
     async def run(self, requests: list[Any]) -> None:
         """Stream ``requests`` through the model and settle each stream.
@@ -214,7 +304,7 @@ class StreamRunner(BatchRunner):
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
         """
-        delivery = self._deliveries[id(requests)] = _Delivery(requests, self.recorder, self.clock)
+        delivery = _Delivery(requests, self.core, self.clock, self.max_buffered, self.name)
         stream: AsyncIterator[Sequence[Any]] | None = None
         try:
             batch = self.pad(list(map(_item_of, requests)), self._units(requests))
@@ -224,6 +314,8 @@ class StreamRunner(BatchRunner):
                 check_results(step, expected)
                 if not delivery.deliver(step):
                     break  # every caller has ended or left: stop the model now
+                if self.hold and not await delivery.room():
+                    break  # every caller left while the step was held
             delivery.end_all()
         except PaddingError as exc:  # before the model ran: nothing was delivered
             self.padding_failed(requests, exc)
@@ -241,7 +333,6 @@ class StreamRunner(BatchRunner):
             delivery.fail_all(exc)
             raise
         finally:
-            del self._deliveries[id(requests)]
             if stream is not None:
                 await self._close(stream)
 
@@ -275,13 +366,22 @@ class StreamRunner(BatchRunner):
 
 
 class _Delivery:
-    """Hands one batch's steps to its callers and keeps the counts right."""
+    """Hands one batch's steps to its callers and counts each caller once, at its end."""
 
-    def __init__(self, requests: list[Any], recorder: Recorder, clock: Callable[[], float]):
+    def __init__(
+        self,
+        requests: list[Any],
+        core: BatcherCore[Any],
+        clock: Callable[[], float],
+        max_buffered: int | None,
+        name: str,
+    ):
         self.requests = requests
-        self.recorder = recorder
+        self.core = core
         self.clock = clock
-        self.answered = False  # the first step has been handed out (and counted)
+        self.max_buffered = max_buffered  # None: unbounded
+        self.name = name
+        self.answered = False  # the first step has been handed out
         # callers of submit(): their elements, set as their result at their end
         self.collected: dict[int, list[Any]] = {
             id(r): [] for r in requests if type(r) is not StreamRequest
@@ -289,57 +389,87 @@ class _Delivery:
 
     def deliver(self, step: Sequence[Any]) -> bool:
         """Hand out one step; True while some caller is still reading."""
-        first = not self.answered
-        self.answered = True
-        arrivals: list[float] = []
-        failed = 0
+        if not self.answered:
+            self.answered = True
+            self._first_step()
         reading = False
         for request, element in zip(self.requests, step, strict=False):
             future = request.handle
             if future.done():
                 continue
-            if first:
-                arrivals.append(request.arrival_s)
-                if type(request) is StreamRequest:
-                    request.answered = True
             if ends_stream(element):
                 self._end(request)
             elif isinstance(element, BaseException):
                 if not isinstance(element, Exception):  # never hand KeyboardInterrupt & co. on
                     element = BatchFailedError(element, len(self.requests))
                 future.set_exception(element)
-                failed += 1
-            else:
-                self._push(request, element)
+                self.core.count_failed(1)
+            elif self._push(request, element):
                 reading = True
-        if first:
-            self.recorder.record_answers(arrivals, failed, self.clock())
-        elif failed:
-            self._move_to_failed(failed)
         return reading
 
+    def _first_step(self) -> None:
+        """The latencies of the callers still open, whose first element this step holds."""
+        pending = [r for r in self.requests if not r.handle.done()]
+        in_time = self.core.record_first_elements([r.arrival_s for r in pending], self.clock())
+        for request, good in zip(pending, in_time, strict=True):
+            request.in_time = good
+
     def end_all(self) -> None:
-        """The model's stream is over: every stream still open ends normally."""
+        """The model's stream is over: every stream still open ends normally (one that had
+        no element has its latency, to this end, recorded now)."""
+        if not self.answered:
+            self.answered = True
+            self._first_step()
         for request in self.requests:
             if not request.handle.done():
                 self._end(request)
 
     def fail_all(self, exc: BaseException) -> int:
         """Fail every stream still open with its own typed error; returns how many."""
-        failed = fail_pending(self.requests, exc, self.recorder)
-        if self.answered:  # they were counted as completed at the first step
-            self.recorder.completed -= failed
-        return failed
+        return fail_pending(self.requests, exc, self.core)
 
-    def _push(self, request: Any, element: Any) -> None:
-        if type(request) is StreamRequest:
-            request.push(element)
-        else:
+    def _push(self, request: Any, element: Any) -> bool:
+        """Buffer ``element`` for ``request``; False if its reader's buffer was full: the
+        stream then ends with ``StreamBufferFullError`` (after what it buffered)."""
+        if type(request) is not StreamRequest:
             self.collected[id(request)].append(element)
+            return True
+        bound = self.max_buffered
+        if bound is not None and len(request.elements) >= bound:
+            request.handle.set_exception(
+                StreamBufferFullError(
+                    f"the reader fell behind: {bound} elements were waiting unread "
+                    "(max_buffered_elements) when the model produced another"
+                )
+            )
+            self.core.count_failed(1)
+            _log.warning("stream.overflow", batcher=self.name, max_buffered_elements=bound)
+            return False
+        request.push(element)
+        return True
+
+    async def room(self) -> bool:
+        """Wait until every open stream's buffer has room for one more element (the "hold"
+        policy: the model's next step waits for the slowest reader); False if no caller is
+        left open meanwhile (the model stops)."""
+        bound = self.max_buffered
+        assert bound is not None
+        while True:
+            full = None
+            open_ = False
+            for request in self.requests:
+                if request.handle.done():
+                    continue
+                open_ = True
+                if type(request) is StreamRequest and len(request.elements) >= bound:
+                    full = request
+                    break
+            if full is None:
+                return open_
+            await full.room()
 
     def _end(self, request: Any) -> None:
+        """A normal end: completed, in time if its first element was."""
         request.handle.set_result(self.collected.pop(id(request), None))
-
-    def _move_to_failed(self, failed: int) -> None:
-        self.recorder.completed -= failed
-        self.recorder.failed += failed
+        self.core.count_completed(1, int(bool(request.in_time)))

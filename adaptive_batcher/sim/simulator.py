@@ -157,13 +157,31 @@ class Simulator:
             TypeError: ``workload`` is neither; the service model returned a time that is not
                 a number.
             ValueError: the service model returned a time that is NaN, infinite or negative
-                (the message names the model, the batch size and the value).
+                (the message names the model, the batch size and the value); or, with
+                ``ClosedLoop(think_s=0)``, a request ended at the instant it was sent (answered
+                with no service time and no window, refused by a full queue, or shed at once):
+                its client would send again at once, forever, without the clock moving.
         """
         if not isinstance(workload, Arrivals | ClosedLoop):
             raise TypeError(
                 f"workload must be Arrivals or a ClosedLoop, got {type(workload).__name__}"
             )
         return _Replay(self, workload).run()
+
+
+_OUTCOME_NAMES = {Outcome.OK: "answered", Outcome.REJECTED: "refused", Outcome.EXPIRED: "expired"}
+
+
+def _no_progress(client: int, request_id: int, outcome: int, at_s: float) -> str:
+    """Why a closed loop with no think time cannot go on: a request that took no time."""
+    how = _OUTCOME_NAMES.get(outcome, "failed")
+    return (
+        f"ClosedLoop(think_s=0) makes no progress: client {client}'s request {request_id} was "
+        f"{how} at the instant it was sent ({at_s:g} s), so the client would send again at "
+        "once, forever, and the virtual clock would never advance; give the clients a think "
+        "time > 0, or make every request take time (a service time > 0 or a window > 0, and a "
+        "queue with room for every client)"
+    )
 
 
 def _seen_arrivals(times_s: npt.ArrayLike, faults: Faults | None) -> npt.NDArray[np.float64]:
@@ -423,7 +441,7 @@ class _Replay:
             if type(action) is Dispatch:
                 self._dispatch(action.batch)
             elif type(action) is Expire:
-                self.recorder.expired += 1
+                self.core.count_expired(1)
                 self._finish(action.request.handle, Outcome.EXPIRED)
             elif type(action) is SetTimer:
                 at, seen = action.at_s, self.seen
@@ -441,6 +459,8 @@ class _Replay:
             return
         client = state.client[request_id]
         if client >= 0:
+            if self.closed.think_s == 0 and done <= state.arrival_s[request_id]:
+                raise ValueError(_no_progress(client, request_id, outcome, done))
             at = max(self.closed.next_arrival(done, self.rng), self.now)  # never in the past
             if self.seen is not None:
                 at = self.seen(at)
@@ -530,7 +550,7 @@ class _Replay:
                 idle = 0.0
                 outcome = Outcome.OK
             elif count == 1:  # an OOM on a single item: it cannot be split further
-                self.recorder.failed += 1
+                core.count_failed(1)
                 outcome = Outcome.FAILED
             else:
                 continue  # split and re-run: the halves are parts of their own

@@ -108,10 +108,13 @@ def load_trace(
 
     Raises:
         OSError: the file cannot be read (FileNotFoundError when absent).
-        ValueError: a bad argument (the message names it), or a bad file: no header, no rows
-            or records, a missing column or field, a time or size that does not parse (the
-            message names the file, the column and the line), ``start_s`` past the end of the
-            trace.
+        ValueError: a bad argument (the message names it), or a bad file: not UTF-8 (a
+            byte-order mark is allowed), no header, no rows or records, malformed CSV (a quote
+            left open, a row whose field count is not the header's, a column named twice) or
+            JSON (not one object per line, nesting too deep, a field given twice), a missing
+            column or field, a time or size that does not parse, is out of range or overflows
+            (the message names the file, the line and the column), ``start_s`` past the end of
+            the trace. No row is skipped but blank lines.
     """
     where = os.fspath(path)
     _check_window(compress, start_s, duration_s, max_units)

@@ -111,7 +111,8 @@ class TelemetrySampler:
     The sampler does not own the source: :meth:`stop` does not close it.
 
     Use as a context manager (``with TelemetrySampler(src) as sampler: ...``) or call
-    :meth:`start` and :meth:`stop`. It can be started again after a stop.
+    :meth:`start` and :meth:`stop` (:meth:`stop_soon` on an event loop's thread, which must
+    never wait for another thread). It can be started again after a stop.
 
     Args:
         source: the telemetry source to read.
@@ -136,7 +137,7 @@ class TelemetrySampler:
         self._integrals = _Integrals()
         self._count = 0
         self._warned = False
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the running thread's own; a new one per start
         self._thread: threading.Thread | None = None
 
     @property
@@ -172,9 +173,9 @@ class TelemetrySampler:
         """Start the sampling thread; RuntimeError("sampler is already running") if it runs."""
         if self.running:
             raise RuntimeError("sampler is already running")
-        self._stop.clear()
+        self._stop = threading.Event()  # a thread left behind keeps its own, set
         self._thread = threading.Thread(
-            target=self._run, name="adaptive_batcher.telemetry", daemon=True
+            target=self._run, args=(self._stop,), name="adaptive_batcher.telemetry", daemon=True
         )
         self._thread.start()
 
@@ -195,16 +196,33 @@ class TelemetrySampler:
             return
         self._thread = None
 
-    def _run(self) -> None:
-        """Sample, then sleep until the next tick; a late tick does not trigger a burst."""
+    def stop_soon(self) -> None:
+        """Ask the thread to stop and return at once, without waiting for it: the call for an
+        event loop's thread, which must never wait for another thread (a reading stuck in
+        ``source.sample()``, a wedged NVML call, would freeze the loop).
+
+        The thread ends by itself: at once when it is between readings, else when the reading
+        in progress returns (that reading is dropped). :attr:`running` is False from now on,
+        and :meth:`start` may start a new thread. Idempotent; does not close the source.
+        """
+        self._stop.set()
+        self._thread = None
+
+    def _run(self, stop: threading.Event) -> None:
+        """Sample, then sleep until the next tick; a late tick does not trigger a burst.
+        ``stop`` is this thread's own flag: a thread left behind by :meth:`stop_soon` stores
+        nothing once it is set, even after a new thread has started."""
         next_s = self._clock()
-        while not self._stop.is_set():
-            self.sample_now()
+        while not stop.is_set():
+            reading = self._read()
+            if stop.is_set():
+                break
+            self._store(reading)
             next_s += self._interval_s
             delay_s = next_s - self._clock()
             if delay_s < 0.0 or not math.isfinite(delay_s):
                 next_s, delay_s = self._clock(), 0.0
-            self._stop.wait(delay_s)
+            stop.wait(delay_s)
 
     def sample_now(self) -> TelemetrySample:
         """Take one reading in the calling thread, store it as :attr:`latest` and return it.
@@ -212,16 +230,23 @@ class TelemetrySampler:
         Used by the sampling thread; also handy in tests and for a reading at start-up.
         Raises nothing: a raising source gives an all-unknown reading.
         """
+        reading = self._read()
+        self._store(reading)
+        return reading
+
+    def _read(self) -> TelemetrySample:
+        """One reading of the source; an all-unknown one, warned about once, if it raises."""
         try:
-            reading = self._source.sample()
+            return self._source.sample()
         except Exception as exc:
             self._warn_once(exc)
-            reading = TelemetrySample(time_s=self._clock(), source=self._source.name)
+            return TelemetrySample(time_s=self._clock(), source=self._source.name)
+
+    def _store(self, reading: TelemetrySample) -> None:
         with self._lock:
             self._latest = reading
             self._integrals.add(reading)
             self._count += 1
-        return reading
 
     def _warn_once(self, exc: BaseException) -> None:
         with self._lock:

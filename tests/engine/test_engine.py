@@ -176,6 +176,62 @@ def test_deadline_expires_on_timer_while_slot_is_busy() -> None:
     assert engine.queue_depth == 0
 
 
+def test_a_deadline_before_the_window_closes_starts_the_batch_on_an_idle_engine() -> None:
+    """Before: with window 200 ms and a free slot, a request with a 20 ms deadline waited for
+    the window and expired at 20 ms. Now its deadline bounds its queue delay (Triton's rule):
+    the batch, with whatever queued meanwhile, starts at 20 ms."""
+    engine = make_engine(window_s=0.200, cap=8)
+    assert engine.arrive(Request(0, 0.0), 0.0) is True
+    assert timer(engine.poll(0.0)) == pytest.approx(0.200)
+    urgent = Request(1, 0.005, deadline_s=0.025)
+    assert engine.arrive(urgent, 0.005) is True  # the timer must move to its deadline
+    assert timer(engine.poll(0.005)) == pytest.approx(0.025)
+    engine.arrive(Request(2, 0.010), 0.010)
+    actions = engine.poll(0.025)
+    assert dispatched(actions) == [[0, 1, 2]]
+    assert not [a for a in actions if isinstance(a, Expire)]
+    assert urgent.state == RequestState.DISPATCHED
+    (batch,) = [a.batch for a in actions if isinstance(a, Dispatch)]
+    assert batch.window_idle_s == 0.0  # not a batch its window released
+
+
+def test_a_deadline_falls_due_with_the_slot_busy_and_expires_then_the_rest_waits() -> None:
+    engine = make_engine(window_s=0.200, cap=8)
+    engine.arrive(Request(0, 0.0), 0.0)
+    engine.arrive(Request(1, 0.0), 0.0)
+    engine.set_limits(EngineLimits(0.0, 1, 1))
+    assert dispatched(engine.poll(0.0)) == [[0]]  # cap 1: request 1 waits for the slot
+    engine.set_limits(EngineLimits(0.200, 8, 1))
+    engine.arrive(Request(2, 0.001, deadline_s=0.020), 0.001)
+    actions = engine.poll(0.020)  # the slot is still busy at the deadline
+    assert [a.request.handle for a in actions if isinstance(a, Expire)] == [2]
+    assert dispatched(actions) == []
+
+
+def test_deadlines_set_in_the_past_expire_at_the_next_poll_even_with_a_slot_free() -> None:
+    """Shedding that begins after requests queued (expire_after) gives some of them deadlines
+    already past: they expire, as expire_after says; the ones still ahead start at theirs."""
+    engine = make_engine(window_s=0.200, cap=8)
+    engine.arrive(Request(0, 0.0), 0.0)
+    engine.arrive(Request(1, 0.040), 0.040)
+    engine.poll(0.040)
+    engine.expire_after(0.030)  # at 0.05 s: request 0's deadline, 0.03 s, is past
+    actions = engine.poll(0.050)
+    assert [a.request.handle for a in actions if isinstance(a, Expire)] == [0]
+    assert timer(actions) == pytest.approx(0.070)  # request 1's deadline
+    assert dispatched(engine.poll(0.070)) == [[1]]  # it comes with the slot free: it starts
+
+
+def test_a_slot_freeing_at_a_deadline_starts_that_request() -> None:
+    engine = make_engine(window_s=0.0, cap=1)
+    engine.arrive(Request(0, 0.0), 0.0)
+    (running,) = [a.batch for a in engine.poll(0.0) if isinstance(a, Dispatch)]
+    engine.arrive(Request(1, 0.001, deadline_s=0.010), 0.001)
+    engine.poll(0.001)
+    engine.complete(running, 0.010)
+    assert dispatched(engine.poll(0.010)) == [[1]]
+
+
 def test_cancelled_requests_are_skipped_and_not_counted() -> None:
     engine = make_engine(window_s=0.010, cap=3)
     requests = [Request(i, 0.0) for i in range(5)]

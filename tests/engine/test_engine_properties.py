@@ -2,7 +2,8 @@
 
 Invariants: every request ends exactly once (dispatched, expired, cancelled or rejected), no batch
 exceeds the cap in force (a lone item larger than a lowered cap excepted; never the hard cap), the
-queue is FIFO, slots are never oversubscribed, and a drained engine ends idle.
+queue is FIFO, slots are never oversubscribed, a drained engine ends idle, and a deadline bounds
+a request's queue delay: it starts by its deadline, or expires at it with every slot busy.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Harness:
     def poll(self) -> None:
         cap = self.engine.limits.max_batch_size
         actions = self.engine.poll(self.now)
+        if any(type(a) is Expire for a in actions):
+            # a request expires only when no slot can take it at its deadline: one free at
+            # its deadline starts it instead (its deadline bounds its queue delay)
+            assert self.engine.in_flight == self.engine.limits.max_concurrent_batches
         # expirations come earliest deadline first, ties in arrival order (one heap's order)
         expired = [(a.request.deadline_s, a.request.handle) for a in actions if type(a) is Expire]
         assert expired == sorted(expired)  # type: ignore[type-var]
@@ -169,4 +174,24 @@ def test_deadlines_expire_on_time_and_never_after_dispatch(ops: list[tuple[objec
             # the engine's timer always covers the earliest deadline, so expiry is punctual
             assert h.ended_at[request.handle] == request.deadline_s
         if request.state == RequestState.DISPATCHED and request.deadline_s is not None:
-            assert h.ended_at[request.handle] < request.deadline_s
+            # started at its deadline at the latest: at it if the window would have held it
+            assert h.ended_at[request.handle] <= request.deadline_s
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=operations, slots=st.integers(1, 3))
+def test_a_deadline_bounds_the_queue_delay_whenever_a_slot_is_free(
+    ops: list[tuple[object, ...]], slots: int
+) -> None:
+    """Every request with a deadline either starts by it or expires at it with every slot
+    busy (checked at each poll); never expires waiting for a window with a slot free."""
+    h = run(ops, slots)
+    drain(h)
+    for request in h.requests:
+        if request.deadline_s is None or request.state not in (
+            RequestState.DISPATCHED,
+            RequestState.EXPIRED,
+        ):
+            continue
+        waited = h.ended_at[request.handle] - request.arrival_s
+        assert waited <= request.deadline_s - request.arrival_s

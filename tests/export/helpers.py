@@ -25,12 +25,14 @@ async def mixed_traffic(batcher: AdaptiveBatcher[float, Any]) -> None:
     for size in (1, 3, 4):
         assert await batcher.submit_many([1.0] * size) == [2.0] * size
         await asyncio.sleep(0.05)
-    results = await batcher.submit_many([1.0, -1.0, 2.0], return_exceptions=True)
-    assert isinstance(results[1], ValueError)
-    await asyncio.sleep(0.05)
-    # with a 2 ms window, a 1 ms deadline passes before the batch starts
+    running = asyncio.ensure_future(batcher.submit_many([1.0, -1.0, 2.0], return_exceptions=True))
+    await asyncio.sleep(0.003)  # its window (2 ms) is over: its batch holds the slot to 6 ms
+    # a 1 ms deadline passes while the only slot is busy (with one free, it would start)
     late = await asyncio.gather(batcher.submit(1.0, deadline_ms=1.0), return_exceptions=True)
     assert isinstance(late[0], DeadlineExceededError)
+    results = await running
+    assert isinstance(results[1], ValueError)
+    await asyncio.sleep(0.05)
     waiting = asyncio.ensure_future(batcher.submit(5.0))
     await asyncio.sleep(0)
     waiting.cancel()

@@ -180,8 +180,11 @@ def test_two_replicas_answer_or_refuse_and_a_killed_one_loses_only_what_it_held(
 
     # every request was answered or refused with a 503, but those the killed replica held:
     # a 500 each, all in flight when it was killed, no more than a replica accepts at once
+    # (or a 408, within the example's BODY_TIMEOUT_S: one whose body the killed replica had
+    # read before Serve re-sent it to the other, which would wait for it until the client's
+    # timeout)
     assert len(answers) == requests
-    assert set(statuses) <= {200, 503, 500}
+    assert set(statuses) <= {200, 503, 500, 408}
     assert all(a.sent_s < kill["to_s"] and a.done_s > kill["from_s"] for a in lost)
     assert len(lost) <= MAX_ONGOING
     assert statuses[503] > 0  # the router's queue is kept short: Serve refuses some

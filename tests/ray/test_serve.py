@@ -165,3 +165,31 @@ def test_the_upstream_script_says_where_to_get_the_file(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "do not ship their tests" in done.stderr
+
+
+@pytest.mark.parametrize("replica", [64], indirect=True)
+async def test_the_example_answers_408_when_a_request_body_never_arrives(
+    replica: DeploymentConfig,
+) -> None:
+    """Ray Serve re-sends a request whose replica died right after accepting it; the body may
+    have been read by the dead one, and the replica it is re-sent to waited for it until the
+    client's timeout (the flaky replica-kill test: 60 s, then httpx.ReadTimeout)."""
+    from starlette.requests import Request
+
+    from adaptive_batcher.examples.ray_scaleout import ScaleOut
+
+    async def body_that_never_comes() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def body(x: float) -> dict[str, Any]:
+        return {"type": "http.request", "body": f'{{"x": {x}}}'.encode(), "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
+    model = ScaleOut(base_ms=1.0, per_item_ms=0.0, body_timeout_s=0.05)
+    stuck = await model(Request(scope, body_that_never_comes))
+    assert stuck.status_code == 408
+    assert stuck.body == b'{"error":"the request body did not arrive within 0.05 s"}'
+    answered = await model(Request(scope, lambda: body(1.5)))
+    assert answered.status_code == 200
+    await model.predict.aclose(model)  # type: ignore[attr-defined]

@@ -128,3 +128,53 @@ def test_slo_attainment_is_the_share_of_the_window_within_the_slo() -> None:
             assert math.isnan(batcher.stats().slo_attainment)
 
     run_in_virtual_time(main())
+
+
+class Halt(BaseException):
+    """A BaseException that is not an Exception (nor KeyboardInterrupt or SystemExit)."""
+
+
+async def test_a_listener_raising_a_base_exception_is_logged_and_the_queue_still_runs() -> None:
+    """Before: the exception left the batch's bookkeeping before its pump, so the requests
+    queued behind the batch sat until another arrival or a close."""
+
+    def halting(record: BatchRecord) -> None:
+        raise Halt("listener stalled")
+
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(0.001)
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=1, window_ms=0)
+    batcher.add_batch_listener(halting)
+    with capture_logs() as logs:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(batcher.submit(i) for i in range(3))), timeout=5
+        )
+    await batcher.aclose()
+    assert results == [0, 1, 2]
+    failed = [e for e in logs if e["event"] == "batch_listener.failed"]
+    assert len(failed) == 3
+    assert failed[0]["error"] == "Halt('listener stalled')"
+
+
+def test_a_listener_raising_keyboard_interrupt_stops_the_program_after_its_batch() -> None:
+    """The batch's callers have their results first; then asyncio.run raises the interrupt."""
+    results: list[int] = []
+
+    def interrupting(record: BatchRecord) -> None:
+        raise KeyboardInterrupt
+
+    async def main() -> None:
+        batcher = AdaptiveBatcher(lambda b: b, max_batch_size=2, window_ms=0, executor="inline")
+        batcher.add_batch_listener(interrupting)
+
+        async def call(x: int) -> None:
+            results.append(await batcher.submit(x))
+
+        await asyncio.gather(call(1), call(2))
+        await asyncio.sleep(1)  # the interrupt comes before this ends
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert results == [1, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from adaptive_batcher import (
     BatchFailedError,
     ResultCountError,
 )
+from adaptive_batcher.telemetry import TelemetrySample
 from adaptive_batcher.testing import EchoModel
 
 
@@ -277,3 +279,38 @@ def test_more_constructor_checks(
 ) -> None:
     with pytest.raises(error, match=message):
         AdaptiveBatcher(EchoModel(), **kwargs)
+
+
+class StuckTelemetry:
+    """A telemetry source whose sample() blocks until released (a wedged NVML call)."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def sample(self) -> TelemetrySample:
+        self.entered.set()
+        self.release.wait()
+        return TelemetrySample(source=self.name)
+
+
+@pytest.mark.parametrize("timeout_s", [0.2, None])
+async def test_a_close_never_waits_for_a_stuck_telemetry_reading(timeout_s: float | None) -> None:
+    """Before: aclose joined the sampler's thread on the event loop with no bound, so a stuck
+    sample() froze the loop until it returned (here: until the safety timer released it)."""
+    source = StuckTelemetry()
+    safety = threading.Timer(5.0, source.release.set)  # the old code's loop thaws only then
+    safety.start()
+    try:
+        batcher = AdaptiveBatcher(
+            lambda b: b, telemetry=source, telemetry_hz=100, window_ms=0, executor="inline"
+        )
+        assert await batcher.submit(1) == 1
+        assert await asyncio.to_thread(source.entered.wait, 5)
+        await batcher.aclose(timeout_s=timeout_s)
+        assert not source.release.is_set()  # the close returned while the reading was stuck
+    finally:
+        source.release.set()
+        safety.cancel()

@@ -12,9 +12,11 @@ from adaptive_batcher import (
     AdaptiveBatcher,
     BatcherClosedError,
     BatchFailedError,
+    ConcurrentReadError,
     DeadlineExceededError,
     PaddingError,
     ResultCountError,
+    StreamBufferFullError,
     batched,
 )
 from adaptive_batcher.runtime.decorator import BatchedStream
@@ -538,3 +540,146 @@ async def test_warmup_runs_a_streaming_model_to_the_end_at_each_size() -> None:
         timings = await batcher.warmup(lambda: 1)
         assert sorted(timings) == [2, 4]
     assert steps == [2, 2, 4, 4]
+
+
+async def test_a_second_task_reading_a_stream_gets_a_typed_error_and_the_first_reads_on() -> None:
+    """Before: the second reader replaced the first's wake-up, and the first waited forever,
+    even after the stream had ended."""
+    gate = asyncio.Event()
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        await gate.wait()
+        for step in range(3):
+            yield [f"{item}{step}" for item in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=1, window_ms=0) as batcher:
+        stream = batcher.submit_stream("a")
+        first = asyncio.ensure_future(read(stream))
+        await asyncio.sleep(0.01)  # the first reader waits for an element
+        try:
+            with pytest.raises(
+                ConcurrentReadError,
+                match=r"^another task is already waiting for this stream's next element; "
+                r"a stream has one reader at a time$",
+            ):
+                await asyncio.wait_for(anext(stream), timeout=5)
+        finally:
+            gate.set()
+        assert await asyncio.wait_for(first, timeout=5) == ["a0", "a1", "a2"]
+        counts = batcher.stats().counts
+    assert (counts.submitted, counts.completed) == (1, 1)
+
+
+async def test_tasks_may_take_turns_reading_a_stream() -> None:
+    async with AdaptiveBatcher(three_steps, max_batch_size=1, window_ms=0) as batcher:
+        stream = batcher.submit_stream("a")
+        assert await asyncio.ensure_future(anext(stream)) == "a0"
+        assert await asyncio.ensure_future(anext(stream)) == "a1"
+        assert await asyncio.wait_for(read(stream), timeout=5) == ["a2"]
+
+
+async def ten_steps(batch: list[str]) -> AsyncIterator[list[str]]:
+    for step in range(10):
+        await asyncio.sleep(0)
+        yield [f"{item}{step}" for item in batch]
+
+
+async def test_a_reader_that_falls_behind_its_bound_fails_with_buffer_full() -> None:
+    """stream_overflow="fail": the slow stream ends after its buffered elements with a typed
+    error; its batchmate reads every element (before, buffers grew without limit)."""
+    async with AdaptiveBatcher(
+        ten_steps, max_batch_size=2, window_ms=0, max_buffered_elements=3
+    ) as batcher:
+        slow = batcher.submit_stream("s")
+        fast = asyncio.ensure_future(read(batcher.submit_stream("f")))
+        assert await fast == [f"f{i}" for i in range(10)]
+        seen, error = await read_until_error(slow)
+        counts = batcher.stats().counts
+    assert seen == ["s0", "s1", "s2"]
+    assert isinstance(error, StreamBufferFullError)
+    assert str(error) == (
+        "the reader fell behind: 3 elements were waiting unread (max_buffered_elements) when "
+        "the model produced another"
+    )
+    assert (counts.submitted, counts.completed, counts.failed) == (2, 1, 1)
+
+
+async def test_hold_makes_the_model_wait_for_the_slowest_reader_and_drops_nothing() -> None:
+    produced: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        for step in range(10):
+            produced.append(step)
+            yield [f"{item}{step}" for item in batch]
+
+    async with AdaptiveBatcher(
+        model, max_batch_size=2, window_ms=0, max_buffered_elements=2, stream_overflow="hold"
+    ) as batcher:
+        slow = batcher.submit_stream("s")
+        fast = asyncio.ensure_future(read(batcher.submit_stream("f")))
+        await asyncio.sleep(0.05)
+        assert len(produced) == 2  # held: the slow reader has read nothing, its buffer is full
+        assert not fast.done()
+        seen = []
+        async for element in slow:
+            seen.append(element)
+            assert len(produced) - len(seen) <= 2  # never more than the bound ahead of it
+            await asyncio.sleep(0)
+        assert await fast == [f"f{i}" for i in range(10)]
+        counts = batcher.stats().counts
+    assert seen == [f"s{i}" for i in range(10)]
+    assert (counts.completed, counts.failed) == (2, 0)
+
+
+async def test_a_held_batch_goes_on_when_the_full_stream_is_closed() -> None:
+    async with AdaptiveBatcher(
+        ten_steps, max_batch_size=2, window_ms=0, max_buffered_elements=1, stream_overflow="hold"
+    ) as batcher:
+        stuck = batcher.submit_stream("s")
+        fast = asyncio.ensure_future(read(batcher.submit_stream("f")))
+        await asyncio.sleep(0.02)
+        assert not fast.done()
+        await stuck.aclose()  # withdrawn after its first element: the hold is released
+        assert await asyncio.wait_for(fast, timeout=5) == [f"f{i}" for i in range(10)]
+        counts = batcher.stats().counts
+    assert (counts.completed, counts.cancelled) == (2, 0)
+
+
+async def test_stream_buffer_options_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"^stream_overflow must be one of 'fail', 'hold', "):
+        AdaptiveBatcher(three_steps, stream_overflow="drop")
+    with pytest.raises(ValueError, match=r"^max_buffered_elements must be >= 1, got 0$"):
+        AdaptiveBatcher(three_steps, max_buffered_elements=0)
+    with pytest.raises(
+        ValueError,
+        match=r"^max_buffered_elements bounds the elements a stream buffers: it needs a "
+        r"streaming model \(an async generator function\)$",
+    ):
+        AdaptiveBatcher(lambda b: b, max_buffered_elements=4)
+
+
+async def test_a_reader_cancelled_as_its_stream_fails_marks_the_error_read_at_once() -> None:
+    """Before: the error was marked read only when the stream object was collected; in a
+    reference cycle the future could be finalized first and log 'Future exception was never
+    retrieved' (found by the chaos run: a reader cancelled as its request expired)."""
+    gate = asyncio.Event()
+
+    async def busy(batch: list[int]) -> AsyncIterator[list[int]]:
+        await gate.wait()
+        yield batch
+
+    batcher = AdaptiveBatcher(busy, max_batch_size=1, window_ms=0)
+    first = batcher.submit_stream(0)  # holds the only slot
+    stream = batcher.submit_stream(1, deadline_ms=5)  # expires while the slot is busy
+    reader = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    handle = stream._request.handle  # type: ignore[attr-defined]
+    handle.add_done_callback(lambda _: reader.cancel())  # cancelled in the expiry's turn
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert handle.done()
+    assert handle._log_traceback is False  # read: nothing will be logged when it is collected
+    assert isinstance(handle.exception(), DeadlineExceededError)
+    gate.set()
+    assert await read(first) == [0]
+    await batcher.aclose()

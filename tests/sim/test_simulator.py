@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -311,3 +314,51 @@ def test_any_finite_real_service_time_from_zero_up_is_accepted(value: object) ->
     assert result.lost == 0
     expected = float(value)  # type: ignore[arg-type]
     np.testing.assert_allclose(result.latency_ms, [expected * 1e3] * 2)
+
+
+NO_PROGRESS_SCRIPT = """
+import sys
+from adaptive_batcher.sim.service import LinearService
+from adaptive_batcher.sim.simulator import SimConfig, Simulator
+from adaptive_batcher.sim.workloads import ClosedLoop
+service, config = {
+    "answered": (LinearService(0.0, 0.0), SimConfig(window_ms=0)),
+    "refused": (
+        LinearService(0.01, 0.0), SimConfig(window_ms=0, max_batch_size=1, max_queue_size=1)
+    ),
+}[sys.argv[1]]
+try:
+    Simulator(service, config).run(ClosedLoop(4, 0.0, duration_s=1.0))
+except ValueError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["answered", "refused"])
+def test_a_closed_loop_without_think_time_whose_requests_take_no_time_is_refused(
+    how: str,
+) -> None:
+    """Before: the clients sent again at the same instant forever; the virtual clock never
+    advanced and memory grew (no service time and no window; or a full queue refusing them).
+    In a subprocess, so that the old behaviour fails the test instead of hanging it."""
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PROGRESS_SCRIPT, how],
+        capture_output=True,
+        text=True,
+        timeout=20,  # the replay refuses at its first request; it used to spin forever
+        check=True,
+    )
+    message = done.stdout.strip()
+    assert message.startswith("ClosedLoop(think_s=0) makes no progress: client ")
+    assert f"was {how} at the instant it was sent (0 s)" in message
+    assert message.endswith(
+        "give the clients a think time > 0, or make every request take time (a service time "
+        "> 0 or a window > 0, and a queue with room for every client)"
+    )
+
+
+def test_a_closed_loop_without_think_time_progresses_with_a_window() -> None:
+    result = Simulator(LinearService(0.0, 0.0), SimConfig(window_ms=1.0)).run(
+        ClosedLoop(1, 0.0, duration_s=0.1)
+    )
+    assert result.completed == 100  # one per 1 ms window, sent from 0 to 0.1 s

@@ -163,3 +163,34 @@ async def test_latest_is_readable_from_the_event_loop() -> None:
         assert sampler.sample_count >= 2
         assert sampler.latest.gpu_util_pct is not None
     assert threading.get_ident() not in source.thread_ids
+
+
+class StuckSource:
+    """A source whose sample() blocks until released (a wedged NVML call)."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def sample(self) -> TelemetrySample:
+        self.entered.set()
+        self.release.wait()
+        return TelemetrySample(gpu_util_pct=50.0, source=self.name)
+
+
+def test_stop_soon_returns_at_once_and_a_stuck_reading_is_dropped() -> None:
+    source = StuckSource()
+    sampler = TelemetrySampler(source, rate_hz=100.0)
+    sampler.start()
+    assert source.entered.wait(5)
+    (thread,) = [t for t in threading.enumerate() if t.name == "adaptive_batcher.telemetry"]
+    sampler.stop_soon()  # the reading is stuck: a join would wait for it
+    assert not sampler.running
+    assert thread.is_alive()
+    source.release.set()
+    thread.join(5)
+    assert not thread.is_alive()  # it ended by itself once the reading returned
+    assert sampler.sample_count == 0  # the reading after the stop is dropped
+    assert sampler.latest.gpu_util_pct is None
