@@ -1,0 +1,250 @@
+"""Limit laws: how many requests the gate lets into the engine, decided at each tick.
+
+A law sees a :class:`~adaptive_batcher.llm.signals.GateObservation` and answers an in-flight
+limit; the :class:`~adaptive_batcher.llm.controller.TokenController` clamps it into its bounds
+and applies it (Netflix concurrency-limits' split: the ``Limit`` algorithm apart from the
+``Limiter`` machinery that admits requests).
+
+* :class:`StaticLimit`: a fixed limit (the hindsight baselines).
+* :class:`AIMDLimit`: Netflix's ``AIMDLimit`` rule per finished request: a miss multiplies the
+  limit by ``backoff``, a success adds one while at least half of it is in use
+  (Netflix/concurrency-limits, ``limit/AIMDLimit.java``; Chiu and Jain, 1989).
+* :class:`ModelLimit`: ours. The largest limit whose predicted TPOT, from the online step-time
+  fit, stays inside the target; the target's margin trimmed by the measured TPOT at the SLO's
+  percentile; a KV guard; rate-limited steps; :class:`AIMDLimit` while the fit is young.
+  docs/llm.md derives it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+from adaptive_batcher._validate import check_in_range, check_int, check_number
+from adaptive_batcher.llm.signals import GateObservation
+from adaptive_batcher.llm.slo import TokenSLO
+
+__all__ = ["AIMDLimit", "LimitLaw", "ModelLimit", "StaticLimit"]
+
+
+@runtime_checkable
+class LimitLaw(Protocol):
+    """``decide(observation) -> limit``; a law may keep state between ticks."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, observation: GateObservation) -> int: ...
+
+
+class StaticLimit:
+    """Always ``limit`` (>= 1)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = check_int("limit", limit, 1)
+
+    @property
+    def name(self) -> str:
+        """``static(<limit>)``."""
+        return f"static({self.limit})"
+
+    def decide(self, observation: GateObservation) -> int:
+        """The fixed limit."""
+        return self.limit
+
+
+class AIMDLimit:
+    """Netflix's AIMD concurrency limit, one update per finished request.
+
+    For each request finished since the last tick, in order: a miss (of its TTFT or TPOT
+    target; with ``tpot_only``, of its TPOT target) sets ``limit = int(limit * backoff)``; a
+    success with ``2 * in_flight >= limit`` (the in-flight count when it finished) adds 1; the
+    result is clamped to ``[minimum, maximum]``.
+
+    Args:
+        initial: the starting limit (Netflix's default 20).
+        backoff: the multiplicative decrease, in [0.5, 1) (Netflix's default 0.9).
+        minimum, maximum: the clamp (>= 1).
+        tpot_only: count only TPOT misses.
+    """
+
+    def __init__(
+        self,
+        initial: int = 20,
+        backoff: float = 0.9,
+        minimum: int = 1,
+        maximum: int = 1024,
+        *,
+        tpot_only: bool = False,
+    ) -> None:
+        self.tpot_only = bool(tpot_only)
+        self.minimum = check_int("minimum", minimum, 1)
+        self.maximum = check_int("maximum", maximum, self.minimum)
+        self.limit = min(max(check_int("initial", initial, 1), self.minimum), self.maximum)
+        self.backoff = check_in_range("backoff", backoff, 0.5, 1.0, open_high=True)
+
+    @property
+    def name(self) -> str:
+        """``aimd``."""
+        return "aimd"
+
+    def decide(self, observation: GateObservation) -> int:
+        """The limit after this tick's finished requests."""
+        limit = self.limit
+        misses = observation.finished_tpot_misses if self.tpot_only else observation.finished_misses
+        for missed, in_flight in zip(misses, observation.in_flight_at_finish, strict=True):
+            if missed:
+                limit = int(limit * self.backoff)
+            elif 2 * in_flight >= limit:
+                limit += 1
+            limit = min(max(limit, self.minimum), self.maximum)
+        self.limit = limit
+        return limit
+
+
+class ModelLimit:
+    """Ours: the largest limit whose predicted TPOT meets the target (docs/llm.md).
+
+    With a fitted step time ``gap(B, C, P) = a + b * B + c * C + d * P``, ``N`` sequences in
+    flight with mean prompt ``p`` and output ``o`` see, once the limit binds, context ``C = N *
+    (p + o / 2)`` and prefill ``P = N * p / o`` per step (each step admits ``N / o`` requests).
+    The limit is the ``N`` with ``gap = margin * tpot``: ``N = (margin * tpot - a) / (b + c *
+    (p + o / 2) + d * p / o)``. ``margin`` starts at the SLO's and follows the measured TPOT at
+    the SLO's percentile (down by the ratio while it is above ``0.95 * tpot``; up by at most
+    2 % a tick while the limit binds and it is below ``0.8 * tpot``). A TTFT guard lowers
+    the limit by 10 % a tick while the engine's own median time to first token takes more
+    than ``ttft_share`` of the TTFT target (prefills queue inside the engine then, and the
+    queue in front cannot help).
+
+    The KV guard, with engine metrics: while KV usage is above ``kv_high`` or the engine
+    preempted since the last tick, the limit is at most 90 % of what the engine runs, and for
+    ``kv_hold_s`` after a preemption it does not rise.
+
+    Steps are rate-limited to ``[0.8, 1.25] x`` the limit in force (+2). While no fit is
+    ready, :class:`AIMDLimit` on TPOT misses decides, starting from the limit in force (TTFT
+    misses are the admission's business: a lower limit does not shorten a long prompt's
+    prefill).
+
+    Args:
+        slo: the objective.
+        minimum, maximum: the clamp (>= 1).
+        kv_high: KV usage above which the guard acts, in (0, 1].
+        kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
+        ttft_share: share of the TTFT target the engine's own TTFT (at its 90th percentile)
+            may take, in (0, 1].
+        aim: where the TPOT at the SLO's percentile is steered, as a share of the target, in
+            (0, 1].
+        gain: the share of a rise taken per tick, in (0, 1].
+        spread_gain: the smoothing of the spread per tick, in (0, 1].
+    """
+
+    def __init__(
+        self,
+        slo: TokenSLO,
+        *,
+        minimum: int = 1,
+        maximum: int = 1024,
+        kv_high: float = 0.92,
+        kv_hold_s: float = 10.0,
+        queue_room: float = 4.0,
+        aim: float = 0.9,
+        gain: float = 0.3,
+        spread_gain: float = 0.05,
+    ) -> None:
+        self.gain = check_in_range("gain", gain, 0.0, 1.0, open_low=True)
+        self.aim = check_in_range("aim", aim, 0.0, 1.0, open_low=True)
+        self.slo = slo
+        self.minimum = check_int("minimum", minimum, 1)
+        self.maximum = check_int("maximum", maximum, self.minimum)
+        self.kv_high = check_in_range("kv_high", kv_high, 0.0, 1.0, open_low=True)
+        self.kv_hold_s = check_number("kv_hold_s", kv_hold_s, 0.0)
+        self.queue_room = check_number("queue_room", queue_room, 0.0)
+        self.margin = slo.margin
+        self.spread = 1.0 / slo.margin
+        self.spread_gain = check_in_range("spread_gain", spread_gain, 0.0, 1.0, open_low=True)
+        self._fallback: AIMDLimit | None = None
+        self._hold_until = -math.inf
+        self.last_model_limit = math.nan
+
+    @property
+    def name(self) -> str:
+        """``model``."""
+        return "model"
+
+    def decide(self, observation: GateObservation) -> int:
+        """The limit for the next tick."""
+        obs = observation
+        current = obs.limit
+        fit = obs.step_fit
+        if fit is None or obs.mean_output <= 0 or obs.recent_finished < 20:
+            if self._fallback is None:
+                self._fallback = AIMDLimit(current, 0.9, self.minimum, self.maximum, tpot_only=True)
+            wanted = self._fallback.decide(obs)
+        else:
+            self._fallback = None
+            self._trim_margin(obs)
+            wanted = self._model_limit(obs)
+            measured = obs.tpot_p_s
+            if not math.isnan(measured) and measured > self.aim * self.slo.tpot_s:
+                wanted = min(wanted, current)  # the tail is at its aim already: no rise
+        wanted = self._kv_guard(obs, wanted)
+        if fit is not None and wanted != current:  # a low-pass: a share of the way a tick
+            step = self.gain * (wanted - current)
+            wanted = current + (max(int(step), 1) if step > 0 else min(int(step), -1))
+        low, high = int(current * 0.8), int(current * 1.25) + 2
+        if obs.now_s < self._hold_until:
+            high = current
+        return min(max(wanted, low, self.minimum), high, self.maximum)
+
+    def _trim_margin(self, obs: GateObservation) -> None:
+        """``margin = aim / spread``: ``spread`` is the ratio of the TPOT at the SLO's
+        percentile to the mean TPOT of the same requests, smoothed over ticks."""
+        measured, mean_gap = obs.tpot_p_s, obs.tpot_mean_s
+        if math.isnan(measured) or math.isnan(mean_gap) or mean_gap <= 0:
+            return
+        if obs.recent_finished < 20:
+            return
+        ratio = min(max(measured / mean_gap, 1.0), 4.0)
+        self.spread += self.spread_gain * (ratio - self.spread)
+        self.margin = min(max(self.aim / self.spread, 0.25), 1.0)
+
+    def _model_limit(self, obs: GateObservation) -> int:
+        """A Newton step from where the engine is: ``in_flight + (target - gap) / slope``,
+        ``gap`` the mean token gap the streams see now, ``slope`` the fit's d(gap)/dN once
+        the limit binds, ``target`` the smaller of ``margin * tpot`` and ``ttft_share * ttft
+        / ttft_steps``."""
+        fit = obs.step_fit
+        assert fit is not None
+        prompt, output = obs.mean_prompt, max(obs.mean_output, 1.0)
+        slope = (
+            fit.per_seq_s
+            + fit.per_ktoken_s * (prompt + output / 2.0) / 1e3
+            + fit.per_prefill_ktoken_s * (prompt / output) / 1e3
+        )
+        target = self.margin * self.slo.tpot_s
+        if self.queue_room > 0 and obs.ttft_fit is not None and obs.departure_rps > 0:
+            # the gap at which the engine's TTFT leaves room for queue_room waiting requests
+            steps, per_token, residual = obs.ttft_fit
+            queue_s = self.queue_room / obs.departure_rps
+            room = self.slo.ttft_s - queue_s - per_token * prompt - residual
+            if steps > 0:
+                target = min(target, max(room / steps, 0.5 * target))
+        gap = obs.mean_gap_s
+        if math.isnan(gap):
+            gap = fit.step_s(obs.in_flight, obs.context_tokens, 0.0)
+        if slope <= 0:
+            limit = self.maximum if gap <= target else self.minimum
+        else:
+            limit = int(min(max(obs.in_flight + (target - gap) / slope, 0.0), float(self.maximum)))
+        self.last_model_limit = limit
+        return limit
+
+    def _kv_guard(self, obs: GateObservation, wanted: int) -> int:
+        engine = obs.engine
+        if engine is None:
+            return wanted
+        if obs.preemptions > 0:
+            self._hold_until = obs.now_s + self.kv_hold_s
+        if obs.preemptions > 0 or engine.kv_usage > self.kv_high:
+            return min(wanted, max(int(engine.running * 0.9), self.minimum))
+        return wanted
