@@ -11,8 +11,9 @@ each tick, and derives the rest of the gate's knobs the same way for every law:
   percentile of its residuals;
 * **early rejection**: an arrival whose predicted TTFT exceeds ``admit_fraction`` of the TTFT
   target is refused at once;
-* **late shedding**: a request that waited so long that even the engine's median TTFT would
-  make it miss expires (``max_wait_s = ttft - engine TTFT p50``).
+* **late shedding**: a request that waited so long that the engine's TTFT at its 90th
+  percentile would make it miss expires (``max_wait_s = ttft - engine TTFT p90``; half the TTFT
+  target before the first token is seen).
 
 Times are seconds on the caller's clock; nothing here reads a clock.
 """
@@ -118,6 +119,8 @@ class TokenController:
         self._prompt = Ewma(30.0)
         self._output = Ewma(30.0)
         self._residence = Ewma(10.0)
+        self._arrival_rate = Ewma(5.0)
+        self._last_tick_s: float | None = None
         self._next_tick_s: float | None = None
         self._arrivals = self._admitted = self._rejected = self._expired = 0
         self._misses: list[bool] = []
@@ -217,9 +220,13 @@ class TokenController:
     ) -> GateDecision:
         """Decide: the law's limit (clamped), then the forecast and thresholds."""
         self._next_tick_s = now + self.interval_s
+        if self._last_tick_s is not None and now > self._last_tick_s:
+            self._arrival_rate.update(self._arrivals / (now - self._last_tick_s), now)
+        self._last_tick_s = now
         q = self.slo.quantile
         ttft_p = self._ttft.quantile_ms(q, now) / 1e3
         tpot = self._tpot.quantiles(now)
+        step_fit = self._steps.fit()
         observation = GateObservation(
             now_s=now,
             limit=self.limit,
@@ -227,6 +234,7 @@ class TokenController:
             waiting=waiting,
             departure_rps=self._departure_rps(in_flight),
             arrivals=self._arrivals,
+            arrival_rps=_or_zero(self._arrival_rate.value),
             admitted=self._admitted,
             rejected=self._rejected,
             expired=self._expired,
@@ -243,7 +251,7 @@ class TokenController:
             mean_prompt=_or_zero(self._prompt.value),
             mean_output=_or_zero(self._output.value),
             context_tokens=context_tokens,
-            step_fit=self._steps.fit(),
+            step_fit=step_fit,
             ttft_fit=self._ttft_fit(),
             engine=self._engine,
             preemptions=self._preemptions,
@@ -260,7 +268,7 @@ class TokenController:
         return self._decision
 
     def _departure_rps(self, in_flight: int) -> float:
-        residence = self._residence.value
+        residence = float(self._residence.value)
         if math.isnan(residence) or residence <= 0:
             return 0.0
         return max(in_flight, 1) / residence
@@ -285,9 +293,11 @@ class TokenController:
             engine_ttft = max(steps * gap + spread, 0.0)
             forecast = TTFTForecast(running / residence, engine_ttft, per_token)
         max_wait = None
-        if self.shed_late and not math.isnan(now):
-            median = self._engine_ttft.quantile_ms(0.5, now) / 1e3
-            max_wait = max(self.slo.ttft_s - (0.0 if math.isnan(median) else median), 0.0)
+        if self.shed_late:
+            engine = math.nan if math.isnan(now) else self._engine_ttft.quantile_ms(0.9, now) / 1e3
+            # before any first token, half the target: the engine's part is not known yet
+            engine_part = 0.5 * self.slo.ttft_s if math.isnan(engine) else engine
+            max_wait = max(self.slo.ttft_s - engine_part, 0.0)
         admit = self.admit_fraction * self.slo.ttft_s if self.early_reject else None
         limits = GateLimits(
             self.limit,

@@ -25,6 +25,9 @@ __all__ = ["DecayedMean", "Ewma", "StepTimeEstimator", "TTFTFit"]
 class StepTimeEstimator:
     """Sliding-window least squares of step time on (1, sequences, context, prefill).
 
+    A sample is four stores into a ring; a fit forms the window's normal equations (one
+    ``4 x n`` product) and solves them.
+
     Args:
         window: samples kept (>= 8); older ones are overwritten.
         min_samples: samples needed before :meth:`fit` answers (>= 4).
@@ -36,8 +39,11 @@ class StepTimeEstimator:
         self._x = np.zeros((self.window, 4), dtype=np.float64)
         self._y = np.zeros(self.window, dtype=np.float64)
         self._w = np.zeros(self.window, dtype=np.float64)
+        self._x[:, 0] = 1.0
         self._n = 0
         self._next = 0
+        self._added = 0
+        self._cached: tuple[int, StepFit | None] = (-1, None)
 
     @property
     def samples(self) -> int:
@@ -56,57 +62,51 @@ class StepTimeEstimator:
         ``context_tokens`` of context and ``prefill_tokens`` admitted just before; ``weight``
         (e.g. the streams that saw it) scales its say in the fit."""
         i = self._next
-        row = self._x[i]
-        row[0] = 1.0
-        row[1] = sequences
-        row[2] = context_tokens / 1e3
-        row[3] = prefill_tokens / 1e3
+        x = self._x
+        x[i, 1] = sequences
+        x[i, 2] = context_tokens / 1e3
+        x[i, 3] = prefill_tokens / 1e3
         self._y[i] = gap_s
         self._w[i] = weight
         self._next = (i + 1) % self.window
+        self._added += 1
         if self._n < self.window:
             self._n += 1
 
     def fit(self) -> StepFit | None:
         """The fit of the window, or None with fewer than ``min_samples`` samples or with
-        sequence counts spread over fewer than 4 (no slope to read)."""
+        sequence counts spread over fewer than 4 (no slope to read). Cached until the next
+        sample."""
+        if self._cached[0] == self._added:
+            return self._cached[1]
+        fit = self._fit()
+        self._cached = (self._added, fit)
+        return fit
+
+    def _fit(self) -> StepFit | None:
         n = self._n
         if n < self.min_samples:
             return None
-        x, y = self._x[:n], self._y[:n]
+        x, y, w = self._x[:n], self._y[:n], self._w[:n]
         if float(np.ptp(x[:, 1])) < 4.0:  # the sequences never varied: no slope to read
             return None
-        coef = np.maximum(_nonnegative_lstsq(x, y, self._w[:n]), 0.0)
-        fitted = x @ coef
-        if not np.all(np.isfinite(fitted)) or np.any(fitted <= 0):
+        weighted = (x * w[:, None]).T
+        xtx, xty = weighted @ x, weighted @ y
+        active = [0, 1, 2, 3]
+        coef = np.zeros(4)
+        for _ in range(4):
+            # least squares on the normal equations: collinear or empty features (a batch
+            # whose context is in proportion, no prefill at all) get the minimum-norm answer
+            solution = np.linalg.lstsq(xtx[np.ix_(active, active)], xty[active], rcond=None)[0]
+            bad = [f for f, value in zip(active, solution, strict=True) if value < 0 and f != 0]
+            if not bad:
+                coef[active] = solution
+                break
+            active = [f for f in active if f not in bad]
+        coef = np.maximum(coef, 0.0)
+        if not coef[0] > 0 and not np.any(coef[1:] > 0):
             return None
-        noise = float(np.quantile(y / fitted, 0.9))
-        return StepFit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), n, noise)
-
-
-class Ewma:
-    """An exponentially weighted mean with a time constant, for irregular samples.
-
-    Args:
-        tau_s: time constant, seconds (> 0): a sample ``tau_s`` old weighs ``1/e`` of a new one.
-    """
-
-    __slots__ = ("_last_s", "_tau", "value")
-
-    def __init__(self, tau_s: float) -> None:
-        self._tau = check_number("tau_s", tau_s, 0.0, strict=True)
-        self._last_s: float | None = None
-        self.value = math.nan
-
-    def update(self, sample: float, now: float) -> float:
-        """Fold ``sample`` in at ``now`` (seconds); the first sample is taken as is."""
-        if self._last_s is None or math.isnan(self.value):
-            self.value = sample
-        else:
-            keep = math.exp(-max(now - self._last_s, 0.0) / self._tau)
-            self.value = keep * self.value + (1.0 - keep) * sample
-        self._last_s = now
-        return self.value
+        return StepFit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), n)
 
 
 class TTFTFit:
@@ -158,26 +158,6 @@ class TTFTFit:
         return steps, prefill_s_per_token, residual
 
 
-def _nonnegative_lstsq(
-    x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None
-) -> np.ndarray:
-    """Least squares with every coefficient but the first (the intercept) kept >= 0: a
-    negative one is dropped and the rest refitted, up to once per feature."""
-    w = np.ones(y.size) if weights is None else np.sqrt(np.maximum(weights, 0.0))
-    features = x.shape[1]
-    active = list(range(features))
-    coef = np.zeros(features)
-    for _ in range(features):
-        solution, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-        bad = [f for f, value in zip(active, solution, strict=True) if value < 0 and f != 0]
-        if not bad:
-            coef[:] = 0.0
-            coef[active] = solution
-            break
-        active = [f for f in active if f not in bad]
-    return coef
-
-
 class DecayedMean:
     """A weighted mean whose samples fade with a time constant: ``sum(w * x) / sum(w)``, each
     sum decayed by ``exp(-dt / tau_s)`` (the mean token gap, weighted by the streams that saw
@@ -209,3 +189,28 @@ class DecayedMean:
     def value(self) -> float:
         """The mean (NaN before any weight)."""
         return self._weighted / self._weight if self._weight > 0 else math.nan
+
+
+class Ewma:
+    """An exponentially weighted mean with a time constant, for irregular samples.
+
+    Args:
+        tau_s: time constant, seconds (> 0): a sample ``tau_s`` old weighs ``1/e`` of a new one.
+    """
+
+    __slots__ = ("_last_s", "_tau", "value")
+
+    def __init__(self, tau_s: float) -> None:
+        self._tau = check_number("tau_s", tau_s, 0.0, strict=True)
+        self._last_s: float | None = None
+        self.value = math.nan
+
+    def update(self, sample: float, now: float) -> float:
+        """Fold ``sample`` in at ``now`` (seconds); the first sample is taken as is."""
+        if self._last_s is None or math.isnan(self.value):
+            self.value = sample
+        else:
+            keep = math.exp(-max(now - self._last_s, 0.0) / self._tau)
+            self.value = keep * self.value + (1.0 - keep) * sample
+        self._last_s = now
+        return self.value

@@ -187,14 +187,14 @@ class ModelLimit:
             measured = obs.tpot_p_s
             if not math.isnan(measured) and measured > self.aim * self.slo.tpot_s:
                 wanted = min(wanted, current)  # the tail is at its aim already: no rise
-        wanted = self._kv_guard(obs, wanted)
         if fit is not None and wanted != current:  # a low-pass: a share of the way a tick
             step = self.gain * (wanted - current)
             wanted = current + (max(int(step), 1) if step > 0 else min(int(step), -1))
-        low, high = int(current * 0.8), int(current * 1.25) + 2
+        limit = min(max(wanted, int(current * 0.8)), int(current * 1.25) + 2)
+        limit = self._kv_guard(obs, limit)  # a guard acts at once, not smoothed
         if obs.now_s < self._hold_until:
-            high = current
-        return min(max(wanted, low, self.minimum), high, self.maximum)
+            limit = min(limit, current)
+        return min(max(limit, self.minimum), self.maximum)
 
     def _trim_margin(self, obs: GateObservation) -> None:
         """``margin = aim / spread``: ``spread`` is the ratio of the TPOT at the SLO's
@@ -209,35 +209,41 @@ class ModelLimit:
         self.margin = min(max(self.aim / self.spread, 0.25), 1.0)
 
     def _model_limit(self, obs: GateObservation) -> int:
-        """A Newton step from where the engine is: ``in_flight + (target - gap) / slope``,
-        ``gap`` the mean token gap the streams see now, ``slope`` the fit's d(gap)/dN once
-        the limit binds, ``target`` the smaller of ``margin * tpot`` and ``ttft_share * ttft
-        / ttft_steps``."""
+        """The largest ``N`` whose predicted gap, scaled by how far the fit is from the gap
+        measured now, stays within the target (a bisection over ``N``)."""
+        fit = obs.step_fit
+        assert fit is not None
+        target = self.margin * self.slo.tpot_s
+        now = self.predicted_gap_s(obs, max(obs.in_flight, 1))
+        measured = obs.mean_gap_s
+        bias = 1.0 if math.isnan(measured) or now <= 0 else min(max(measured / now, 0.5), 2.0)
+        low, high = 0, self.maximum
+        if bias * self.predicted_gap_s(obs, high) <= target:
+            low = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if bias * self.predicted_gap_s(obs, middle) <= target:
+                low = middle
+            else:
+                high = middle
+        self.last_model_limit = low
+        return low
+
+    @staticmethod
+    def predicted_gap_s(obs: GateObservation, limit: int) -> float:
+        """The fit's mean token gap with ``limit`` requests in flight: their context, and the
+        prefill of the requests admitted per step, ``min(arrival rate * gap, limit / output)``
+        of them (arrivals, or departures once the limit binds), solved for the gap."""
         fit = obs.step_fit
         assert fit is not None
         prompt, output = obs.mean_prompt, max(obs.mean_output, 1.0)
-        slope = (
-            fit.per_seq_s
-            + fit.per_ktoken_s * (prompt + output / 2.0) / 1e3
-            + fit.per_prefill_ktoken_s * (prompt / output) / 1e3
-        )
-        target = self.margin * self.slo.tpot_s
-        if self.queue_room > 0 and obs.ttft_fit is not None and obs.departure_rps > 0:
-            # the gap at which the engine's TTFT leaves room for queue_room waiting requests
-            steps, per_token, residual = obs.ttft_fit
-            queue_s = self.queue_room / obs.departure_rps
-            room = self.slo.ttft_s - queue_s - per_token * prompt - residual
-            if steps > 0:
-                target = min(target, max(room / steps, 0.5 * target))
-        gap = obs.mean_gap_s
-        if math.isnan(gap):
-            gap = fit.step_s(obs.in_flight, obs.context_tokens, 0.0)
-        if slope <= 0:
-            limit = self.maximum if gap <= target else self.minimum
-        else:
-            limit = int(min(max(obs.in_flight + (target - gap) / slope, 0.0), float(self.maximum)))
-        self.last_model_limit = limit
-        return limit
+        fixed = fit.step_s(limit, limit * (prompt + output / 2.0), 0.0)
+        per_admitted = fit.per_prefill_ktoken_s * prompt / 1e3  # seconds per request prefilled
+        saturated = fixed + per_admitted * limit / output
+        load = per_admitted * obs.arrival_rps
+        if load >= 1.0:
+            return saturated
+        return min(fixed / (1.0 - load), saturated)
 
     def _kv_guard(self, obs: GateObservation, wanted: int) -> int:
         engine = obs.engine

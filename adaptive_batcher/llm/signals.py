@@ -51,8 +51,6 @@ class StepFit:
     Attributes:
         base_s, per_seq_s, per_ktoken_s, per_prefill_ktoken_s: the coefficients (>= 0).
         samples: how many gap samples the fit used.
-        noise: the 90th percentile of ``observed / fitted`` over those samples (>= 1 when
-            the fit is unbiased): how much slower a step can be than the fit says.
     """
 
     base_s: float
@@ -60,7 +58,6 @@ class StepFit:
     per_ktoken_s: float
     per_prefill_ktoken_s: float
     samples: int
-    noise: float
 
     def step_s(self, sequences: float, context_tokens: float, prefill_tokens: float) -> float:
         """The fitted step time, seconds."""
@@ -86,6 +83,7 @@ class GateObservation:
         departure_rps: requests leaving the engine per second now (in flight over the mean
             time inside it), 0 before any finished.
         arrivals, admitted, rejected, expired: since the previous tick.
+        arrival_rps: the arrival rate, smoothed over several ticks, requests/s.
         finished_misses: one bool per request finished since the previous tick, in order:
             True when it missed its TTFT or TPOT target.
         finished_tpot_misses: the same for the TPOT target alone.
@@ -115,6 +113,7 @@ class GateObservation:
     waiting: int
     departure_rps: float
     arrivals: int
+    arrival_rps: float
     admitted: int
     rejected: int
     expired: int

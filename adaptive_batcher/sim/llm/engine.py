@@ -227,7 +227,7 @@ class ContinuousBatchingEngine:
         if n:
             want = self._p + self._g - self._c
             before = np.cumsum(want) - want
-            take = np.clip(budget - before, 0, want)
+            take = np.minimum(np.maximum(budget - before, 0), want)
             need = np.maximum(-((self._c + take) // -block) - self._b, 0)
             total = int(need.sum())
             if total <= self._free:
