@@ -59,8 +59,10 @@ class TokenController:
         shed_late: expire waiting requests that can no longer make their TTFT.
         admit_fraction: the share of the TTFT target up to which an arrival is admitted, in
             (0, 1].
-        predict_free: while the gate is pressed (at the last tick requests waited, or 80 %
-            of the limit was in use), refuse an arrival that finds a free slot
+        ttft_quantile: the quantile of the engine's TTFT the forecast uses (its fit's
+            residuals at that quantile), in [0.5, 1]; default 0.95.
+        predict_free: while the gate is pressed (requests wait, or were refused or expired
+            since the last tick), refuse an arrival that finds a free slot
             too when its predicted TTFT misses
             (:attr:`~adaptive_batcher.llm.gate.GateLimits.predict_free`): under overload the
             requests whose own prefill would miss give way to those that can make it.
@@ -85,7 +87,13 @@ class TokenController:
         shed_late: bool = True,
         admit_fraction: float = 1.0,
         predict_free: bool = True,
+        ttft_quantile: float | None = None,
+        peak_hold_s: float = 10.0,
     ) -> None:
+        self.peak_hold_s = check_number("peak_hold_s", peak_hold_s, 0.0)
+        self.ttft_quantile = check_in_range(
+            "ttft_quantile", 0.95 if ttft_quantile is None else ttft_quantile, 0.5, 1.0
+        )
         self.predict_free = bool(predict_free)
         self._pressed = False
         if not isinstance(slo, TokenSLO):
@@ -120,6 +128,7 @@ class TokenController:
         self._output = Ewma(30.0)
         self._residence = Ewma(10.0)
         self._arrival_rate = Ewma(5.0)
+        self._peak_rate = 0.0
         self._last_tick_s: float | None = None
         self._next_tick_s: float | None = None
         self._arrivals = self._admitted = self._rejected = self._expired = 0
@@ -221,7 +230,11 @@ class TokenController:
         """Decide: the law's limit (clamped), then the forecast and thresholds."""
         self._next_tick_s = now + self.interval_s
         if self._last_tick_s is not None and now > self._last_tick_s:
-            self._arrival_rate.update(self._arrivals / (now - self._last_tick_s), now)
+            rate = self._arrivals / (now - self._last_tick_s)
+            self._arrival_rate.update(rate, now)
+            if self.peak_hold_s > 0:
+                fade = math.exp(-(now - self._last_tick_s) / self.peak_hold_s)
+                self._peak_rate = max(rate, self._peak_rate * fade)
         self._last_tick_s = now
         q = self.slo.quantile
         ttft_p = self._ttft.quantile_ms(q, now) / 1e3
@@ -233,8 +246,9 @@ class TokenController:
             in_flight=in_flight,
             waiting=waiting,
             departure_rps=self._departure_rps(in_flight),
+            residence_s=float(self._residence.value),
             arrivals=self._arrivals,
-            arrival_rps=_or_zero(self._arrival_rate.value),
+            arrival_rps=max(_or_zero(self._arrival_rate.value), self._peak_rate),
             admitted=self._admitted,
             rejected=self._rejected,
             expired=self._expired,
@@ -263,7 +277,11 @@ class TokenController:
         self._tpot_misses.clear()
         self._in_flight_at_finish.clear()
         self._preemptions = 0
-        self._pressed = waiting > 0 or in_flight >= 0.8 * self.limit
+        # pressed: requests wait, or 80 % of the limit runs and the arrivals (by Little's law,
+        # rate x time inside) would keep it so
+        demand = _or_zero(self._arrival_rate.value) * _or_zero(self._residence.value)
+        busy = 0.8 * self.limit
+        self._pressed = waiting > 0 or (in_flight >= busy and demand >= busy)
         self._decision = self._decide_knobs(now, in_flight, observation)
         return self._decision
 
@@ -276,7 +294,7 @@ class TokenController:
     def _ttft_fit(self) -> tuple[float, float, float] | None:
         step = self._steps.fit()
         per_token = 0.0 if step is None else step.per_prefill_ktoken_s / 1e3
-        return self._prefill.fit(per_token, 0.9)
+        return self._prefill.fit(per_token, self.ttft_quantile)
 
     def _decide_knobs(
         self, now: float, in_flight: int | None = None, obs: GateObservation | None = None

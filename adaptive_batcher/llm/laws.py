@@ -9,10 +9,9 @@ and applies it (Netflix concurrency-limits' split: the ``Limit`` algorithm apart
 * :class:`AIMDLimit`: Netflix's ``AIMDLimit`` rule per finished request: a miss multiplies the
   limit by ``backoff``, a success adds one while at least half of it is in use
   (Netflix/concurrency-limits, ``limit/AIMDLimit.java``; Chiu and Jain, 1989).
-* :class:`ModelLimit`: ours. The largest limit whose predicted TPOT, from the online step-time
-  fit, stays inside the target; the target's margin trimmed by the measured TPOT at the SLO's
-  percentile; a KV guard; rate-limited steps; :class:`AIMDLimit` while the fit is young.
-  docs/llm.md derives it.
+* :class:`ModelLimit`: ours. The largest limit whose predicted mean token gap, from the online
+  step-time fit, stays inside a TPOT target read off the measured tail; a KV guard;
+  rate-limited steps; :class:`AIMDLimit` while the fit is young. docs/llm.md derives it.
 """
 
 from __future__ import annotations
@@ -103,39 +102,50 @@ class AIMDLimit:
 
 
 class ModelLimit:
-    """Ours: the largest limit whose predicted TPOT meets the target (docs/llm.md).
+    """Ours: the largest in-flight limit whose predicted mean token gap meets a TPOT target
+    read off the measured tail (docs/llm.md derives it).
 
-    With a fitted step time ``gap(B, C, P) = a + b * B + c * C + d * P``, ``N`` sequences in
-    flight with mean prompt ``p`` and output ``o`` see, once the limit binds, context ``C = N *
-    (p + o / 2)`` and prefill ``P = N * p / o`` per step (each step admits ``N / o`` requests).
-    The limit is the ``N`` with ``gap = margin * tpot``: ``N = (margin * tpot - a) / (b + c *
-    (p + o / 2) + d * p / o)``. ``margin`` starts at the SLO's and follows the measured TPOT at
-    the SLO's percentile (down by the ratio while it is above ``0.95 * tpot``; up by at most
-    2 % a tick while the limit binds and it is below ``0.8 * tpot``). A TTFT guard lowers
-    the limit by 10 % a tick while the engine's own median time to first token takes more
-    than ``ttft_share`` of the TTFT target (prefills queue inside the engine then, and the
-    queue in front cannot help).
+    **Model.** The step-time fit gives ``gap = a + b * B + c * C + d * P`` (``B`` sequences,
+    ``C`` context tokens, ``P`` prefill tokens a step). With ``N`` in flight, mean prompt
+    ``p`` and output ``o``: ``C = N * (p + o / 2)``, and the prefill admitted meanwhile comes
+    at ``min(arrival rate, N / residence)`` requests a second (arrivals, or departures once
+    the limit binds; the arrival rate is the larger of its 5 s mean and a peak held
+    ``peak_hold_s`` by the controller), each costing ``d * p`` seconds of step time, so
+    ``gap(N) = (a + b * N + c * C) / (1 - d * p * rate)`` (:meth:`predicted_gap_s`). The limit
+    is the largest ``N`` with ``bias * gap(N) <= margin * tpot`` (a bisection), ``bias``
+    being the measured gap over the fit's where the engine is now, smoothed and kept within
+    ``[1 / max_bias, max_bias]``.
 
-    The KV guard, with engine metrics: while KV usage is above ``kv_high`` or the engine
-    preempted since the last tick, the limit is at most 90 % of what the engine runs, and for
-    ``kv_hold_s`` after a preemption it does not rise.
+    **Target.** ``margin`` turns the mean gap (which is the mean TPOT) into the tail: from the
+    finished requests' mean TPOT ``m`` and TPOT ``q`` at the SLO's percentile, the mean to aim
+    at is ``m + (aim * tpot - q)`` while ``q`` is below ``aim * tpot`` (the tail's excess is
+    burst delay that a longer step does not multiply) and ``m * aim * tpot / q`` above it;
+    ``margin`` is that over ``tpot``, smoothed (``spread_gain`` a tick) and kept within
+    ``[min_margin, 1]``. While ``q`` is above ``aim * tpot`` the limit does not rise.
 
-    Steps are rate-limited to ``[0.8, 1.25] x`` the limit in force (+2). While no fit is
-    ready, :class:`AIMDLimit` on TPOT misses decides, starting from the limit in force (TTFT
-    misses are the admission's business: a lower limit does not shorten a long prompt's
-    prefill).
+    **Steps.** A tick moves ``gain`` of the way to the model's limit, at most ``[0.8, 1.25]
+    x`` the limit in force (+2). **KV guard**, with engine metrics: while KV usage is above
+    ``kv_high`` or the engine preempted since the last tick, the limit is at most 90 % of what
+    the engine runs, at once; for ``kv_hold_s`` after a preemption it does not rise.
+    **Fallback.** While no fit is ready (fewer than 200 gap samples, sequences that never
+    varied, or fewer than 20 finished requests in the window), :class:`AIMDLimit` on TPOT
+    misses decides from the limit in force (TTFT misses are the admission's business: a lower
+    limit does not shorten a long prompt's prefill).
 
     Args:
         slo: the objective.
         minimum, maximum: the clamp (>= 1).
         kv_high: KV usage above which the guard acts, in (0, 1].
         kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
-        ttft_share: share of the TTFT target the engine's own TTFT (at its 90th percentile)
-            may take, in (0, 1].
-        aim: where the TPOT at the SLO's percentile is steered, as a share of the target, in
+        aim: where the TPOT at the SLO's percentile is steered, a share of the target, in
             (0, 1].
-        gain: the share of a rise taken per tick, in (0, 1].
-        spread_gain: the smoothing of the spread per tick, in (0, 1].
+        gain: the share of the way to the model's limit taken per tick, in (0, 1].
+        spread_gain: the smoothing of ``margin`` and ``bias`` per tick, in (0, 1].
+        min_margin: the lowest ``margin``, in (0, 1].
+        max_bias: the largest correction of the fit, >= 1.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range (named).
     """
 
     def __init__(
@@ -146,22 +156,26 @@ class ModelLimit:
         maximum: int = 1024,
         kv_high: float = 0.92,
         kv_hold_s: float = 10.0,
-        queue_room: float = 4.0,
         aim: float = 0.9,
         gain: float = 0.3,
-        spread_gain: float = 0.05,
+        spread_gain: float = 0.1,
+        min_margin: float = 0.6,
+        max_bias: float = 1.3,
     ) -> None:
-        self.gain = check_in_range("gain", gain, 0.0, 1.0, open_low=True)
-        self.aim = check_in_range("aim", aim, 0.0, 1.0, open_low=True)
+        if not isinstance(slo, TokenSLO):
+            raise TypeError(f"slo must be a TokenSLO, got {type(slo).__name__}")
         self.slo = slo
         self.minimum = check_int("minimum", minimum, 1)
         self.maximum = check_int("maximum", maximum, self.minimum)
         self.kv_high = check_in_range("kv_high", kv_high, 0.0, 1.0, open_low=True)
         self.kv_hold_s = check_number("kv_hold_s", kv_hold_s, 0.0)
-        self.queue_room = check_number("queue_room", queue_room, 0.0)
-        self.margin = slo.margin
-        self.spread = 1.0 / slo.margin
+        self.aim = check_in_range("aim", aim, 0.0, 1.0, open_low=True)
+        self.gain = check_in_range("gain", gain, 0.0, 1.0, open_low=True)
         self.spread_gain = check_in_range("spread_gain", spread_gain, 0.0, 1.0, open_low=True)
+        self.min_margin = check_in_range("min_margin", min_margin, 0.0, 1.0, open_low=True)
+        self.max_bias = check_number("max_bias", max_bias, 1.0)
+        self.margin = max(self.min_margin, 0.6 * slo.margin)
+        self.bias = 1.0
         self._fallback: AIMDLimit | None = None
         self._hold_until = -math.inf
         self.last_model_limit = math.nan
@@ -187,9 +201,9 @@ class ModelLimit:
             measured = obs.tpot_p_s
             if not math.isnan(measured) and measured > self.aim * self.slo.tpot_s:
                 wanted = min(wanted, current)  # the tail is at its aim already: no rise
-        if fit is not None and wanted != current:  # a low-pass: a share of the way a tick
-            step = self.gain * (wanted - current)
-            wanted = current + (max(int(step), 1) if step > 0 else min(int(step), -1))
+            if wanted != current:  # a low-pass: a share of the way a tick
+                step = self.gain * (wanted - current)
+                wanted = current + (max(int(step), 1) if step > 0 else min(int(step), -1))
         limit = min(max(wanted, int(current * 0.8)), int(current * 1.25) + 2)
         limit = self._kv_guard(obs, limit)  # a guard acts at once, not smoothed
         if obs.now_s < self._hold_until:
@@ -197,32 +211,29 @@ class ModelLimit:
         return min(max(limit, self.minimum), self.maximum)
 
     def _trim_margin(self, obs: GateObservation) -> None:
-        """``margin = aim / spread``: ``spread`` is the ratio of the TPOT at the SLO's
-        percentile to the mean TPOT of the same requests, smoothed over ticks."""
-        measured, mean_gap = obs.tpot_p_s, obs.tpot_mean_s
-        if math.isnan(measured) or math.isnan(mean_gap) or mean_gap <= 0:
+        measured, mean = obs.tpot_p_s, obs.tpot_mean_s
+        if math.isnan(measured) or math.isnan(mean) or mean <= 0 or obs.recent_finished < 20:
             return
-        if obs.recent_finished < 20:
-            return
-        ratio = min(max(measured / mean_gap, 1.0), 4.0)
-        self.spread += self.spread_gain * (ratio - self.spread)
-        self.margin = min(max(self.aim / self.spread, 0.25), 1.0)
+        aim = self.aim * self.slo.tpot_s
+        wanted = mean * aim / measured if measured > aim else mean + (aim - measured)
+        margin = min(max(wanted / self.slo.tpot_s, self.min_margin), 1.0)
+        self.margin += self.spread_gain * (margin - self.margin)
 
     def _model_limit(self, obs: GateObservation) -> int:
-        """The largest ``N`` whose predicted gap, scaled by how far the fit is from the gap
-        measured now, stays within the target (a bisection over ``N``)."""
         fit = obs.step_fit
         assert fit is not None
         target = self.margin * self.slo.tpot_s
         now = self.predicted_gap_s(obs, max(obs.in_flight, 1))
         measured = obs.mean_gap_s
-        bias = 1.0 if math.isnan(measured) or now <= 0 else min(max(measured / now, 0.5), 2.0)
+        if not math.isnan(measured) and 0 < now < math.inf:  # the fit's error, smoothed
+            ratio = min(max(measured / now, 1.0 / self.max_bias), self.max_bias)
+            self.bias += self.spread_gain * (ratio - self.bias)
         low, high = 0, self.maximum
-        if bias * self.predicted_gap_s(obs, high) <= target:
+        if self.bias * self.predicted_gap_s(obs, high) <= target:
             low = high
         while high - low > 1:
             middle = (low + high) // 2
-            if bias * self.predicted_gap_s(obs, middle) <= target:
+            if self.bias * self.predicted_gap_s(obs, middle) <= target:
                 low = middle
             else:
                 high = middle
@@ -232,18 +243,19 @@ class ModelLimit:
     @staticmethod
     def predicted_gap_s(obs: GateObservation, limit: int) -> float:
         """The fit's mean token gap with ``limit`` requests in flight: their context, and the
-        prefill of the requests admitted per step, ``min(arrival rate * gap, limit / output)``
-        of them (arrivals, or departures once the limit binds), solved for the gap."""
+        prefill of the requests admitted meanwhile, at ``min(arrival rate, limit /
+        residence)`` a second (arrivals, or departures once the limit binds), solved for the
+        gap: ``gap = fixed / (1 - prefill_s * admissions_rps)``; infinite when prefill alone
+        would fill the engine."""
         fit = obs.step_fit
         assert fit is not None
         prompt, output = obs.mean_prompt, max(obs.mean_output, 1.0)
         fixed = fit.step_s(limit, limit * (prompt + output / 2.0), 0.0)
         per_admitted = fit.per_prefill_ktoken_s * prompt / 1e3  # seconds per request prefilled
-        saturated = fixed + per_admitted * limit / output
-        load = per_admitted * obs.arrival_rps
-        if load >= 1.0:
-            return saturated
-        return min(fixed / (1.0 - load), saturated)
+        residence = obs.residence_s
+        departures = limit / residence if residence > 0 else math.inf
+        load = per_admitted * min(obs.arrival_rps, departures)
+        return fixed / (1.0 - load) if load < 1.0 else math.inf
 
     def _kv_guard(self, obs: GateObservation, wanted: int) -> int:
         engine = obs.engine

@@ -82,6 +82,8 @@ class GateObservation:
         in_flight, waiting: the gate's requests inside the engine and in its queue now.
         departure_rps: requests leaving the engine per second now (in flight over the mean
             time inside it), 0 before any finished.
+        residence_s: the mean time a request spends inside the engine, seconds (NaN before
+            any finished).
         arrivals, admitted, rejected, expired: since the previous tick.
         arrival_rps: the arrival rate, smoothed over several ticks, requests/s.
         finished_misses: one bool per request finished since the previous tick, in order:
@@ -112,6 +114,7 @@ class GateObservation:
     in_flight: int
     waiting: int
     departure_rps: float
+    residence_s: float
     arrivals: int
     arrival_rps: float
     admitted: int

@@ -24,6 +24,7 @@ def observation(**changes: object) -> GateObservation:
         in_flight=100,
         waiting=5,
         departure_rps=20.0,
+        residence_s=5.0,
         arrivals=10,
         arrival_rps=40.0,
         admitted=10,
@@ -76,36 +77,39 @@ def test_aimd_follows_netflix_rule_per_finished_request() -> None:
         AIMDLimit(backoff=1)
 
 
-def test_model_limit_solves_for_the_gap_target_when_saturated() -> None:
+def test_the_predicted_gap_counts_the_prefill_admitted_meanwhile() -> None:
+    obs = observation(arrival_rps=1000.0)  # arrivals beyond any limit: departures admit
+    fixed = 0.006 + 0.00004 * 100 * (1000 + 100) / 1e3
+    per_request = 0.025 * 1000 / 1e3  # 25 ms of prefill each
+    departures = 100 / 5.0  # residence 5 s
+    assert ModelLimit.predicted_gap_s(obs, 100) == pytest.approx(
+        fixed / (1 - per_request * departures)
+    )
+    light = observation(arrival_rps=2.0)  # fewer arrivals than departures: arrivals admit
+    assert ModelLimit.predicted_gap_s(light, 100) == pytest.approx(fixed / (1 - per_request * 2))
+    assert ModelLimit.predicted_gap_s(obs, 200) == math.inf  # prefill alone fills the engine
+
+
+def test_model_limit_is_the_largest_limit_within_the_target() -> None:
     law = ModelLimit(SLO, maximum=1024)
     law.margin = 0.6  # the gap target is 30 ms
-    obs = observation(arrival_rps=1000.0)  # arrivals beyond any limit: the saturated branch
-    per_seq = 0.00004 * (1000 + 100) / 1e3 + 0.025 * (1000 / 200) / 1e3
-    expected = int((0.030 - 0.006) / per_seq)
     law._trim_margin = lambda obs: None  # type: ignore[method-assign]  # hold the margin
-    assert law._model_limit(obs) == expected
+    obs = observation(arrival_rps=1000.0)  # the bias stays 1: no measured gap
+    limit = law._model_limit(obs)
+    assert 10 < limit < 200
     assert (
-        ModelLimit.predicted_gap_s(obs, expected)
-        <= 0.030
-        < ModelLimit.predicted_gap_s(obs, expected + 1)
+        ModelLimit.predicted_gap_s(obs, limit) <= 0.030 < ModelLimit.predicted_gap_s(obs, limit + 1)
     )
-
-
-def test_model_limit_sees_no_prefill_pressure_at_light_load() -> None:
-    light = observation(arrival_rps=0.5)
-    saturated = observation(arrival_rps=1000.0)
-    assert ModelLimit.predicted_gap_s(light, 500) < ModelLimit.predicted_gap_s(saturated, 500)
-    law = ModelLimit(SLO, maximum=1024)
-    law.margin = 0.6
-    assert law._model_limit(light) > law._model_limit(saturated)
+    light = law._model_limit(observation(arrival_rps=0.5))
+    assert light > limit  # few arrivals: their prefill hardly slows the steps
 
 
 def test_model_limit_steps_are_rate_limited_and_smoothed() -> None:
     law = ModelLimit(SLO, maximum=1024, gain=1.0)
     up = law.decide(observation(limit=100, arrival_rps=0.1, mean_gap_s=0.01, tpot_p_s=0.02))
     assert up == int(100 * 1.25) + 2
-    slow = observation(limit=100, mean_gap_s=0.08, tpot_p_s=0.2, tpot_mean_s=0.08, arrival_rps=1e3)
-    assert law.decide(slow) == 80  # the streams see 80 ms gaps: down, by at most 20 % a tick
+    heavy = observation(limit=200, in_flight=200, arrival_rps=1000.0, tpot_p_s=0.03)
+    assert law.decide(heavy) == 160  # the model wants far fewer: down by at most 20 % a tick
 
 
 def test_model_limit_does_not_rise_while_the_tail_is_at_its_aim() -> None:
