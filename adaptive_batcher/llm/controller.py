@@ -6,7 +6,8 @@ when scraped), asks a :class:`~adaptive_batcher.llm.laws.LimitLaw` for the in-fl
 each tick, and derives the rest of the gate's knobs the same way for every law:
 
 * the **TTFT forecast**: slots free at ``in_flight / residence`` per second (``residence``:
-  the mean time a request spends inside the engine, smoothed), and the engine's own time to first
+  the mean time a request spends inside the engine, smoothed; twice the TTFT target before
+  any request finished), and the engine's own time to first
   token is a line in the prompt's length fitted to the recent first tokens, raised by the 90th
   percentile of its residuals;
 * **early rejection**: an arrival whose predicted TTFT exceeds ``admit_fraction`` of the TTFT
@@ -61,6 +62,8 @@ class TokenController:
             (0, 1].
         ttft_quantile: the quantile of the engine's TTFT the forecast uses (its fit's
             residuals at that quantile), in [0.5, 1]; default 0.95.
+        flood_factor: the flood guard at this multiple of the admission threshold
+            (:attr:`~adaptive_batcher.llm.gate.GateLimits.flood_ttft_s`; > 0, or None: off).
         predict_free: while the gate is pressed (requests wait, or were refused or expired
             since the last tick), refuse an arrival that finds a free slot
             too when its predicted TTFT misses
@@ -89,7 +92,13 @@ class TokenController:
         predict_free: bool = True,
         ttft_quantile: float | None = None,
         peak_hold_s: float = 10.0,
+        flood_factor: float | None = 1.0,
     ) -> None:
+        self.flood_factor = (
+            None
+            if flood_factor is None
+            else check_number("flood_factor", flood_factor, 0.0, strict=True)
+        )
         self.peak_hold_s = check_number("peak_hold_s", peak_hold_s, 0.0)
         self.ttft_quantile = check_in_range(
             "ttft_quantile", 0.95 if ttft_quantile is None else ttft_quantile, 0.5, 1.0
@@ -293,7 +302,7 @@ class TokenController:
 
     def _ttft_fit(self) -> tuple[float, float, float] | None:
         step = self._steps.fit()
-        per_token = 0.0 if step is None else step.per_prefill_ktoken_s / 1e3
+        per_token = None if step is None else step.per_prefill_ktoken_s / 1e3
         return self._prefill.fit(per_token, self.ttft_quantile)
 
     def _decide_knobs(
@@ -305,9 +314,11 @@ class TokenController:
         gap = self._gaps.value
         if obs is not None and obs.in_flight == 0 and obs.step_fit is not None:
             gap = obs.step_fit.step_s(0.0, 0.0, 0.0)  # nothing streams: the last gap is stale
-        if not math.isnan(residence) and residence > 0 and ttft is not None and not math.isnan(gap):
+        if ttft is not None and not math.isnan(gap):
             steps, per_token, spread = ttft
             running = self.limit if in_flight is None else max(in_flight, 1)
+            if math.isnan(residence) or residence <= 0:  # none finished yet: slow departures
+                residence = 2.0 * self.slo.ttft_s
             engine_ttft = max(steps * gap + spread, 0.0)
             forecast = TTFTForecast(running / residence, engine_ttft, per_token)
         max_wait = None
@@ -317,6 +328,7 @@ class TokenController:
             engine_part = 0.5 * self.slo.ttft_s if math.isnan(engine) else engine
             max_wait = max(self.slo.ttft_s - engine_part, 0.0)
         admit = self.admit_fraction * self.slo.ttft_s if self.early_reject else None
+        flood = None if admit is None or self.flood_factor is None else admit * self.flood_factor
         limits = GateLimits(
             self.limit,
             self.max_queue,
@@ -324,6 +336,7 @@ class TokenController:
             admit,
             self.order,
             self.predict_free and self._pressed,
+            flood,
         )
         self.history.extend((now, float(self.limit), admit if admit is not None else math.nan))
         return GateDecision(limits, forecast)

@@ -126,9 +126,9 @@ class TTFTFit:
         min_samples: samples needed before :meth:`fit` answers (>= 4).
     """
 
-    def __init__(self, window: int = 256, min_samples: int = 30) -> None:
+    def __init__(self, window: int = 256, min_samples: int = 8) -> None:
         self.window = check_int("window", window, 8)
-        self.min_samples = check_int("min_samples", min_samples, 4)
+        self.min_samples = check_int("min_samples", min_samples, 2)
         self._gap = np.zeros(self.window, dtype=np.float64)
         self._prompt = np.zeros(self.window, dtype=np.float64)
         self._y = np.zeros(self.window, dtype=np.float64)
@@ -145,17 +145,28 @@ class TTFTFit:
         self._n = min(self._n + 1, self.window)
 
     def fit(
-        self, prefill_s_per_token: float, quantile: float = 0.9
+        self, prefill_s_per_token: float | None, quantile: float = 0.9
     ) -> tuple[float, float, float] | None:
-        """``(steps, prefill_s_per_token, residual_s)``: the steps, the prefill cost used, and
-        the ``quantile`` of the residuals; None with fewer than ``min_samples`` samples."""
+        """``(steps, prefill_s_per_token, residual_s)``: the steps, the prefill cost, and the
+        ``quantile`` of the residuals; None with fewer than ``min_samples`` samples. Without a
+        prefill cost (None: no step-time fit yet) both are fitted, each kept >= 0."""
         n = self._n
         if n < self.min_samples:
             return None
-        gap, y = self._gap[:n], self._y[:n] - prefill_s_per_token * self._prompt[:n]
-        steps = max(float(np.dot(gap, y) / max(float(np.dot(gap, gap)), 1e-30)), 0.0)
-        residual = float(np.quantile(y - steps * gap, quantile))
-        return steps, prefill_s_per_token, residual
+        gap, tokens, ttft = self._gap[:n], self._prompt[:n], self._y[:n]
+        if prefill_s_per_token is None:
+            a = np.array([[gap @ gap, gap @ tokens], [gap @ tokens, tokens @ tokens]])
+            b = np.array([gap @ ttft, tokens @ ttft])
+            steps, per_token = (float(v) for v in np.linalg.lstsq(a, b, rcond=None)[0])
+            if per_token < 0 or steps < 0:  # one of them alone
+                per_token = max(float(tokens @ ttft) / max(float(tokens @ tokens), 1e-30), 0.0)
+                steps = 0.0
+        else:
+            per_token = prefill_s_per_token
+            rest = ttft - per_token * tokens
+            steps = max(float(np.dot(gap, rest) / max(float(np.dot(gap, gap)), 1e-30)), 0.0)
+        residual = float(np.quantile(ttft - steps * gap - per_token * tokens, quantile))
+        return steps, per_token, residual
 
 
 class DecayedMean:

@@ -198,7 +198,11 @@ class GateLimits:
         order: ``"fcfs"`` or ``"edf"`` (earliest ``ttft_deadline_s`` first).
         predict_free: check the TTFT prediction of an arrival that finds a free slot too (its
             wait is 0, its engine part alone can miss: a prompt too long for the TTFT target
-            at the present step times); False: such an arrival is always admitted.
+            at the present step times); False: such an arrival is admitted, unless the flood
+            guard holds.
+        flood_ttft_s: the flood guard, seconds (> 0), or None: an arrival that finds a free
+            slot is refused when the prefill already admitted (the backlog) would put even an
+            empty prompt's first token beyond this (a burst flooded the engine).
 
     Raises:
         TypeError, ValueError: a field of the wrong type or out of range (named).
@@ -210,6 +214,7 @@ class GateLimits:
     admit_ttft_s: float | None = None
     order: str = "fcfs"
     predict_free: bool = False
+    flood_ttft_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_in_flight", check_int("max_in_flight", self.max_in_flight, 1))
@@ -221,6 +226,9 @@ class GateLimits:
             object.__setattr__(self, "admit_ttft_s", value)
         check_choice("order", self.order, ORDERS)
         object.__setattr__(self, "predict_free", check_bool("predict_free", self.predict_free))
+        if self.flood_ttft_s is not None:
+            value = check_number("flood_ttft_s", self.flood_ttft_s, 0.0, strict=True)
+            object.__setattr__(self, "flood_ttft_s", value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +498,7 @@ class AdmissionGate(Generic[H]):
             return BatcherClosedError("the gate is closed")
         free = limits.max_in_flight - self._running - self._waiting
         if free > 0 and not limits.predict_free:
-            return None
+            return self._flooded(limits)
         if free <= 0 and limits.max_queue is not None and self._waiting >= limits.max_queue:
             return GateQueueFullError(limits.max_queue, self._retry_after(0.0))
         predicted = self.predicted_ttft_s(request.prompt_tokens)
@@ -498,6 +506,18 @@ class AdmissionGate(Generic[H]):
         if predicted is not None and limit is not None and predicted > limit:
             return TTFTUnreachableError(predicted, limit, predicted - limit)
         return None
+
+    def _flooded(self, limits: GateLimits) -> BatcherError | None:
+        """The refusal of an arrival that finds a free slot when the prefill already admitted
+        would make even an empty prompt's first token miss (a burst flooded the engine), else
+        None."""
+        forecast, limit = self._forecast, limits.flood_ttft_s
+        if forecast is None or limit is None:
+            return None
+        ahead = forecast.engine_ttft_s + forecast.per_prompt_token_s * self._backlog
+        if ahead <= limit:
+            return None
+        return TTFTUnreachableError(ahead, limit, ahead - limit)
 
     def _retry_after(self, extra_s: float) -> float:
         forecast = self._forecast

@@ -93,6 +93,19 @@ def test_a_free_slot_admits_without_a_prediction_unless_predict_free() -> None:
     assert handles(arrive(gate, "b", 0.0)[1], Reject) == ["b"]
 
 
+def test_the_flood_guard_refuses_a_free_slot_while_the_prefill_backlog_alone_misses() -> None:
+    forecast = TTFTForecast(10.0, 0.05, per_prompt_token_s=1e-4)  # 0.1 ms a prompt token
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(8, flood_ttft_s=0.3), forecast)
+    assert handles(arrive(gate, "long", 0.0, prompt_tokens=2000)[1], Admit) == ["long"]
+    # 2000 tokens ahead: 0.05 + 0.2 s, within 0.3 s; a prompt of its own is not counted
+    assert handles(arrive(gate, "next", 0.0, prompt_tokens=900)[1], Admit) == ["next"]
+    _, actions = arrive(gate, "flooded", 0.0, prompt_tokens=10)  # 2900 ahead: 0.34 s
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    assert isinstance(reject.error, TTFTUnreachableError)
+    assert reject.error.predicted_ttft_s == pytest.approx(0.34)
+    assert gate.in_flight == 2 < gate.limits.max_in_flight  # a free slot, yet refused
+
+
 def test_the_bounded_queue_refuses_with_429_only_when_no_slot_is_free() -> None:
     gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_queue=1))
     arrive(gate, "a", 0.0)

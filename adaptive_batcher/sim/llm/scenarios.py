@@ -1,7 +1,8 @@
 """The LLM replay benchmark's building blocks: devices, contenders, workloads and searches.
 
-* :data:`DEVICES`: the H200 roofline preset for Llama-3.1-8B, and DistServe's measured OPT-13B
-  on an A100 (each with vLLM's default caps for that GPU).
+* :data:`DEVICES`: the H200 roofline preset for Llama-3.1-8B; the closed-form fit of
+  splitwise-sim's Llama-2-70B on four H100s; DistServe's measured OPT-13B on an A100 (each
+  with vLLM's default caps for that GPU).
 * :func:`contender`: ``vllm_defaults`` (no gate, the engine's caps, an unbounded engine
   queue), ``trtllm_tuner`` (TensorRT-LLM's dynamic batch tuner sets the engine's caps, no
   gate), ``aimd_gate`` (Netflix's AIMD limit in our gate), ``static_<N>`` (a fixed limit in our
@@ -33,6 +34,8 @@ from adaptive_batcher.sim.llm.simulator import LLMContender, LLMSimulator
 from adaptive_batcher.sim.llm.step_time import (
     A100_80GB,
     FITS,
+    H100,
+    LLAMA_2_70B,
     OPT_13B,
     Deployment,
     h200_llama_8b,
@@ -110,8 +113,21 @@ def _a100_opt13b() -> Device:
     return Device("a100_opt13b_fit", deployment, engine)
 
 
+def _h100x4_llama70b() -> Device:
+    tokens = kv_capacity_tokens(LLAMA_2_70B, H100, gpus=4)
+    deployment = Deployment(
+        "Llama-2-70B on 4 x H100 (fitted to splitwise-sim)",
+        FITS["splitwise_llama2_70b_h100_tp4"],
+        tokens,
+    )
+    # vLLM's API-server defaults on a >= 70 GiB GPU other than an A100: 1024 and 8192
+    engine = EngineConfig.for_deployment(deployment, max_num_seqs=1024, max_num_batched_tokens=8192)
+    return Device("h100x4_llama70b_fit", deployment, engine)
+
+
 DEVICES: dict[str, Callable[[], Device]] = {
     "h200_llama8b": _h200,
+    "h100x4_llama70b_fit": _h100x4_llama70b,
     "a100_opt13b_fit": _a100_opt13b,
 }
 
@@ -298,10 +314,15 @@ def phases_of(name: str, duration_s: float = 300.0) -> list[tuple[float, float]]
 def _search(
     attains: Callable[[float], float], low: float, high: float, target: float, steps: int
 ) -> float:
-    """The highest rate in ``[low, high]`` whose attainment is >= ``target``, by bisection
-    (attainment falls with the rate, to noise)."""
-    if attains(low) < target:
-        return low
+    """The highest rate whose attainment is >= ``target``, by bisection (attainment falls
+    with the rate, to noise); the bracket ``[low, high]`` is halved or doubled until it holds
+    the answer (0 when even ``low / 1024`` misses)."""
+    for _ in range(10):
+        if attains(low) >= target:
+            break
+        low, high = low / 2, low
+    else:
+        return 0.0
     while attains(high) >= target:
         low, high = high, high * 2
         if high > 1e5:
@@ -326,14 +347,31 @@ def capacity(
     steps: int = 6,
     duration_s: float = 300.0,
     slo: TokenSLO = CHAT,
+    factor: float | None = None,
 ) -> float:
     """The highest mean rate at which contender ``name`` keeps ``target`` attainment on the
-    workload, by bisection between ``low`` and ``high`` (doubled until it fails)."""
+    workload.
+
+    By bisection from the bracket ``[low, high]`` (moved until it holds the answer) with
+    ``steps`` halvings; or, with ``factor`` (> 1), by a scan of the rates ``low * factor**k``
+    up to ``high``, stopped after two misses in a row: the highest rate that made it (a
+    contender whose attainment dips and recovers with the rate, as a gate's refusals can make
+    it, is not cut short at its first dip). 0 when even the lowest misses.
+    """
 
     def attains(rate: float) -> float:
         return replay(device, name, workload(workload_name, rate, duration_s), slo).attainment
 
-    return _search(attains, low, high, target, steps)
+    if factor is None:
+        return _search(attains, low, high, target, steps)
+    best, misses, rate = 0.0, 0, low
+    while rate <= high * (1 + 1e-9) and misses < 2:
+        if attains(rate) >= target:
+            best, misses = rate, 0
+        else:
+            misses += 1
+        rate *= factor
+    return best
 
 
 def knee(
