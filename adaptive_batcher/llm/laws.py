@@ -125,9 +125,10 @@ class ModelLimit:
 
         **Steps.** A tick moves ``gain`` of the way to the model's limit, at most ``[0.8, 1.25]
         x`` the limit in force (+2), and rises only while at least half the limit is in use (as
-    Netflix's AIMD: a lull must not let the limit drift up before a burst). **KV guard**, with engine metrics: while KV usage is above
-        ``kv_high`` or the engine preempted since the last tick, the limit is at most 90 % of what
-        the engine runs, at once; for ``kv_hold_s`` after a preemption it does not rise.
+    Netflix's AIMD: a lull must not let the limit drift up before a burst). **KV guard**, with
+    engine metrics: while KV usage is above ``kv_high`` or the engine preempted since the last
+    tick, the limit is at most 90 % of what the engine runs, at once; for ``kv_hold_s`` after a
+    preemption it does not rise.
         **Fallback.** While no fit is ready (fewer than 200 gap samples, sequences that never
         varied, or fewer than 20 finished requests in the window), :class:`AIMDLimit` on TPOT
         misses decides from the limit in force (TTFT misses are the admission's business: a lower
