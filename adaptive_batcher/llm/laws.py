@@ -103,53 +103,53 @@ class AIMDLimit:
 
 class ModelLimit:
     """Ours: the largest in-flight limit whose predicted mean token gap meets a TPOT target
-        read off the measured tail (docs/llm.md derives it).
+    read off the measured tail (docs/llm.md derives it).
 
-        **Model.** The step-time fit gives ``gap = a + b * B + c * C + d * P`` (``B`` sequences,
-        ``C`` context tokens, ``P`` prefill tokens a step). With ``N`` in flight, mean prompt
-        ``p`` and output ``o``: ``C = N * (p + o / 2)``, and the prefill admitted meanwhile comes
-        at ``min(arrival rate, N / residence)`` requests a second (arrivals, or departures once
-        the limit binds; the arrival rate is the larger of its 5 s mean and a peak held
-        ``peak_hold_s`` by the controller), each costing ``d * p`` seconds of step time, so
-        ``gap(N) = (a + b * N + c * C) / (1 - d * p * rate)`` (:meth:`predicted_gap_s`). The limit
-        is the largest ``N`` with ``bias * gap(N) <= margin * tpot`` (a bisection), ``bias``
-        being the measured gap over the fit's where the engine is now, smoothed and kept within
-        ``[1 / max_bias, max_bias]``.
+    **Model.** The step-time fit gives ``gap = a + b * B + c * C + d * P`` (``B`` sequences,
+    ``C`` context tokens, ``P`` prefill tokens a step). With ``N`` in flight, mean prompt
+    ``p`` and output ``o``: ``C = N * (p + o / 2)``, and the prefill admitted meanwhile comes
+    at ``min(arrival rate, N / residence)`` requests a second (arrivals, or departures once
+    the limit binds; the arrival rate is the larger of its 5 s mean and a peak held
+    ``peak_hold_s`` by the controller), each costing ``d * p`` seconds of step time, so
+    ``gap(N) = (a + b * N + c * C) / (1 - d * p * rate)`` (:meth:`predicted_gap_s`). The limit
+    is the largest ``N`` with ``bias * gap(N) <= margin * tpot`` (a bisection), ``bias``
+    being the measured gap over the fit's where the engine is now, smoothed and kept within
+    ``[1 / max_bias, max_bias]``.
 
-        **Target.** ``margin`` turns the mean gap (which is the mean TPOT) into the tail: from the
-        finished requests' mean TPOT ``m`` and TPOT ``q`` at the SLO's percentile, the mean to aim
-        at is ``m + (aim * tpot - q)`` while ``q`` is below ``aim * tpot`` (the tail's excess is
-        burst delay that a longer step does not multiply) and ``m * aim * tpot / q`` above it;
-        ``margin`` is that over ``tpot``, smoothed (``spread_gain`` a tick) and kept within
-        ``[min_margin, 1]``. While ``q`` is above ``aim * tpot`` the limit does not rise.
+    **Target.** ``margin`` turns the mean gap (which is the mean TPOT) into the tail: from the
+    finished requests' mean TPOT ``m`` and TPOT ``q`` at the SLO's percentile, the mean to aim
+    at is ``m + (aim * tpot - q)`` while ``q`` is below ``aim * tpot`` (the tail's excess is
+    burst delay that a longer step does not multiply) and ``m * aim * tpot / q`` above it;
+    ``margin`` is that over ``tpot``, smoothed (``spread_gain`` a tick) and kept within
+    ``[min_margin, 1]``. While ``q`` is above ``aim * tpot`` the limit does not rise.
 
-        **Steps.** A tick moves ``gain`` of the way to the model's limit, at most ``[0.8, 1.25]
-        x`` the limit in force (+2), and rises only while at least half the limit is in use (as
+    **Steps.** A tick moves ``gain`` of the way to the model's limit, at most ``[0.8, 1.25]
+    x`` the limit in force (+2), and rises only while at least half the limit is in use (as
     Netflix's AIMD: a lull must not let the limit drift up before a burst). **KV guard**, with
     engine metrics: while KV usage is above ``kv_high`` or the engine preempted since the last
     tick, the limit is at most 90 % of what the engine runs, at once; for ``kv_hold_s`` after a
     preemption it does not rise.
-        **Fallback.** While no fit is ready (fewer than 200 gap samples, sequences that never
-        varied, or fewer than 20 finished requests in the window), :class:`AIMDLimit` on TPOT
-        misses decides from the limit in force (TTFT misses are the admission's business: a lower
-        limit does not shorten a long prompt's prefill), and while the streams' mean gap now is
-        above ``margin * tpot`` the limit is cut at once to the in-flight count times their ratio
-        (finished requests come too late to stop a flood at start).
+    **Fallback.** While no fit is ready (fewer than 200 gap samples, sequences that never
+    varied, or fewer than 20 finished requests in the window), :class:`AIMDLimit` on TPOT
+    misses decides from the limit in force (TTFT misses are the admission's business: a lower
+    limit does not shorten a long prompt's prefill), and while the streams' mean gap now is
+    above ``margin * tpot`` the limit is cut at once to the in-flight count times their ratio
+    (finished requests come too late to stop a flood at start).
 
-        Args:
-            slo: the objective.
-            minimum, maximum: the clamp (>= 1).
-            kv_high: KV usage above which the guard acts, in (0, 1].
-            kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
-            aim: where the TPOT at the SLO's percentile is steered, a share of the target, in
-                (0, 1].
-            gain: the share of the way to the model's limit taken per tick, in (0, 1].
-            spread_gain: the smoothing of ``margin`` and ``bias`` per tick, in (0, 1].
-            min_margin: the lowest ``margin``, in (0, 1].
-            max_bias: the largest correction of the fit, >= 1.
+    Args:
+        slo: the objective.
+        minimum, maximum: the clamp (>= 1).
+        kv_high: KV usage above which the guard acts, in (0, 1].
+        kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
+        aim: where the TPOT at the SLO's percentile is steered, a share of the target, in
+            (0, 1].
+        gain: the share of the way to the model's limit taken per tick, in (0, 1].
+        spread_gain: the smoothing of ``margin`` and ``bias`` per tick, in (0, 1].
+        min_margin: the lowest ``margin``, in (0, 1].
+        max_bias: the largest correction of the fit, >= 1.
 
-        Raises:
-            TypeError, ValueError: an argument of the wrong type or out of range (named).
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range (named).
     """
 
     def __init__(
