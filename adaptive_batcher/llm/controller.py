@@ -51,7 +51,8 @@ class TokenController:
         slo: the objective.
         law: the limit law.
         initial_limit: the limit before the first tick (>= 1; clamped to the bounds).
-        min_limit, max_limit: the limit's bounds (>= 1).
+        min_limit: the limit's lower bound (>= 1).
+        max_limit: the limit's upper bound (>= ``min_limit``).
         interval_s: seconds between ticks (> 0).
         window_s: the span of the TTFT and TPOT quantiles, seconds (> 0).
         max_queue: the gate's bounded queue (None: unbounded).

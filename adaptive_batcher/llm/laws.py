@@ -63,7 +63,8 @@ class AIMDLimit:
     Args:
         initial: the starting limit (Netflix's default 20).
         backoff: the multiplicative decrease, in [0.5, 1) (Netflix's default 0.9).
-        minimum, maximum: the clamp (>= 1).
+        minimum: the lowest limit (>= 1).
+        maximum: the highest limit (>= ``minimum``).
         tpot_only: count only TPOT misses.
     """
 
@@ -138,7 +139,8 @@ class ModelLimit:
 
     Args:
         slo: the objective.
-        minimum, maximum: the clamp (>= 1).
+        minimum: the lowest limit (>= 1).
+        maximum: the highest limit (>= ``minimum``).
         kv_high: KV usage above which the guard acts, in (0, 1].
         kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
         aim: where the TPOT at the SLO's percentile is steered, a share of the target, in

@@ -54,8 +54,10 @@ class TrtllmDynamicBatchTuner:
       (``getRuntimeMaxNumTokens``); at most the engine's static budget.
 
     Args:
-        kv_blocks, block_size: the engine's KV cache.
-        max_num_seqs, max_num_batched_tokens: the engine's static caps.
+        kv_blocks: the engine's KV-cache blocks.
+        block_size: tokens per block.
+        max_num_seqs: the engine's static cap on running sequences.
+        max_num_batched_tokens: the engine's static token budget.
         window: the moving-average window (>= 1).
         table: the batch size table.
     """

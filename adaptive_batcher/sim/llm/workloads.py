@@ -157,8 +157,10 @@ def load_token_trace(
         name: a file path, or a trace name looked up in ``trace_dir`` (default
             :data:`~adaptive_batcher.sim.traces.TRACE_DIR`), e.g. ``"azure_llm_2023_conv"``.
         rate_rps: the mean rate wanted, requests/s (> 0), or None.
-        start_s, duration_s: the window, seconds of trace time.
-        max_prompt, max_output: lengths are clipped to these (None: not clipped).
+        start_s: the window's start, seconds of trace time.
+        duration_s: the window's length, seconds of trace time (None: to the end).
+        max_prompt: prompt lengths are clipped to this (None: not clipped).
+        max_output: output lengths are clipped to this (None: not clipped).
         trace_dir: where a name is looked up.
 
     Raises:
