@@ -408,8 +408,9 @@ class AdmissionGate(Generic[H]):
 
     def arrive(self, request: GateRequest[H], now: float) -> list[GateAction]:
         """A new request: refused at once (:class:`Reject`), admitted (:class:`Admit`) or
-        queued. A request is never refused while a free slot could take it at once, except
-        after :meth:`close`.
+        queued. A request that finds a free slot is refused only after :meth:`close`, while
+        the flood guard holds (``flood_ttft_s``), or by its own TTFT prediction with
+        ``predict_free``.
 
         Raises:
             ValueError: ``request`` was given to a gate before.
