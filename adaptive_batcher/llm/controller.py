@@ -7,11 +7,14 @@ each tick, and derives the rest of the gate's knobs the same way for every law:
 
 * the **TTFT forecast**: slots free at ``in_flight / residence`` per second (``residence``:
   the mean time a request spends inside the engine, smoothed; twice the TTFT target before
-  any request finished), and the engine's own time to first
-  token is a line in the prompt's length fitted to the recent first tokens, raised by the 90th
-  percentile of its residuals;
+  any request finished), and the engine's own time to first token is
+  :class:`~adaptive_batcher.llm.estimators.TTFTFit`'s steps of the current token gap plus the
+  prefill of the backlog and the prompt, raised by the ``ttft_quantile`` of its residuals;
 * **early rejection**: an arrival whose predicted TTFT exceeds ``admit_fraction`` of the TTFT
-  target is refused at once;
+  target is refused at once; while the gate is pressed, also one that finds a free slot
+  (``predict_free``);
+* the **flood guard**: an arrival that finds a free slot is refused while the prefill already
+  admitted would put an empty prompt's first token past ``flood_factor`` times that threshold;
 * **late shedding**: a request that waited so long that the engine's TTFT at its 90th
   percentile would make it miss expires (``max_wait_s = ttft - engine TTFT p90``; half the TTFT
   target before the first token is seen).
@@ -65,11 +68,15 @@ class TokenController:
             residuals at that quantile), in [0.5, 1]; default 0.95.
         flood_factor: the flood guard at this multiple of the admission threshold
             (:attr:`~adaptive_batcher.llm.gate.GateLimits.flood_ttft_s`; > 0, or None: off).
-        predict_free: while the gate is pressed (requests wait, or were refused or expired
-            since the last tick), refuse an arrival that finds a free slot
-            too when its predicted TTFT misses
-            (:attr:`~adaptive_batcher.llm.gate.GateLimits.predict_free`): under overload the
-            requests whose own prefill would miss give way to those that can make it.
+        predict_free: while the gate is pressed (at the last tick requests waited, or 80 % of
+            the limit was in use and the arrival rate times the time inside the engine would
+            keep it so), refuse an arrival that finds a free slot too when its predicted TTFT
+            misses (:attr:`~adaptive_batcher.llm.gate.GateLimits.predict_free`): under
+            overload the requests whose own prefill would miss give way to those that can
+            make it.
+        peak_hold_s: the arrival rate a law sees is the larger of its 5 s mean and the
+            highest rate of a tick, fading with this time constant, seconds (>= 0; 0: the
+            mean alone): a bursty trace's bursts are planned for while they may recur.
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range (named).
