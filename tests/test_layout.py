@@ -2,7 +2,10 @@
 
 Dependencies point one way: the sans-IO engine and controller import no shell (runtime,
 simulator), no policy and no wiring; the wiring (core, settings) imports no shell; presets
-import no runtime. Imports inside functions count too.
+import no runtime. The LLM gate (``llm``) is sans-IO like the engine: it imports no shell, no
+simulator and no batcher wiring, and no clock, I/O or asyncio module at all; its simulator
+(``sim.llm``) imports the gate, never the batching simulator's loop or the runtime. Nothing
+outside them imports either. Imports inside functions count too.
 """
 
 from __future__ import annotations
@@ -25,12 +28,57 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "core": ("runtime.batcher", "runtime.executors", "sim", "presets", "cli"),
     "presets": ("runtime.batcher", "sim", "cli"),
     "sim": ("runtime.batcher", "runtime.executors", "cli"),
+    "llm": (
+        "runtime",
+        "sim",
+        "core",
+        "settings",
+        "presets",
+        "cli",
+        "policies",
+        "control",
+        "profile",
+        "ray",
+        "export",
+        "telemetry",
+    ),
+    "sim.llm": (
+        "runtime",
+        "cli",
+        "core",
+        "settings",
+        "presets",
+        "policies",
+        "control",
+        "sim.simulator",
+        "sim.scenarios",
+        "sim.cluster",
+        "ray",
+    ),
 }
+
+# parts that must not know the LLM gate exists (it builds on them, not they on it)
+BELOW_LLM = ("engine", "control", "policies", "metrics", "settings", "core", "presets", "runtime")
+
+# what a sans-IO module may not import: no clock, no I/O, no event loop, no threads
+IO_MODULES = ("asyncio", "threading", "time", "socket", "selectors", "subprocess", "concurrent")
 
 
 def modules_of(part: str) -> list[Path]:
-    folder = PACKAGE / part
-    return sorted(folder.rglob("*.py")) if folder.is_dir() else [PACKAGE / f"{part}.py"]
+    folder = PACKAGE / part.replace(".", "/")
+    if folder.is_dir():
+        return sorted(folder.rglob("*.py"))
+    return [PACKAGE / f"{part.replace('.', '/')}.py"]
+
+
+def raw_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
 
 
 def imported(path: Path) -> set[str]:
@@ -52,6 +100,27 @@ def test_dependencies_point_one_way(part: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[part])
     ]
     assert not offending, "\n".join(offending)
+
+
+@pytest.mark.parametrize("part", BELOW_LLM)
+def test_nothing_below_the_llm_gate_imports_it(part: str) -> None:
+    offending = [
+        f"{path.relative_to(PACKAGE)} imports adaptive_batcher.{name}"
+        for path in modules_of(part)
+        for name in sorted(imported(path))
+        if name == "llm" or name.startswith("llm.") or name.startswith("sim.llm")
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_the_llm_gate_is_sans_io() -> None:
+    offending = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in modules_of("llm")
+        for name in sorted(raw_imports(path))
+        if name.split(".")[0] in IO_MODULES
+    ]
+    assert modules_of("llm") and not offending, "\n".join(offending)
 
 
 def test_the_top_level_exports_exactly_the_public_api() -> None:

@@ -1,0 +1,244 @@
+"""The admission gate: events in, actions out; each rule by example."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive_batcher.engine import SetTimer
+from adaptive_batcher.errors import BatcherClosedError, DeadlineExceededError, QueueFullError
+from adaptive_batcher.llm.errors import GateQueueFullError, TTFTUnreachableError
+from adaptive_batcher.llm.gate import (
+    Abort,
+    AdmissionGate,
+    Admit,
+    Expire,
+    GateAction,
+    GateLimits,
+    GateRequest,
+    Reject,
+    RequestState,
+    TTFTForecast,
+)
+
+
+def handles(actions: list[GateAction], kind: type) -> list[object]:
+    return [a.request.handle for a in actions if isinstance(a, kind)]  # type: ignore[union-attr]
+
+
+def arrive(
+    gate: AdmissionGate[str], name: str, now: float, **kwargs: object
+) -> tuple[GateRequest[str], list[GateAction]]:
+    request: GateRequest[str] = GateRequest(name, now, **kwargs)  # type: ignore[arg-type]
+    return request, gate.arrive(request, now)
+
+
+def test_admits_into_free_slots_then_queues_and_admits_as_slots_free() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(max_in_flight=2))
+    a, actions = arrive(gate, "a", 0.0)
+    assert handles(actions, Admit) == ["a"] and actions[-1] == SetTimer(None)
+    b, _ = arrive(gate, "b", 0.1)
+    c, actions = arrive(gate, "c", 0.2)
+    assert handles(actions, Admit) == [] and gate.waiting == 1 and gate.in_flight == 2
+    gate.first_token(a, 0.3)
+    assert a.first_token_s == 0.3
+    actions = gate.finish(a, 0.5)
+    assert handles(actions, Admit) == ["c"] and c.admitted_s == 0.5
+    assert a.state == RequestState.COMPLETED and c.state == RequestState.RUNNING
+    counts = gate.counts()
+    assert (counts.submitted, counts.admitted, counts.running, counts.completed) == (3, 3, 2, 1)
+    assert b.state == RequestState.RUNNING
+
+
+@pytest.mark.parametrize(("order", "expected"), [("fcfs", "late"), ("edf", "early")])
+def test_fcfs_and_edf_orders(order: str, expected: str) -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, order=order))
+    first, _ = arrive(gate, "first", 0.0)
+    arrive(gate, "late", 0.1, ttft_deadline_s=5.0)
+    arrive(gate, "early", 0.2, ttft_deadline_s=1.0)
+    assert handles(gate.finish(first, 0.3), Admit) == [expected]
+
+
+def test_changing_the_order_resorts_the_queue() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    first, _ = arrive(gate, "first", 0.0)
+    arrive(gate, "late", 0.1, ttft_deadline_s=5.0)
+    arrive(gate, "early", 0.2, ttft_deadline_s=1.0)
+    gate.set_limits(GateLimits(1, order="edf"))
+    assert handles(gate.finish(first, 0.3), Admit) == ["early"]
+
+
+def test_an_arrival_whose_predicted_ttft_misses_is_refused_with_retry_after() -> None:
+    forecast = TTFTForecast(departure_rps=10.0, engine_ttft_s=0.05, per_prompt_token_s=1e-4)
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, admit_ttft_s=0.3), forecast)
+    arrive(gate, "running", 0.0, prompt_tokens=500)
+    # one waiting would wait a departure (0.1 s) + 0.05 s + (500 backlog + 100) * 1e-4 s
+    assert gate.predicted_ttft_s(100) == pytest.approx(0.1 + 0.05 + 0.06)
+    _, actions = arrive(gate, "ok", 0.0, prompt_tokens=100)
+    assert handles(actions, Reject) == [] and gate.waiting == 1
+    refused, actions = arrive(gate, "late", 0.0, prompt_tokens=100)
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    error = reject.error
+    assert isinstance(error, TTFTUnreachableError) and error.http_status == 503
+    assert error.predicted_ttft_s == pytest.approx(0.2 + 0.05 + 0.06)
+    assert error.retry_after_s == pytest.approx(0.31 - 0.3)
+    assert str(error) == "predicted time to first token 310 ms exceeds the 300 ms the gate admits"
+    assert refused.state == RequestState.REJECTED and gate.counts().rejected == 1
+
+
+def test_a_free_slot_admits_without_a_prediction_unless_predict_free() -> None:
+    forecast = TTFTForecast(10.0, 1.0)  # every prediction misses a 0.3 s target
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(4, admit_ttft_s=0.3), forecast)
+    assert handles(arrive(gate, "a", 0.0)[1], Admit) == ["a"]
+    gate.set_limits(GateLimits(4, admit_ttft_s=0.3, predict_free=True))
+    assert handles(arrive(gate, "b", 0.0)[1], Reject) == ["b"]
+
+
+def test_the_flood_guard_refuses_a_free_slot_while_the_prefill_backlog_alone_misses() -> None:
+    forecast = TTFTForecast(10.0, 0.05, per_prompt_token_s=1e-4)  # 0.1 ms a prompt token
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(8, flood_ttft_s=0.3), forecast)
+    assert handles(arrive(gate, "long", 0.0, prompt_tokens=2000)[1], Admit) == ["long"]
+    # 2000 tokens ahead: 0.05 + 0.2 s, within 0.3 s; a prompt of its own is not counted
+    assert handles(arrive(gate, "next", 0.0, prompt_tokens=900)[1], Admit) == ["next"]
+    _, actions = arrive(gate, "flooded", 0.0, prompt_tokens=10)  # 2900 ahead: 0.34 s
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    assert isinstance(reject.error, TTFTUnreachableError)
+    assert reject.error.predicted_ttft_s == pytest.approx(0.34)
+    assert gate.in_flight == 2 < gate.limits.max_in_flight  # a free slot, yet refused
+
+
+def test_the_bounded_queue_refuses_with_429_only_when_no_slot_is_free() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_queue=1))
+    arrive(gate, "a", 0.0)
+    arrive(gate, "b", 0.0)
+    _, actions = arrive(gate, "c", 0.0)
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    assert isinstance(reject.error, GateQueueFullError) and isinstance(reject.error, QueueFullError)
+    assert (
+        reject.error.http_status == 429
+        and str(reject.error) == "the gate's queue is full (1 waiting)"
+    )
+    no_queue: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_queue=0))
+    assert handles(arrive(no_queue, "a", 0.0)[1], Admit) == ["a"]
+    assert handles(arrive(no_queue, "b", 0.0)[1], Reject) == ["b"]
+
+
+def test_waiting_past_max_wait_expires_on_the_timer_but_an_admitted_arrival_never_does() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_wait_s=0.0))
+    first, actions = arrive(gate, "first", 0.0)
+    assert handles(actions, Admit) == ["first"] and first.expire_s is None
+    gate.set_limits(GateLimits(1, max_wait_s=0.25))
+    _, actions = arrive(gate, "waits", 1.0)
+    assert actions[-1] == SetTimer(1.25)
+    assert gate.poll(1.2)[-1] == SetTimer(1.25)
+    actions = gate.poll(1.25)
+    assert handles(actions, Expire) == ["waits"] and gate.counts().expired == 1
+    assert handles(gate.finish(first, 2.0), Admit) == []
+
+
+def test_deadlines_expire_waiting_requests_and_abort_running_ones() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    running, _ = arrive(gate, "running", 0.0, deadline_s=2.0)
+    _, actions = arrive(gate, "waiting", 0.0, deadline_s=1.0)
+    assert actions[-1] == SetTimer(1.0)
+    assert handles(gate.poll(1.0), Expire) == ["waiting"]
+    actions = gate.poll(2.0)
+    (abort,) = [a for a in actions if isinstance(a, Abort)]
+    assert abort.request is running and isinstance(abort.error, DeadlineExceededError)
+    assert running.state == RequestState.EXPIRED and gate.in_flight == 0
+    assert gate.finish(running, 2.5)[-1] == SetTimer(None)  # late engine output: ignored
+    assert gate.counts().completed == 0 and gate.counts().expired == 2
+
+
+def test_cancel_withdraws_a_waiting_request_and_aborts_a_running_one() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    running, _ = arrive(gate, "running", 0.0)
+    waiting, _ = arrive(gate, "waiting", 0.0)
+    arrive(gate, "third", 0.0)
+    assert handles(gate.cancel(waiting, 0.1), Admit) == []
+    actions = gate.cancel(running, 0.2)
+    assert [type(a) for a in actions] == [Abort, Admit, SetTimer]
+    assert actions[0].request is running and actions[0].error is None  # type: ignore[union-attr]
+    assert handles(actions, Admit) == ["third"]
+    assert gate.cancel(running, 0.3) == [SetTimer(None)]  # twice: nothing more
+    counts = gate.counts()
+    assert (counts.cancelled, counts.running, counts.waiting) == (2, 1, 0)
+
+
+def test_close_with_and_without_drain() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    first, _ = arrive(gate, "first", 0.0)
+    arrive(gate, "queued", 0.0)
+    gate.close(0.1, drain=True)
+    assert gate.closed
+    _, actions = arrive(gate, "after", 0.2)
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    assert (
+        isinstance(reject.error, BatcherClosedError) and str(reject.error) == "the gate is closed"
+    )
+    assert handles(gate.finish(first, 0.3), Admit) == ["queued"]
+
+    hard: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    arrive(hard, "first", 0.0)
+    arrive(hard, "queued", 0.0)
+    actions = hard.close(0.1, drain=False)
+    assert handles(actions, Reject) == ["queued"]
+    assert hard.counts().rejected == 1 and hard.counts().running == 1
+
+
+def test_a_lowered_limit_waits_for_departures_and_the_forecast_counts_the_excess() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(3), TTFTForecast(10.0, 0.0))
+    requests = [arrive(gate, name, 0.0)[0] for name in "abc"]
+    gate.set_limits(GateLimits(1))
+    assert gate.predicted_ttft_s() == pytest.approx(0.3)  # 2 excess + itself, at 10/s
+    waiting, _ = arrive(gate, "d", 0.0)
+    assert handles(gate.finish(requests[0], 0.1), Admit) == []
+    assert handles(gate.finish(requests[1], 0.2), Admit) == []
+    assert handles(gate.finish(requests[2], 0.3), Admit) == ["d"] and waiting.admitted_s == 0.3
+
+
+def test_the_prefill_backlog_counts_prompts_without_a_first_token() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(4))
+    a, _ = arrive(gate, "a", 0.0, prompt_tokens=100)
+    b, _ = arrive(gate, "b", 0.0, prompt_tokens=30)
+    assert gate.prefill_backlog == 130 and (a.admit_backlog, b.admit_backlog) == (0, 100)
+    gate.first_token(a, 0.1)
+    gate.first_token(a, 0.2)  # a second first token changes nothing
+    assert gate.prefill_backlog == 30 and a.first_token_s == 0.1
+    gate.cancel(b, 0.3)
+    assert gate.prefill_backlog == 0
+
+
+def test_a_request_is_submitted_once() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    request, _ = arrive(gate, "a", 0.0)
+    with pytest.raises(ValueError, match=r"^request 'a' was already submitted$"):
+        gate.arrive(request, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_in_flight": 0}, ValueError, "max_in_flight must be >= 1, got 0"),
+        ({"max_in_flight": 1.5}, TypeError, "max_in_flight must be an int, got float"),
+        ({"max_queue": -1}, ValueError, "max_queue must be >= 0, got -1"),
+        ({"max_wait_s": -0.1}, ValueError, "max_wait_s must be a finite number >= 0, got -0.1"),
+        ({"admit_ttft_s": 0}, ValueError, "admit_ttft_s must be a finite number > 0, got 0"),
+        ({"order": "lifo"}, ValueError, "order must be one of 'fcfs', 'edf', got 'lifo'"),
+        ({"predict_free": 1}, TypeError, "predict_free must be a bool, got int"),
+    ],
+)
+def test_limits_are_checked(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    arguments: dict[str, object] = {"max_in_flight": 1, **kwargs}
+    with pytest.raises(error, match=rf"^{message}$"):
+        GateLimits(**arguments)  # type: ignore[arg-type]
+
+
+def test_forecast_and_types_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"^departure_rps must be a finite number > 0, got 0$"):
+        TTFTForecast(0, 0.1)
+    with pytest.raises(TypeError, match=r"^limits must be a GateLimits, got int$"):
+        AdmissionGate(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^forecast must be a TTFTForecast or None, got float$"):
+        AdmissionGate(GateLimits(1), 0.5)  # type: ignore[arg-type]
