@@ -75,14 +75,14 @@ from adaptive_batcher._validate import (
     check_str,
 )
 from adaptive_batcher.control.types import Bounds
-from adaptive_batcher.policies import REGISTRY, Policy
-from adaptive_batcher.runtime.executors import EXECUTOR_KINDS
-from adaptive_batcher.settings import (
+from adaptive_batcher.core.settings import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_WINDOW_MS,
+    EXECUTOR_KINDS,
     BatcherSettings,
     default_window_range_ms,
 )
+from adaptive_batcher.policies import REGISTRY, Policy
 from adaptive_batcher.slo import SLO
 
 __all__ = [
@@ -540,7 +540,7 @@ def _check_settings(
     bounds: Bounds | None,
 ) -> None:
     """The cross-checks every batcher makes (one rule, one message; see
-    :class:`~adaptive_batcher.settings.BatcherSettings`), blamed on the key they name."""
+    :class:`~adaptive_batcher.core.settings.BatcherSettings`), blamed on the key they name."""
     settings = _settings_of(batcher)
     try:
         BatcherSettings(**settings, slo=slo, bounds=bounds)

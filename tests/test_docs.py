@@ -40,8 +40,15 @@ NOT_IN_REFERENCE = {
     "adaptive_batcher.cli": "the command line; each command documents itself with --help",
     "adaptive_batcher.data": "package data (measured tables), read via adaptive_batcher.sim",
     "adaptive_batcher.examples": "the demo's example model",
-    "adaptive_batcher.runtime.buckets": "AdaptiveBatcher's internal bucket arithmetic",
+    "adaptive_batcher.core.buckets": "the spine's internal bucket arithmetic",
     "adaptive_batcher.runtime.batch_runner": "AdaptiveBatcher's internal batch runner",
+    "adaptive_batcher.runtime.driver": "AdaptiveBatcher's internal loop driver",
+    "adaptive_batcher.runtime.in_flight": "AdaptiveBatcher's internal registry of batches",
+    "adaptive_batcher.runtime.listeners": "AdaptiveBatcher's listeners (BatchListener: batcher)",
+    "adaptive_batcher.runtime.loop": "AdaptiveBatcher's internal loop helpers",
+    "adaptive_batcher.runtime.requests": "AdaptiveBatcher's internal queued request",
+    "adaptive_batcher.runtime.shutdown": "AdaptiveBatcher's internal close",
+    "adaptive_batcher.runtime.warmup": "AdaptiveBatcher's internal warm-up",
 }
 
 

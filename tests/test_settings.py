@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from adaptive_batcher import AdaptiveBatcher, PresetError, load_preset
 from adaptive_batcher.control import Bounds
+from adaptive_batcher.core.settings import BatcherSettings
 from adaptive_batcher.policies import Static
-from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.sim.simulator import SimConfig
 from adaptive_batcher.slo import SLO
 
@@ -122,7 +123,7 @@ def test_the_default_window_range_reaches_the_slos_budget() -> None:
 
 
 def test_set_slo_moves_the_default_window_range_only() -> None:
-    from adaptive_batcher.core import BatcherCore
+    from adaptive_batcher.core.batcher_core import BatcherCore
 
     core: BatcherCore[int] = BatcherCore(BatcherSettings(max_batch_size=8, slo=SLO(50.0)))
     core.set_slo(SLO(latency_ms=500.0, preprocess_ms=100.0))
@@ -159,3 +160,66 @@ async def test_removing_the_slo_is_refused_while_shedding_late_everywhere() -> N
     async with AdaptiveBatcher(lambda b: b, slo=slo) as unshed:
         unshed.set_slo(None)  # without shedding, removing the SLO is allowed
         assert unshed.slo is None
+
+
+def test_the_settings_read_no_file_the_shells_do(tmp_path: Path) -> None:
+    """Before: BatcherSettings read the profile file while it was being built (the spine
+    importing the profiler); now the shells read it, and the sans-IO core refuses a path."""
+    from adaptive_batcher.core.batcher_core import BatcherCore
+    from adaptive_batcher.profile import ProfileResult, ProfileRow, write_profile
+
+    path = tmp_path / "profile.json"
+    rows = (ProfileRow(1, 2.0, 2.5, 500.0), ProfileRow(8, 4.0, 5.0, 2000.0))
+    write_profile(path, ProfileResult(rows, None, "cpu", "mlp", 5))
+    settings = BatcherSettings(slo=SLO(latency_ms=50), service_profile=path)
+    assert settings.service_profile == path  # kept as given
+    with pytest.raises(TypeError, match="is a file the settings do not read: read it first"):
+        BatcherCore(settings)
+    assert SimConfig(service_profile=path).service_profile == ((1, 2.0), (8, 4.0))
+    with pytest.raises(FileNotFoundError, match="service_profile: no such file"):
+        SimConfig(service_profile=tmp_path / "nope.json")
+
+
+async def test_the_batcher_takes_a_settings_object() -> None:
+    settings = BatcherSettings(max_batch_size=8, window_ms=0.0, slo=SLO(latency_ms=50))
+    async with AdaptiveBatcher(lambda b: b, settings=settings) as batcher:
+        assert await batcher.submit(1) == 1
+        stats = batcher.stats()
+        assert (stats.max_batch_size, stats.window_ms, stats.slo) == (8, 0.0, SLO(50))
+        assert stats.policy is not None  # the SLO's default controller
+    replayed = SimConfig(max_batch_size=4, window_origin="slot_free", name="x")
+    assert AdaptiveBatcher(lambda b: b, settings=replayed)._core.settings is replayed
+
+
+def test_a_setting_given_twice_is_refused() -> None:
+    settings = BatcherSettings(max_batch_size=8)
+    message = "max_batch_size, slo: give each setting in settings or as an argument, not both"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        AdaptiveBatcher(lambda b: b, settings=settings, max_batch_size=8, slo=None)
+    with pytest.raises(TypeError, match="settings must be a BatcherSettings or None, got dict"):
+        AdaptiveBatcher(lambda b: b, settings={"max_batch_size": 8})  # type: ignore[arg-type]
+    # the arguments that are not settings go with it
+    batcher = AdaptiveBatcher(lambda b: b, settings=settings, name="x", executor="inline")
+    assert batcher.name == "x"
+
+
+def test_a_profile_file_in_the_settings_is_read_by_the_batcher(tmp_path: Path) -> None:
+    from adaptive_batcher.profile import ProfileResult, ProfileRow, write_profile
+
+    path = tmp_path / "profile.json"
+    write_profile(path, ProfileResult((ProfileRow(4, 3.0, 3.5, 1333.0),), None, "cpu", "m", 5))
+    settings = BatcherSettings(slo=SLO(latency_ms=50), service_profile=path)
+    batcher = AdaptiveBatcher(lambda b: b, settings=settings)
+    assert batcher._core.settings.service_profile == ((4, 3.0),)
+
+
+def test_every_setting_is_an_argument_of_the_batcher() -> None:
+    """The settings ``settings=`` replaces are exactly the constructor's setting arguments, so
+    a setting added to BatcherSettings cannot be given twice unnoticed."""
+    import inspect
+
+    from adaptive_batcher.runtime.batcher import SETTING_ARGUMENTS
+
+    parameters = inspect.signature(AdaptiveBatcher).parameters
+    assert set(parameters) >= SETTING_ARGUMENTS
+    assert {f.name for f in fields(BatcherSettings)} - SETTING_ARGUMENTS == {"window_origin"}

@@ -1,10 +1,11 @@
 """The sans-IO controller: counters and samples in (with ``now``), a Decision out, once per tick.
 
-The controller knows nothing of engines or event loops: :class:`~adaptive_batcher.core.BatcherCore`
-asks :meth:`Controller.due` on every poll, calls :meth:`Controller.tick` when a tick is due and
-applies the decision to its engine. Every decision is a ``controller.decision`` log event with the
-inputs that drove it. A policy that raises is logged (``controller.policy_failed``) and the last
-decision stands: serving never stops for the controller.
+The controller knows nothing of engines or event loops:
+:class:`~adaptive_batcher.core.batcher_core.BatcherCore` asks :meth:`Controller.due` on every
+poll, calls :meth:`Controller.tick` when a tick is due and applies the decision to its engine.
+Every decision is a ``controller.decision`` log event with the inputs that drove it. A policy
+that raises is logged (``controller.policy_failed``) and the last decision stands: serving never
+stops for the controller.
 """
 
 from __future__ import annotations
@@ -279,13 +280,13 @@ class Controller:
             mean_request_units=units / items if items else 1.0,
             window_idle_fraction=_idle_fraction(before, counts, self.decision.window_ms),
             largest_batch_size=_largest(recorder, batches),
-            service_ms=model.predict_ms,
+            service_median_ms=model.median_ms,
             service_samples=model.samples,
-            service_high_ms=model.high_ms,
-            service_upper_ms=model.upper_ms,
-            service_noise_ms=model.noise_ms,
-            service_deep_ms=model.deep_ms,
-            service_tail_ms=model.tail_ms,
+            service_spread_ms=model.spread_ms,
+            service_median_bound_ms=model.median_bound_ms,
+            service_body_spread_ms=model.body_spread_ms,
+            service_body_p999_ms=model.body_p999_ms,
+            service_p99_ms=model.p99_ms,
             contention=model.contention,
             last_stall_s=model.last_stall_s,
             loop_stall_s=self.loop_stall[1],
@@ -323,7 +324,7 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         throughput_rps=round(observation.throughput_rps, 1),
         goodput_rps=round(observation.goodput_rps, 1),
         mean_batch_size=_round(observation.mean_batch_size),
-        service_ms_at_cap=_round(observation.service_ms(decision.max_batch_size)),
+        service_ms_at_cap=_round(observation.service_median_ms(decision.max_batch_size)),
         free_memory_fraction=observation.telemetry.free_fraction,
         device_ms_per_request=_round(observation.device_ms_per_request),
         service_spread=_round(_spread(observation, decision.max_batch_size)),
@@ -352,10 +353,10 @@ def _idle_fraction(before: Counts, after: Counts, window_ms: float) -> float:
 def _spread(observation: Observation, cap: int) -> float:
     """The error bars at ``cap`` (high over median), NaN without them or at a 0 ms median (a
     model measured at 0 ms: the tick must not fail on its log line)."""
-    median = observation.service_ms(cap)
-    if observation.service_high_ms is None or not median > 0:
+    median = observation.service_median_ms(cap)
+    if observation.service_spread_ms is None or not median > 0:
         return math.nan
-    return observation.service_high_ms(cap) / median
+    return observation.service_spread_ms(cap) / median
 
 
 def _round(value: float) -> float | None:

@@ -54,34 +54,12 @@ class Guard:
 class UnusedWindowGuard(Guard):
     """Window to 0 when waiting brings no company (MLServer #777).
 
-    With open-loop arrivals at rate ``r``, a window of ``W`` brings ``c = r * W`` requests of
-    company on average, and the wait after a batch's last arrival is that of a Poisson process:
-    a share ``(1 - exp(-c)) / c`` of the window. Closed-loop clients break both, and the guard
-    looks for that:
-
-    * batches bring less than ``min_company`` of the company the arrival rate promises
-      (``mean_batch_size - 1 < min_company * min(c, cap - 1)`` while ``c >= 0.5``, the cap in
-      requests: a full batch holds no more, however wide the window): a closed-loop client
-      with one request in flight, who cannot send while it waits;
-    * the batches the window releases waited after their last arrival for more than
-      ``max_idle_fraction`` of it, and for more than ``idle_excess`` times what Poisson
-      arrivals would leave (``window_idle_fraction``): closed-loop clients fewer than the cap,
-      who all wait in the queue while nobody else can come.
-
-    Thin open-loop traffic is not a sign: there a window still fills batches (and saves device
-    time), just slowly. Nor is bursty traffic, whose windows wait in vain between bursts: the
-    idle test applies only while the tick's batches are alike (the largest at most
-    ``alike_factor`` times the mean, plus one), as a fixed set of clients makes them; a burst
-    makes one batch far larger than the rest.
-
-    When the guard fires it holds the window at 0 until the arrival rate rises by
-    ``rearm_factor`` over the highest rate seen with the window shut (closed-loop clients come
-    faster once the window is shut; that alone must not reopen it), or for ``retry_s`` at most:
-    then the policy's window is tried again, and a window still unused shuts again at once,
-    for twice as long each time (at most ``max_retry_s``). No shut window is shut for good:
-    a tick that misread the traffic (the batches released after a stall of the event loop
-    waited out the stall) would otherwise have held the window of an open-loop load at 0 for
-    the rest of the run. Ticks within ``stall_hold_s`` of a loop stall are not judged.
+    It fires when a tick's batches bring much less company than the arrival rate promises (a
+    closed-loop client with one request in flight), or when the batches the window releases
+    waited most of it after their last arrival, far more than Poisson arrivals would leave
+    (closed-loop clients fewer than the cap); the window then stays at 0 until the arrival rate
+    rises by ``rearm_factor`` or, at most, for ``retry_s`` (doubled after each try that shuts it
+    again). The law and its figures: docs/policies.md, "UnusedWindowGuard".
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -274,10 +252,12 @@ class BudgetGuard(Guard):
         else its trend from the smallest batch seen continued down, at least 0 (see the class)."""
         seen = self.smallest_units_seen
         if seen <= smallest:
-            return observation.service_ms(smallest)
+            return observation.service_median_ms(smallest)
         if math.isinf(seen):
             return math.nan
-        fit = observation.service_upper_ms or observation.service_ms  # in proportion beyond
+        fit = (
+            observation.service_median_bound_ms or observation.service_median_ms
+        )  # in proportion beyond
         size = int(seen)
         at_seen = fit(size)
         slope = max(fit(2 * size) - at_seen, 0.0) / size
@@ -454,32 +434,23 @@ class StepGuard(Guard):
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    A request that has not started by ``latency_ms - preprocess_ms - service_high(n)`` after its
-    arrival, where ``n`` is the batch it will run in, cannot finish within the SLO: serving it
-    late only delays the requests behind it (under overload every request would miss). The
-    guard sets two such deadlines (the core gives each arrival one, by the queue it joins):
+    A request that has not started by ``latency_ms - preprocess_ms - s(n)`` after its arrival,
+    where ``n`` is the batch it will run in, cannot finish within the SLO: serving it late only
+    delays the requests behind it. The guard sets two such deadlines (the core gives each
+    arrival one, by the queue it joins):
 
-    * ``shed_after_ms``, for a request that arrives into a queue already holding a full batch:
-      its batch will be full, ``n = cap``;
+    * ``shed_after_ms``, for a request that arrives into a queue already holding a full batch
+      (``n = cap``), with the error bars observed (``Observation.service_spread_ms``);
     * ``shed_after_short_ms``, for one that arrives into a shorter queue: ``n`` is the batch the
-      plan predicts at this window, and its *median* service time counts, not the error bars
-      (a light load's small batch starts later and still makes it, so shedding never costs an
-      answer at light load: a request is shed only if even a typical batch would finish late,
-      however noisy the machine).
+      plan predicts at this window, with its median time (a request is shed only if even a
+      typical batch would finish late).
 
-    For the first, ``service_high`` carries the error bars the service-time estimator has observed:
-    under overload every batch is full and the most answers come from shedding early. With shedding,
-    batches too slow to meet the SLO are pointless, so the cap is held at or below the
-    largest cap whose two-batch latency fits ``latency_ms - preprocess_ms`` (the
-    room the deadlines enforce; the target's margin is for the window's p99 plan, and held to
-    it, an SLO of 20 ms on resnet50 kept the cap at 64 and shed a third of a load that cap 128
-    serves); under overload (or when keeping up would need a larger one) it is set to the
-    highest-throughput such cap: the most requests served within the SLO. (Not that cap at
-    light load: a spike in the fit can make a smaller cap look faster, and cutting to it shed
-    4 points of a light load with 10x spikes on 5 % of batches.) (The same
-    idea as BentoML's cork dispatcher, which cancels requests whose predicted latency exceeds
-    its max latency, and Clockwork's admission control.) When even a full batch's deadline
-    leaves no time (the SLO is out of reach), nothing is shed: late answers beat none.
+    The cap is held at or below the largest whose two-batch latency fits that room; under
+    overload (or when keeping up would need a larger one) it is the highest-throughput such cap,
+    unless a larger one's natural batches answer more within the room. When even a full batch's
+    deadline leaves no time, nothing is shed: late answers beat none. The law and its figures:
+    docs/policies.md, "ShedGuard". Sources: BentoML's cork dispatcher, Clockwork's admission
+    control (Gujarati et al., OSDI 2020).
     """
 
     sheds: ClassVar[bool] = True  # see Policy
@@ -502,8 +473,8 @@ class ShedGuard(Guard):
             cap = _goodput_cap(plan, room, best) or best
         else:
             cap = min(decision.max_batch_size, fits)
-        high = observation.service_high_ms or observation.service_ms
-        typical = observation.service_upper_ms or observation.service_ms
+        high = observation.service_spread_ms or observation.service_median_ms
+        typical = observation.service_median_bound_ms or observation.service_median_ms
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
         full = room - high(cap)
@@ -523,8 +494,7 @@ def _goodput_cap(plan: Plan, room_ms: float, best: int) -> int | None:
     form hold what arrived during the batch before (:func:`_natural_batch`), ``n`` units; a
     request waits up to one cycle (``s(n) / slots``) and then rides its batch, so about
     ``(room - s(n)) / cycle`` of them meet the room; with ``best``, ``throughput(best) / rate``
-    of them do. (Under a 3x slowdown at 30 % of resnet50's load, ``best`` = 64 shed 35 % of
-    the requests, where natural batches of about 120 met the SLO for 96 %.)"""
+    of them do (why: docs/policies.md, "ShedGuard")."""
     rate = plan.rate_units_per_s
     if not rate > 0:
         return None
@@ -533,7 +503,7 @@ def _goodput_cap(plan: Plan, room_ms: float, best: int) -> int | None:
         units = _natural_batch(plan, cap) if cap > best else None
         if units is None:
             continue
-        service = plan.service_ms(units)
+        service = plan.service_median_ms(units)
         within = min(1.0, max(0.0, (room_ms - service) / (service / plan.slots)))
         if within * rate > most:
             chosen, most = cap, within * rate
@@ -550,7 +520,7 @@ def _natural_batch(plan: Plan, cap: int) -> int | None:
     low, high = 1, cap  # 1 holds too little (unless the service takes no time), cap enough
     while low < high:
         middle = (low + high) // 2
-        if middle >= 1.0 + per_ms * plan.service_ms(middle):
+        if middle >= 1.0 + per_ms * plan.service_median_ms(middle):
             high = middle
         else:
             low = middle + 1
@@ -647,9 +617,8 @@ class MemoryGuard(Guard):
 
 
 class BucketGuard(Guard):
-    """Caps only among warmed batch sizes: cold shapes cost 100-970 ms of p99 on an H200
-    (measured by this project: resnet50, bf16, eager, the first call at each new batch size, in
-    every execution mode).
+    """Caps only among warmed batch sizes (a cold shape's first call is slow: the tuning
+    guide, "Buckets and warm-up").
 
     Args:
         warmed: returns the warmed sizes now (e.g. ``lambda: batcher.warmed_sizes``); when it is

@@ -1,55 +1,12 @@
 """What a (window, cap) will do, predicted from the arrival rate and the service-time model.
 
-The controller's job is the seed's trade: a wider window costs latency and saves device time
-(fewer, fuller batches), so the window should spend the SLO's slack, and no more. A
-:class:`Plan` predicts, for a candidate window and cap, the batch that will really form and the
-tail latency it gives, so a policy can open the window as far as the latency budget allows
-instead of reasoning from the largest cap's worst case.
-
-The model (one tick's worth; the controller's feedback corrects what it misses):
-
-* **Realised batch.** With arrivals at ``rate`` units/s and ``slots`` execution slots, a batch
-  is dispatched when its window ends or, if the slots are busy then, when one frees; so one cycle
-  lasts ``T = max(W, s(n) / slots)`` and collects ``n = 1 + rate * T`` units, capped at the cap
-  (solved by fixed-point iteration; the second branch is natural batching).
-* **Tail latency.** The oldest request of a batch waits the whole cycle and then its batch runs:
-  ``L = max(W, s_hi(n) / slots) + s_hi(n_hi)``, where ``n_hi`` adds 2.33 standard deviations of
-  Poisson noise to ``n`` (its 99th percentile) and ``s_hi`` is the service time with the error
-  bars of the noise the service-time estimator has observed (see
-  :meth:`ServiceTimeEstimator.noise_ms`: stalls and spikes on a few per cent of the batches
-  are left out, and checked next).
-  That ``L`` must fit the budget (the target's p99). Two more versions of ``L`` must fit the
-  SLO's room, each dropped where no window in range meets it (the smallest window would only
-  cost more, or add batches that each risk a stall):
-
-  - with rare batches' times (``s_deep``, the noise's 99.9th percentile each): the p99 plan
-    alone let a request that waited out one slow batch and rode a second miss the SLO once in
-    some thousand such pairs under 30 % lognormal noise, where window 0 never missed;
-  - with the request's own batch at ``s_tail``, the 99th percentile of all measured batch
-    times, stalls and spikes included: a p99 request may ride a batch that stalls or spikes,
-    and the window it waited must leave room for that. Under 10x spikes on 5 % of resnet50's
-    batches at 15 % load, attainment peaks at the window this allows (10 ms: 97.3 %, against
-    89 % at 20 ms and 96.4 % at window 0, whose extra batches each risk a spike).
-* **Tail cap.** A burst queues a full batch behind a full batch: ``2 * s(cap)`` must fit the
-  SLO's room, ``latency_ms - preprocess_ms`` (the two-batch bound of Clockwork, Gujarati et al.,
-  OSDI 2020). The room, not the target: the target's margin is for the window's p99 plan, and a
-  burst's worst case only has to meet the SLO (held to the target, an SLO of 20 ms on resnet50
-  kept the cap at 64, whose throughput a burst at twice it overran for a tick, where 128 fits
-  twice in 17.6 ms: 1.5 points of attainment below Triton-like). The median fit is used here
-  (growing in proportion beyond the sizes it knows), not the error bars: under CPU contention
-  service times spread out, and smaller batches would only lower throughput, so contention narrows
-  the window, never the cap. When even two batches of the smallest cap, with the error bars,
-  overrun the room, the constraint is out of reach and gives way (no tail cap: the
-  highest-throughput cap): noise that swamps the batch's own time makes the median fit of
-  rarely seen sizes noise too (the README's FastAPI app on a busy 2-core machine: batches of
-  0.1 ms measured 0.1 to 40 ms on the loop, and the tail cap cut 64 to 1).
-* **Stability cap.** The smallest cap whose full batches keep up with the recent peak demand
-  (arrivals plus the backlog beyond one full batch, drained within one budget) with
-  ``STABILITY_HEADROOM``; if none
-  does with headroom, the smallest that keeps up at all; if none keeps up, the batcher is
-  overloaded.
-
-Rates are in size units per second (requests times their mean size), times in ms.
+A :class:`Plan` predicts, for a candidate window and cap, the batch that will really form
+(:meth:`Plan.batch_units`), the tail latency it gives (:meth:`Plan.latency_ms`) and its device
+cost (:meth:`Plan.cost_ms_per_unit`), and from them the widest window a latency budget allows
+(:meth:`Plan.widest_window_ms`) and the caps that fit it, keep up or serve the most
+(:meth:`Plan.tail_cap`, :meth:`Plan.stable_cap`, :meth:`Plan.throughput_cap`). Rates are in
+size units per second (requests times their mean size), times in ms. The model behind each
+method, its figures and sources: docs/policies.md, "The plan".
 """
 
 from __future__ import annotations
@@ -78,42 +35,48 @@ class Plan:
         rate_units_per_s: the planning arrival rate (the recent peak), size units per second.
         backlog_units: units queued at the tick.
         caps: the caps allowed (bounds' candidates), increasing.
-        service_ms: median service time of a batch of n units, ms (NaN: no estimate yet).
-        service_high_ms: service time with the observed error bars, never optimistic beyond
-            the sizes known, ms.
-        service_upper_ms: median service time, never optimistic beyond the sizes known, ms
-            (what latency promises use; default: ``service_ms``).
-        service_deep_ms: a rare batch's service time (the noise's 99.9th percentile, see
-            :meth:`ServiceTimeEstimator.deep_ms`), ms (None: no such constraint).
-        service_tail_ms: the time of the batch a p99 request rides, stalls and spikes
-            included (see :meth:`ServiceTimeEstimator.tail_ms`), ms (None: no such constraint).
-        room_ms: what a window's tail latency with ``service_deep_ms`` or ``service_tail_ms``
+        service_median_ms: the median service time of a batch of n units, ms (NaN: no
+            estimate yet).
+        service_body_spread_ms: the service time with the error bars of the noise's body,
+            never optimistic beyond the sizes known, ms (window plans).
+        service_median_bound_ms: the median, never optimistic beyond the sizes known, ms
+            (latency promises; default: ``service_median_ms``).
+        service_body_p999_ms: the body's 99.9th percentile, a rare batch's time, ms (None: no
+            such constraint).
+        service_p99_ms: the 99th percentile of all batches, stalls and spikes included: the
+            batch a p99 request rides, ms (None: no such constraint).
+        room_ms: what a window's tail latency with ``service_body_p999_ms`` or ``service_p99_ms``
             must fit: the SLO's latency less preprocessing, ms (windows only; :meth:`cap` takes
             its room as an argument).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
 
-    A plan is made for one tick: the service functions must not change while it is in use, as
-    it remembers the caps, tail service times and widest windows it has computed (a policy and
-    the guards ask for the same ones).
-
+    The service estimates are named as the estimator's (see
+    :mod:`adaptive_batcher.control.service_estimator`). A plan is made for one tick: the
+    service functions must not change while it is in use, as it remembers the caps, tail
+    service times and widest windows it has computed (a policy and the guards ask for the same
+    ones).
     """
 
     rate_units_per_s: float
     backlog_units: int
     caps: Sequence[int]
-    service_ms: Callable[[int], float]
-    service_high_ms: Callable[[int], float]
+    service_median_ms: Callable[[int], float]
+    service_body_spread_ms: Callable[[int], float]
     slots: int = 1
     min_window_ms: float = 0.0
     max_window_ms: float = 100.0
-    service_upper_ms: Callable[[int], float] | None = None
-    service_deep_ms: Callable[[int], float] | None = None
-    service_tail_ms: Callable[[int], float] | None = None
+    service_median_bound_ms: Callable[[int], float] | None = None
+    service_body_p999_ms: Callable[[int], float] | None = None
+    service_p99_ms: Callable[[int], float] | None = None
     room_ms: float = math.inf
-    _high_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _deep_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _tail_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _body_spread_ms: dict[int, float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _body_p999_ms: dict[int, float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _p99_ms: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _stable: dict[tuple[float, float], int | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -127,13 +90,13 @@ class Plan:
     @property
     def ready(self) -> bool:
         """True once the service-time estimator predicts (before that, nothing here is known)."""
-        return bool(self.caps) and not math.isnan(self.service_ms(self.caps[0]))
+        return bool(self.caps) and not math.isnan(self.service_median_ms(self.caps[0]))
 
     # -- caps --------------------------------------------------------------------------------
 
     def throughput_units_per_s(self, cap: int) -> float:
         """Units per second that full batches of ``cap`` give on all slots."""
-        service = self.service_ms(cap)
+        service = self.service_median_ms(cap)
         return math.inf if service <= 0 else self.slots * cap / (service / 1e3)
 
     def demand_units_per_s(self, budget_ms: float) -> float:
@@ -182,15 +145,15 @@ class Plan:
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
         sizes the model knows); none when even two batches of the smallest cap, with the
-        noise's error bars, do not fit: the constraint is out of reach, and gives way (see the
-        module docstring)."""
+        noise's error bars, do not fit: the constraint is out of reach, and gives way (see
+        docs/policies.md, "The plan")."""
         fitting = self._fits.get(budget_ms)
         if fitting is None:
-            upper = self.service_upper_ms or self.service_ms
-            if 2.0 * self._service_high(self.caps[0]) > budget_ms:
+            bound = self.service_median_bound_ms or self.service_median_ms
+            if 2.0 * self._service_body_spread(self.caps[0]) > budget_ms:
                 fitting = []
             else:
-                fitting = [cap for cap in self.caps if 2.0 * upper(cap) <= budget_ms]
+                fitting = [cap for cap in self.caps if 2.0 * bound(cap) <= budget_ms]
             self._fits[budget_ms] = fitting
         return fitting
 
@@ -232,7 +195,11 @@ class Plan:
     def _batch_function(self, cap: int) -> Callable[[float], float]:
         """:meth:`batch_units` at ``cap``, as a function of the window (the plan's figures bound
         once, for a search that evaluates it many times)."""
-        rate_per_ms, slots, service = self.rate_units_per_s / 1e3, self.slots, self.service_ms
+        rate_per_ms, slots, service = (
+            self.rate_units_per_s / 1e3,
+            self.slots,
+            self.service_median_ms,
+        )
         top = float(cap)
 
         def batch_units(window_ms: float) -> float:
@@ -257,7 +224,7 @@ class Plan:
         the request's own batch, default ``service``)."""
         batch_units, high, slots, top = (
             self._batch_function(cap),
-            service or self._service_high,
+            service or self._service_body_spread,
             self.slots,
             float(cap),
         )
@@ -324,25 +291,25 @@ class Plan:
         if not self.room_ms < math.inf:
             return []
         functions = []
-        if self.service_deep_ms is not None:
-            functions.append(self._latency_function(cap, self._service_deep))
-        if self.service_tail_ms is not None:
-            functions.append(self._latency_function(cap, own=self._service_tail))
+        if self.service_body_p999_ms is not None:
+            functions.append(self._latency_function(cap, self._service_body_p999))
+        if self.service_p99_ms is not None:
+            functions.append(self._latency_function(cap, own=self._service_p99))
         return functions
 
     def _service(self, units: float) -> float:
-        return self.service_ms(max(1, round(units)))
+        return self.service_median_ms(max(1, round(units)))
 
-    def _service_deep(self, units: float) -> float:
-        assert self.service_deep_ms is not None
-        return _memoised(self._deep_ms, self.service_deep_ms, units)
+    def _service_body_p999(self, units: float) -> float:
+        assert self.service_body_p999_ms is not None
+        return _memoised(self._body_p999_ms, self.service_body_p999_ms, units)
 
-    def _service_tail(self, units: float) -> float:
-        assert self.service_tail_ms is not None
-        return _memoised(self._tail_ms, self.service_tail_ms, units)
+    def _service_p99(self, units: float) -> float:
+        assert self.service_p99_ms is not None
+        return _memoised(self._p99_ms, self.service_p99_ms, units)
 
-    def _service_high(self, units: float) -> float:
-        return _memoised(self._high_ms, self.service_high_ms, units)
+    def _service_body_spread(self, units: float) -> float:
+        return _memoised(self._body_spread_ms, self.service_body_spread_ms, units)
 
 
 def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:

@@ -1,45 +1,25 @@
-"""The controller's online estimate of batch service time, ms: how long the model takes for a
-batch of n units, fitted from the batches it has run. (The simulator's ground truth is
-:class:`adaptive_batcher.sim.service.ServiceModel`, in seconds.)
+"""The controller's online estimate of batch service time, ms, from the batches it has run.
 
-Per-size medians of recent batches (medians: robust to stragglers) are fitted by isotonic
-regression (the pool-adjacent-violators algorithm: service time never falls as the batch grows)
-for sizes inside the observed range.
-A linear model alone misses the shape measured on GPUs, flat while launch-bound and linear
-after (resnet50, bf16, eager, on one NVIDIA H200: ~4 ms from batch 1 to 32, then 7.2 ms at 64
-and 16.6 ms at 256; the table shipped in ``adaptive_batcher/data/h200/batch_profile.csv``).
-Beyond the largest observed size the median model is deliberately optimistic: it grows at
-``OPTIMISM`` times the per-unit cost of the largest observed batch ("optimism in the face of
-uncertainty", as in UCB). A controller that only ever saw small batches must still try larger ones
-when load grows, and the first large batches correct the model; a pessimistic extrapolation
-(proportional to n, or the steep slope of a launch-bound knee) kept caps small forever in replays.
-Below the smallest observed size it is flat (conservative). Latency promises (the two-batch tail
-cap, the window plan, shedding deadlines) use :meth:`~ServiceTimeEstimator.upper_ms` instead, which
-grows in proportion beyond the data: exploring a larger cap may cost throughput for a tick, never
-the SLO.
+:class:`ServiceTimeEstimator` fits the medians of recent batches per size (isotonic regression:
+a larger batch never takes less time) and keeps the ratios of measured to predicted times, its
+error bars. Its estimates, each in ms for a batch of ``n`` units (NaN before a fit), are named
+by what quantile of what they are, as the ``Observation`` and ``Plan`` fields that carry them:
 
-Error bars: every batch's measured time is also compared with the fit's prediction for its
-size; :attr:`ServiceTimeEstimator.spread` is the ``spread_quantile`` of those ratios over the last
-``spread_window`` batches (at least 1), and :meth:`~ServiceTimeEstimator.high_ms` is the prediction
-times that spread. Service-time noise, stalls and CPU contention (a fixed batch size drifting up
-between refits) all widen it, so the controller plans windows with the noise it has seen:
-the body's quantiles (:meth:`~ServiceTimeEstimator.noise_ms`, ``deep_ms``) for the batches a
-window waits out, and the raw 99th percentile (:meth:`~ServiceTimeEstimator.tail_ms`) for the
-batch a p99 request rides.
-:attr:`~ServiceTimeEstimator.contention` is the fit's current level over the lowest level it has
-had (1: as fast as ever), a signal for logs and guards.
+* :meth:`~ServiceTimeEstimator.median_ms`: the median; optimistic beyond the largest size seen,
+  so that larger caps get explored;
+* :meth:`~ServiceTimeEstimator.median_bound_ms`: the median, growing in proportion beyond the
+  sizes known (never optimistic); the rest are it times a quantile of the ratios:
+* :meth:`~ServiceTimeEstimator.spread_ms`: their ``spread_quantile`` (0.95), all batches;
+* :meth:`~ServiceTimeEstimator.p99_ms`: their 99th percentile, all batches (stalls and spikes
+  included);
+* :meth:`~ServiceTimeEstimator.body_spread_ms`: the ``spread_quantile`` of the noise's body (a
+  lognormal fitted robustly, which rare stalls leave alone);
+* :meth:`~ServiceTimeEstimator.body_p999_ms`: the body's 99.9th percentile.
 
-Isolated outliers: a garbage-collector pause or a descheduled process stops the event loop for
-tens to hundreds of ms, and the batch running meanwhile measures the whole stall. A batch of a
-size within the fitted range that takes more than ``OUTLIER_FACTOR`` times the noise body's
-error bars (:meth:`~ServiceTimeEstimator.noise_ms`) over its prediction counts in the error bars
-but is held out of its size's samples (the body's: stalls or spikes on 5 % of the batches set
-the raw 95th percentile themselves, and three times it let no stall count), unless such
-batches become the majority of the recent ones (``OUTLIER_CONFIRM`` of the last
-``OUTLIER_WINDOW``): then the service time has changed, and they all count. Without this, one
-stall on a batch of a size seen once or twice became that size's median, and the monotone fit
-carried it to every larger size: a single 150 ms stall halved the cap for as long as that size
-went unseen (tests/runtime/test_stall.py reproduces it).
+Isolated outliers (a batch that measured a stall of the event loop) are kept out of the
+medians; a lasting change of every size's time (contention) moves its ``level``. The law, the
+figures behind the constants and their sources: docs/policies.md, "The service-time model".
+The simulator's ground truth is :class:`~adaptive_batcher.sim.service.ServiceModel` (seconds).
 """
 
 from __future__ import annotations
@@ -57,7 +37,6 @@ from adaptive_batcher.metrics.recorder import BatchSample
 
 __all__ = [
     "CHANGE_RATIO",
-    "DEEP_Z",
     "MAX_LEVEL",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
@@ -66,7 +45,8 @@ __all__ = [
     "OUTLIER_LEVERAGE",
     "OUTLIER_MEMORY",
     "OUTLIER_WINDOW",
-    "TAIL_QUANTILE",
+    "P99_QUANTILE",
+    "P999_Z",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -75,10 +55,8 @@ OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of propo
 _TABLE_SIZES = 4096  # at most this many sizes predicted at once after a refit
 
 OUTLIER_FACTOR = 3.0
-"""A batch measured above ``OUTLIER_FACTOR`` times the noise body's 95th percentile (see
-:meth:`ServiceTimeEstimator.noise_ms`) times its prediction is an outlier: with error bars of
-1.2 (what the issue's closed loop gives), 3.6 times the prediction, beyond service-time
-noise."""
+"""A batch measured above ``OUTLIER_FACTOR`` times the noise body's ``spread_quantile`` (see
+:meth:`ServiceTimeEstimator.body_spread_ms`) times its prediction is an outlier."""
 
 OUTLIER_WINDOW = 8
 """Recent batches among which outliers are counted."""
@@ -109,14 +87,12 @@ MAX_LEVEL = 1e3
 """The most :attr:`ServiceTimeEstimator.level` may move from 1, either way."""
 
 
-DEEP_Z = 3.09
-"""Standard normal quantile of :meth:`ServiceTimeEstimator.deep_ms` (99.9 %): two batches
-each at it are exceeded together with probability ~1.5e-5 under 30 % lognormal noise (Monte
-Carlo), so a request that waits out one batch and rides the next misses its SLO about once in
-60,000 such pairs."""
+P999_Z = 3.09
+"""Standard normal quantile of :meth:`ServiceTimeEstimator.body_p999_ms` (99.9 %); why 99.9 %:
+docs/policies.md, "The service-time model"."""
 
-TAIL_QUANTILE = 0.99
-"""Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.tail_ms`."""
+P99_QUANTILE = 0.99
+"""Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.p99_ms`."""
 
 _NORMAL_IQR = 1.349  # interquartile range of a standard normal distribution
 
@@ -221,7 +197,7 @@ class ServiceTimeEstimator:
         outlier_ratio, change_ratio = math.inf, math.inf
         if self._ends is not None:
             outlier_ratio = OUTLIER_FACTOR * self._body_quantile(self._spread_z)
-            change_ratio = min(outlier_ratio, max(CHANGE_RATIO, self._body_quantile(DEEP_Z)))
+            change_ratio = min(outlier_ratio, max(CHANGE_RATIO, self._body_quantile(P999_Z)))
         stall_start, stall_end = stall
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.end_s >= stall_start and sample.end_s - sample.service_s <= stall_end:
@@ -255,11 +231,11 @@ class ServiceTimeEstimator:
     ) -> bool:
         """One batch's time: into the error bars, and into its size's samples unless it is
         suspect (beyond ``change_ratio`` either way: held until it is either part of a change
-        of level or old) or an isolated outlier (beyond ``outlier_ratio``: dropped; see the
-        module docstring). True if it is held out as a slow outlier (a stall)."""
+        of level or old) or an isolated outlier (beyond ``outlier_ratio``: dropped; see
+        docs/policies.md). True if it is held out as a slow outlier (a stall)."""
         direction, ratio, outlier = 0, math.nan, False
         if outlier_ratio < math.inf:
-            predicted = self.predict_ms(units)
+            predicted = self.median_ms(units)
             if predicted > 0:
                 ratio = measured_ms / predicted
                 self._note_ratio(ratio)
@@ -373,16 +349,8 @@ class ServiceTimeEstimator:
         """The noise's body: ``(median, sigma)`` of a lognormal fitted robustly to the
         measured / predicted ratios of the last ``spread_window`` batches (their median, and
         sigma from the interquartile range of their logarithms over 1.349, a normal's);
-        ``(1, 0)`` before 4 ratios were seen.
-
-        Its quantiles extrapolate beyond what a few hundred ratios show, and stalls or spikes
-        on a few per cent of the batches leave them alone, where a raw 95th percentile jumps
-        when they cross 5 % of the window (from 1.6 to 9 under 10x spikes on 5 % of the
-        batches: the window of a light load shut, and on a launch-bound model its natural
-        batches took five times the device time and met the SLO less often, since each batch
-        risks a spike). Noise of the body (a third of the batches slower, a busy machine)
-        widens them.
-        """
+        ``(1, 0)`` before 4 ratios were seen. Why a fitted body: docs/policies.md, "The
+        service-time model"."""
         if self._body_at != self._ratios_taken:
             self._body = _robust_lognormal(self._ordered_ratios)
             self._body_at = self._ratios_taken
@@ -392,22 +360,22 @@ class ServiceTimeEstimator:
         median, sigma = self.body()
         return max(1.0, median * math.exp(z * sigma))
 
-    def noise_ms(self, batch_size: int) -> float:
-        """:meth:`upper_ms` times the ``spread_quantile`` of the noise's :meth:`body`, ms (NaN
-        before a fit): a batch's time with the noise a window can escape, what window plans
-        use."""
-        return self.upper_ms(batch_size) * self._body_quantile(self._spread_z)
+    def body_spread_ms(self, batch_size: int) -> float:
+        """:meth:`median_bound_ms` times the ``spread_quantile`` of the noise's :meth:`body`,
+        ms (NaN before a fit): a batch's time with the noise a window can escape (window
+        plans, the outlier test)."""
+        return self.median_bound_ms(batch_size) * self._body_quantile(self._spread_z)
 
-    def deep_ms(self, batch_size: int) -> float:
-        """:meth:`upper_ms` times the noise's :meth:`body` at its 99.9th percentile
-        (``DEEP_Z``), ms (NaN before a fit): a rare batch's time."""
-        return self.upper_ms(batch_size) * self._body_quantile(DEEP_Z)
+    def body_p999_ms(self, batch_size: int) -> float:
+        """:meth:`median_bound_ms` times the 99.9th percentile (``P999_Z``) of the noise's
+        :meth:`body`, ms (NaN before a fit): a rare batch's time."""
+        return self.median_bound_ms(batch_size) * self._body_quantile(P999_Z)
 
-    def tail_ms(self, batch_size: int) -> float:
-        """:meth:`upper_ms` times the ``TAIL_QUANTILE`` of the measured / predicted ratios,
-        stalls and spikes included, ms (NaN before a fit): the time of the batch that a p99
-        request rides."""
-        return self.upper_ms(batch_size) * self._raw_quantile(TAIL_QUANTILE)
+    def p99_ms(self, batch_size: int) -> float:
+        """:meth:`median_bound_ms` times the 99th percentile (``P99_QUANTILE``) of all the
+        measured / predicted ratios, stalls and spikes included, ms (NaN before a fit): the
+        time of the batch that a p99 request rides."""
+        return self.median_bound_ms(batch_size) * self._raw_quantile(P99_QUANTILE)
 
     def _raw_quantile(self, q: float) -> float:
         """The ``q`` quantile of the measured / predicted ratios (>= 1; 1 before any), kept
@@ -421,26 +389,26 @@ class ServiceTimeEstimator:
             value = self._quantiles[q] = max(1.0, ordered[index]) if ordered else 1.0
         return value
 
-    def high_ms(self, batch_size: int) -> float:
-        """:meth:`upper_ms` times :attr:`spread`, ms (NaN before a fit): a batch's time with
-        the error bars observed, never optimistic beyond the data."""
-        return self.upper_ms(batch_size) * self.spread
+    def spread_ms(self, batch_size: int) -> float:
+        """:meth:`median_bound_ms` times :attr:`spread` (the ``spread_quantile`` of all the
+        measured / predicted ratios), ms (NaN before a fit): a batch's time with the error bars
+        observed (shedding deadlines)."""
+        return self.median_bound_ms(batch_size) * self.spread
 
-    def upper_ms(self, batch_size: int) -> float:
-        """Like :meth:`predict_ms`, but beyond the largest size known (observed or seeded) it
-        grows in proportion to the size, not optimistically: an upper bound for a latency
-        promise (service time grows at most linearly with the batch on real hardware, where
-        larger batches amortise fixed costs), ms (NaN before a fit)."""
+    def median_bound_ms(self, batch_size: int) -> float:
+        """:meth:`median_ms`, except beyond the largest size known (observed or seeded), where
+        it grows in proportion to the size: never optimistic, what latency promises use, ms
+        (NaN before a fit)."""
         ends = self._ends
         if ends is None or batch_size <= ends[1]:
-            return self.predict_ms(batch_size)
+            return self.median_ms(batch_size)
         return self.level * ends[3] * batch_size / ends[1]
 
     def _note_level(self) -> None:
         """Track how the fit compares with the fastest it has been, at the sizes observed."""
         levels = []
         for size in self._reservoir:
-            fitted = self.predict_ms(size)
+            fitted = self.median_ms(size)
             floor = self._floor.get(size)
             if floor is None or fitted < floor:
                 self._floor[size] = floor = fitted
@@ -448,8 +416,10 @@ class ServiceTimeEstimator:
                 levels.append(fitted / floor)
         self.contention = _median(levels) if levels else 1.0
 
-    def predict_ms(self, batch_size: int) -> float:
-        """Predicted service time of a batch of ``batch_size`` units, ms (NaN before a fit)."""
+    def median_ms(self, batch_size: int) -> float:
+        """The median service time of a batch of ``batch_size`` units, ms (NaN before a fit):
+        the fit inside the sizes seen, flat below them, growing at ``OPTIMISM`` times the last
+        per-unit cost beyond them."""
         cached = self._cache.get(batch_size)
         if cached is None:
             cached = self._cache[batch_size] = self.level * self._predict(batch_size)
@@ -478,11 +448,11 @@ class ServiceTimeEstimator:
         return float(np.interp(batch_size, self._sizes, self._medians))
 
     def __call__(self, batch_size: int) -> float:
-        return self.predict_ms(batch_size)
+        return self.median_ms(batch_size)
 
     def largest_within(self, budget_ms: float, candidates: Iterable[int]) -> int | None:
         """The largest candidate size whose predicted service time is <= ``budget_ms``."""
-        fitting = [n for n in candidates if self.predict_ms(n) <= budget_ms]
+        fitting = [n for n in candidates if self.median_ms(n) <= budget_ms]
         return max(fitting) if fitting else None
 
     def _fit_points(

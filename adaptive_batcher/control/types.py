@@ -154,6 +154,11 @@ def _no_model(batch_size: int) -> float:
 class Observation:
     """Everything a policy may look at, measured over the last control tick unless noted.
 
+    The ``service_*_ms`` estimates are the
+    :class:`~adaptive_batcher.control.ServiceTimeEstimator` methods of the same names without
+    ``service_`` (the table: docs/policies.md, "The service-time estimates"); all but
+    ``service_median_ms`` may be None (unknown), and a plan then uses the next one known.
+
     Attributes:
         now_s: time of the observation, seconds on the batcher's clock.
         interval_s: length of the tick the rates and counts cover, seconds.
@@ -175,21 +180,16 @@ class Observation:
             share of the window spent waiting after their last arrival (NaN: no such batch).
             Near 1, the window collects no company: it only adds latency.
         largest_batch_size: the most items in one of the tick's batches (0: none).
-        service_ms: fitted service time (model compute) of a batch of n units, ms (NaN before
-            enough batches have run); see :class:`~adaptive_batcher.control.ServiceTimeEstimator`.
+        service_median_ms: the median service time (model compute) of a batch of n units, ms
+            (NaN before enough batches have run).
+        service_median_bound_ms: the median, never optimistic beyond the sizes known, ms.
+        service_spread_ms: the bounded median times the ``spread_quantile`` (0.95) of all the
+            measured / predicted ratios, ms.
+        service_p99_ms: the bounded median times the ratios' 99th percentile, stalls and
+            spikes included, ms: the batch a p99 request rides.
+        service_body_spread_ms: the bounded median times the noise body's 0.95 quantile, ms.
+        service_body_p999_ms: the bounded median times the noise body's 99.9th percentile, ms.
         service_samples: batches behind the fit.
-        service_high_ms: the fitted service time with the error bars observed (noise, stalls,
-            contention), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.high_ms`.
-        service_upper_ms: the fitted service time, growing in proportion beyond the sizes the
-            model knows (not optimistically), ms: what latency promises use.
-        service_noise_ms: the fitted service time with the error bars of the noise's body
-            (stalls on a few per cent of batches left out), ms: what window plans use
-            (default: ``service_high_ms``); see
-            :meth:`~adaptive_batcher.control.ServiceTimeEstimator.noise_ms`.
-        service_deep_ms: a rare batch's service time under the noise observed, ms; see
-            :meth:`~adaptive_batcher.control.ServiceTimeEstimator.deep_ms`.
-        service_tail_ms: the time of the batch a p99 request rides (stalls and spikes
-            included), ms; see :meth:`~adaptive_batcher.control.ServiceTimeEstimator.tail_ms`.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
         last_stall_s: when the latest batch ended that the service-time fit held out as an
@@ -197,8 +197,9 @@ class Observation:
             (-inf: none yet).
         loop_stall_s: when the latest stall of the shell's event loop ended, s (-inf: none
             yet): a timer fired ``LOOP_STALL_S`` or more late (see
-            :meth:`~adaptive_batcher.core.BatcherCore.poll`). The batches that ran across it
-            measured the stall, not the model, and are kept out of the service-time fit.
+            :meth:`~adaptive_batcher.core.batcher_core.BatcherCore.poll`). The batches that ran
+            across it measured the stall, not the model, and are kept out of the service-time
+            fit.
         outlier_elasticity: how the excess time of outlier batches grows with the batch's
             predicted time (about 1: outliers scale with the batch, and a narrower window
             shortens them; about 0: pauses added whatever the batch; NaN: not known); see
@@ -238,13 +239,13 @@ class Observation:
     mean_request_units: float = 1.0
     window_idle_fraction: float = math.nan
     largest_batch_size: int = 0
-    service_ms: Callable[[int], float] = field(default=_no_model, repr=False)
+    service_median_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
-    service_high_ms: Callable[[int], float] | None = field(default=None, repr=False)
-    service_upper_ms: Callable[[int], float] | None = field(default=None, repr=False)
-    service_noise_ms: Callable[[int], float] | None = field(default=None, repr=False)
-    service_deep_ms: Callable[[int], float] | None = field(default=None, repr=False)
-    service_tail_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_spread_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_median_bound_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_body_spread_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_body_p999_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_p99_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
@@ -280,10 +281,7 @@ class Observation:
 
         The plan is made for :attr:`planning_rate_rps`, the recent peak, unless no cap keeps
         up with the peak while the tick's own rate is lower: the peak was an overload that has
-        passed, and a plan for it would hold window 0 at the load of now, with natural batches
-        of a few requests keeping the device busy all the time (after resnet50's bursts at an
-        SLO of 20 ms, for up to 2 s: 1.20x the best static setting's device time per answer
-        within the SLO, 1.06x planned for the tick). An overload that goes on shows in the
+        passed (why: docs/policies.md, "The plan"). An overload that goes on shows in the
         tick's own rate and backlog."""
         if self._plan is None:
             plan = self._make_plan(self.planning_rate_rps)
@@ -299,11 +297,13 @@ class Observation:
             rate_units_per_s=rate_rps * self.mean_request_units,
             backlog_units=self.queued_units,
             caps=tuple(bounds.cap_candidates()),
-            service_ms=self.service_ms,
-            service_high_ms=self.service_noise_ms or self.service_high_ms or self.service_ms,
-            service_upper_ms=self.service_upper_ms,
-            service_deep_ms=self.service_deep_ms,
-            service_tail_ms=self.service_tail_ms,
+            service_median_ms=self.service_median_ms,
+            service_body_spread_ms=self.service_body_spread_ms
+            or self.service_spread_ms
+            or self.service_median_ms,
+            service_median_bound_ms=self.service_median_bound_ms,
+            service_body_p999_ms=self.service_body_p999_ms,
+            service_p99_ms=self.service_p99_ms,
             room_ms=self.room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,

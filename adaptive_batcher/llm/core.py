@@ -1,8 +1,9 @@
 """The sans-IO glue of the admission gate and its controller, shared by every shell.
 
-:class:`GateCore` is to the LLM gate what :class:`~adaptive_batcher.core.BatcherCore` is to the
-batcher: the simulator (:mod:`adaptive_batcher.sim.llm`) drives it on a virtual clock, an
-asyncio shell drives it from request handlers and engine streams, and both make the same calls:
+:class:`GateCore` is to the LLM gate what
+:class:`~adaptive_batcher.core.batcher_core.BatcherCore` is to the batcher: the simulator
+(:mod:`adaptive_batcher.sim.llm`) drives it on a virtual clock, an asyncio shell drives it
+from request handlers and engine streams, and both make the same calls:
 
 ======================================  ===================================================
 shell event                             call
@@ -22,7 +23,7 @@ shutdown                                :meth:`GateCore.close`
 Each returns the gate's actions (:class:`~adaptive_batcher.llm.gate.Admit`,
 :class:`~adaptive_batcher.llm.gate.Reject`, :class:`~adaptive_batcher.llm.gate.Expire`,
 :class:`~adaptive_batcher.llm.gate.Abort`, then one
-:class:`~adaptive_batcher.engine.SetTimer`) for the shell to carry out. The controller ticks
+:class:`~adaptive_batcher.core.engine.SetTimer`) for the shell to carry out. The controller ticks
 inside :meth:`~GateCore.arrive` and :meth:`~GateCore.poll` when due, so ticks ride on the
 shell's calls: a gate that only receives arrivals still ticks.
 """

@@ -1,6 +1,6 @@
 """The sans-IO admission gate in front of a continuous-batching engine: events in, actions out.
 
-The LLM counterpart of :class:`~adaptive_batcher.engine.BatchingEngine`. A continuous-batching
+The LLM counterpart of :class:`~adaptive_batcher.core.engine.BatchingEngine`. A continuous-batching
 engine (vLLM, SGLang, TensorRT-LLM, TGI) forms its own batches every step; what a client can
 still decide is *how many* requests are inside the engine, *in what order* they enter, and
 *which are refused early*. The gate holds that decision: a waiting queue, an in-flight limit,
@@ -32,7 +32,7 @@ from adaptive_batcher._validate import (
     check_number,
     check_optional_int,
 )
-from adaptive_batcher.engine import SetTimer
+from adaptive_batcher.core.engine import SetTimer
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
 from adaptive_batcher.llm.errors import GateQueueFullError, TTFTUnreachableError
 

@@ -39,7 +39,7 @@ class Counts:
     counts (``within_slo`` is part of ``completed``). Each count only goes up, and a request
     is counted once, when it ends: a stream when its stream ends (or its reader leaves after
     its first element, which counts it completed), its latency being the time to its first
-    element. Every change goes through :class:`~adaptive_batcher.core.BatcherCore`.
+    element. Every change goes through :class:`~adaptive_batcher.core.batcher_core.BatcherCore`.
 
     ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
     several items, which is then split and re-run, and a single item, whose caller gets the

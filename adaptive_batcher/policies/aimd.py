@@ -3,7 +3,7 @@
 Clipper raises the batch size by a fixed amount while the latency of a batch stays under the
 objective and cuts it by 10 % when it goes over. As in Clipper, the measured quantity is the
 batch's own processing time: the fitted service time of a batch at the cap in force
-(``observation.service_ms(cap)``, medians of measured batches), compared with the SLO's
+(``observation.service_median_ms(cap)``, medians of measured batches), compared with the SLO's
 ``latency_ms``. Queueing is not seen, exactly as in Clipper; that is its known weakness under
 overload, and why it is a baseline here. Before the service-time estimator has data, the
 end-to-end latency at the SLO percentile is compared with the target instead.
@@ -25,9 +25,9 @@ class AIMD:
 
     Each tick, with an SLO and latency samples:
 
-    - batch latency over the SLO (``service_ms(cap) > slo.latency_ms``; before the service-time
-      estimator has data, ``latency_ms > target_ms``): ``cap = floor(cap * backoff)``, at least
-      one unit lower ("aimd.decrease");
+    - batch latency over the SLO (``service_median_ms(cap) > slo.latency_ms``; before the
+      service-time estimator has data, ``latency_ms > target_ms``): ``cap = floor(cap *
+      backoff)``, at least one unit lower ("aimd.decrease");
     - otherwise, if batches filled (``fill_ratio >= fill_threshold``): ``cap += step``
       ("aimd.increase"); raising a cap that is never reached teaches nothing;
     - otherwise, and without an SLO, latency samples or batches: the cap is held ("aimd.hold").
@@ -94,7 +94,7 @@ class AIMD:
     @staticmethod
     def _measure(observation: Observation) -> tuple[float, float]:
         """(batch latency, its limit), ms: Clipper's batch time vs the SLO when known."""
-        batch_ms = observation.service_ms(observation.current.max_batch_size)
+        batch_ms = observation.service_median_ms(observation.current.max_batch_size)
         if observation.slo is not None and not math.isnan(batch_ms):
             return batch_ms, observation.slo.latency_ms
         if observation.latency_samples == 0:

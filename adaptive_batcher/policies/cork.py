@@ -51,7 +51,7 @@ class BentoCork:
             self.reset(observation.current)
         assert self._cap is not None
         cap = self._cap
-        one, full = observation.service_ms(1), observation.service_ms(cap)
+        one, full = observation.service_median_ms(1), observation.service_median_ms(cap)
         if math.isnan(one) or math.isnan(full):
             return Decision(self.tick_ms, cap, "cork.learning")
         slope = (full - one) / (cap - 1) if cap > 1 else 0.0

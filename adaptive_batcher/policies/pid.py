@@ -1,33 +1,13 @@
 """PID on the SLO latency error, trimming a window planned from the batches that really form.
 
-The objective is the seed's trade: meet the SLO at the least device cost. Fuller batches cost
-less device time per request, and the window is what fills them, so the window should spend the
-latency budget the SLO leaves, and no more. Each tick the policy asks the tick's
-:class:`~adaptive_batcher.control.plan.Plan` (arrival rate, service-time fit with its error
-bars) for:
-
-* the cap: the largest whose two-batch latency fits the SLO's room (headroom for bursts), never
-  below the smallest that keeps up with demand; under overload, the highest-throughput cap;
-* the window: the widest whose predicted tail latency (the realised batch, not the cap's worst
-  case) fits a *planning budget*.
-
-The feedback part is a PID on the latency error: the measurement is the end-to-end latency at
-the SLO's percentile over the recent span, the setpoint the SLO's ``target_ms``; the error
-``e = (target - latency) / target`` is dimensionless, so the same gains serve a 4 ms model and a
-400 ms one. Its output ``u`` in [-1, 0] scales the planning budget, ``budget * (1 + u)``: at 0
-the plan is trusted; when latency overshoots the target anyway (the model is optimistic: noise,
-stalls, a busy machine) ``u`` falls and the window narrows, down to 0 at ``u = -1``. The cap is
-never the actuator: a smaller cap only lowers throughput, and a burst would queue.
-
-PID practice (Åström & Hägglund, "Advanced PID Control", 2006): velocity (incremental) form, so
-clamping the output is the anti-windup; conditional integration (no integration while the
-batcher is overloaded, when the window is not what sets the latency, nor for ``settle_s``
-after an overload, while the latency measure still holds it), which makes recovery after
-overload immediate (the integrator state from before the overload is kept); likewise no
-narrowing for ``settle_s`` after a stall (a batch the service-time estimator held out as an
-isolated outlier): the queue behind it, not the window, made that latency (unless outliers
-scale with the batch, ``outlier_elasticity >= 0.5``: then smaller batches shorten them);
-derivative on the measurement, not the error, so an SLO change causes no derivative kick.
+Each tick :class:`PID` asks the tick's :class:`~adaptive_batcher.control.plan.Plan` for the cap
+(the largest whose two batches fit the SLO's room, never below the smallest that keeps up with
+demand; under overload, the highest-throughput cap) and for the widest window whose predicted
+tail latency fits the planning budget ``budget * (1 + u)``. ``u`` in [-1, 0] is the output of a
+velocity-form PID on the normalised latency error ``(target - latency) / target``, with
+conditional integration (none while overloaded, nor for ``settle_s`` after an overload or a
+stall) and derivative on the measurement. The law, its reason tags and the figures behind it:
+docs/policies.md, "PID". Source: Åström & Hägglund, "Advanced PID Control", 2006.
 """
 
 from __future__ import annotations
@@ -99,7 +79,7 @@ class PID:
         self._measurements = []
 
     def decide(self, observation: Observation) -> Decision:
-        """The next (window, cap); see the module docstring for the law."""
+        """The next (window, cap); the law: docs/policies.md, "PID"."""
         slo, plan = observation.slo, observation.plan()
         if slo is None or not plan.ready:
             return observation.current.with_(reason="pid.hold")
@@ -154,11 +134,10 @@ def _reason(stalled: bool, output: float) -> str:
 
 def _stall_set_latency(observation: Observation, settle_s: float) -> bool:
     """True when the event loop stalled within ``settle_s``, or when an outlier batch ended
-    within it and outliers do not scale with
-    the batch (``outlier_elasticity`` below 0.5, or unknown): narrowing the window would then
-    only add batches, each risking a stall, where outliers that scale with the batch's work
-    (10x spikes on resnet50 at 45 % load: batches of 150-500 ran 110-310 ms) are shortened by
-    a narrower window's smaller batches."""
+    within it and outliers do not scale with the batch (``outlier_elasticity`` below 0.5, or
+    unknown): narrowing the window would then only add batches, each risking a stall, where
+    outliers that scale with the batch's work are shortened by a narrower window's smaller
+    batches (docs/policies.md, "PID")."""
     if observation.now_s - observation.loop_stall_s < settle_s:
         return True  # the loop stood still: its latency is no sign of the window's
     recent = observation.now_s - observation.last_stall_s < settle_s

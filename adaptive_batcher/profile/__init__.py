@@ -33,6 +33,7 @@ from adaptive_batcher.profile.format import (
     ProfileFormatError,
     load_profile,
     profile_to_dict,
+    read_service_profile,
     write_profile,
 )
 from adaptive_batcher.profile.knee import FALLBACK_FRACTION, Knee, KneeMethod, find_knee
@@ -49,12 +50,8 @@ from adaptive_batcher.profile.recommend import (
     recommend,
 )
 from adaptive_batcher.profile.report import markdown_report, markdown_table
-from adaptive_batcher.profile.sweep import (
-    ProfileResult,
-    ProfileRow,
-    default_batch_sizes,
-    profile_model,
-)
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
+from adaptive_batcher.profile.sweep import default_batch_sizes, profile_model
 
 __all__ = [
     "DEFAULT_CV_THRESHOLD",
@@ -79,6 +76,7 @@ __all__ = [
     "plot_profile",
     "profile_model",
     "profile_to_dict",
+    "read_service_profile",
     "recommend",
     "resolve_device",
     "write_profile",

@@ -48,13 +48,14 @@ from typing import Any, Final
 
 from adaptive_batcher.profile.knee import Knee, find_knee
 from adaptive_batcher.profile.recommend import Recommendation
-from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 
 __all__ = [
     "SCHEMA",
     "ProfileFormatError",
     "load_profile",
     "profile_to_dict",
+    "read_service_profile",
     "write_profile",
 ]
 
@@ -328,6 +329,20 @@ def _read_recommendation(reader: _Reader, raw: Any) -> Recommendation | None:
         )
     except (TypeError, ValueError) as exc:
         raise reader.fail("recommendation", str(exc)) from exc
+
+
+def read_service_profile(path: str | os.PathLike[str]) -> tuple[tuple[int, float], ...]:
+    """The ``(batch_size, median_ms)`` rows of the profile file at ``path``: the seed of a
+    batcher's service-time model (its ``service_profile`` setting, read by the shells).
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (the message names ``service_profile``).
+        OSError, ProfileFormatError: as :func:`load_profile`.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"service_profile: no such file: {os.fspath(path)!r}")
+    result, _ = load_profile(path)
+    return tuple((row.batch_size, row.median_ms) for row in result.rows)
 
 
 def load_profile(path: str | os.PathLike[str]) -> tuple[ProfileResult, Recommendation | None]:

@@ -33,7 +33,7 @@ import numpy as np
 
 from adaptive_batcher._optional import require
 from adaptive_batcher._validate import check_in_range, check_number
-from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 
 __all__ = ["FALLBACK_FRACTION", "Knee", "KneeMethod", "find_knee"]
 

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Final
 
 from adaptive_batcher._validate import check_number
 
-if TYPE_CHECKING:  # sweep imports this module
+if TYPE_CHECKING:
     from adaptive_batcher._threads import TorchThreads
-    from adaptive_batcher.profile.sweep import ProfileRow
+    from adaptive_batcher.profile.result import ProfileRow
 
 __all__ = [
     "DEFAULT_CV_THRESHOLD",

@@ -13,7 +13,7 @@ from pathlib import Path
 from adaptive_batcher._optional import agg_figure
 from adaptive_batcher.profile.knee import Knee
 from adaptive_batcher.profile.recommend import Recommendation
-from adaptive_batcher.profile.sweep import ProfileResult
+from adaptive_batcher.profile.result import ProfileResult
 from adaptive_batcher.slo import SLO
 
 __all__ = ["plot_profile"]

@@ -37,7 +37,7 @@ from adaptive_batcher._validate import (
 )
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.profile.knee import Knee, find_knee
-from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 from adaptive_batcher.slo import SLO, check_slo
 
 __all__ = ["DEFAULT_WINDOW_FRACTION", "Recommendation", "controller_bounds", "recommend"]

@@ -10,7 +10,7 @@ from typing import Final
 
 from adaptive_batcher.profile.knee import Knee
 from adaptive_batcher.profile.recommend import Recommendation
-from adaptive_batcher.profile.sweep import ProfileResult
+from adaptive_batcher.profile.result import ProfileResult
 
 __all__ = ["markdown_report", "markdown_table"]
 

@@ -26,7 +26,8 @@ from operator import attrgetter
 from typing import Any
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.core import BatcherCore
+from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.errors import (
     BatcherError,
     BatchFailedError,
@@ -34,7 +35,6 @@ from adaptive_batcher.errors import (
     ResultCountError,
     describe,
 )
-from adaptive_batcher.runtime.buckets import pad_target
 from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
 __all__ = ["STOPS_THE_TASK", "BatchRunner", "check_padded", "check_results", "fail_pending"]
@@ -83,7 +83,6 @@ class BatchRunner:
         core: where answers, failures and latencies are counted (the batcher's core).
         clock: the event loop's clock, seconds.
         name: the batcher's name, for log events.
-        on_oom: called once per model call that ran out of memory (it counts the OOM).
     """
 
     def __init__(
@@ -97,7 +96,6 @@ class BatchRunner:
         core: BatcherCore[Any],
         clock: Callable[[], float],
         name: str,
-        on_oom: Callable[[], None],
     ) -> None:
         self.executor = executor
         self.buckets = buckets
@@ -108,7 +106,6 @@ class BatchRunner:
         self.core = core
         self.clock = clock
         self.name = name
-        self.on_oom = on_oom
 
     def leave(self, request: Any) -> bool:
         """The caller of ``request`` left (cancelled, or stopped reading its stream): count it
@@ -145,16 +142,18 @@ class BatchRunner:
         """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause."""
         if type(exc) is CarriedModelError:
             exc = exc.carried
-        oom = self._note_oom(exc)  # every OOM counts, a single item's too (not split)
-        if len(requests) > 1 and (oom or self.bisect):
-            middle = len(requests) // 2
-            _log.warning(
-                "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
-            )
-            await self.run([r for r in requests[:middle] if not r.handle.done()])
-            await self.run([r for r in requests[middle:] if not r.handle.done()])
+        # every OOM counts, a single item's too (not split)
+        halves = self.core.split_failed_call(
+            requests, oom=self.is_oom_error(exc), bisect=self.bisect
+        )
+        if halves is None:
+            self._fail(requests, exc, "batch.failed")
             return
-        self._fail(requests, exc, "batch.failed")
+        _log.warning(
+            "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
+        )
+        for half in halves:
+            await self.run([r for r in half if not r.handle.done()])
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
         """Fail the requests still pending with ``exc`` (each its own); log
@@ -238,14 +237,13 @@ class BatchRunner:
         answered = [r for r in requests if id(r) not in settled] if settled else requests
         self.core.record_answers(list(map(_arrival_of, answered)), failed, now)
 
-    def _note_oom(self, exc: BaseException) -> bool:
+    def is_oom_error(self, exc: BaseException) -> bool:
+        """``is_oom(exc)``; False when the hook itself raises (a broken hook must not strand
+        the batch)."""
         try:
-            oom = bool(self.is_oom(exc))
-        except Exception:  # a broken hook must not strand the batch
-            oom = False
-        if oom:
-            self.on_oom()
-        return oom
+            return bool(self.is_oom(exc))
+        except Exception:
+            return False
 
 
 def check_padded(padded: Any, items: int, target: int, counts_units: bool) -> None:

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
+from adaptive_batcher.core.settings import EXECUTOR_KINDS
+
 __all__ = [
     "AsyncExecutor",
     "BatchExecutor",
@@ -39,7 +41,6 @@ __all__ = [
 ]
 
 ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
-EXECUTOR_KINDS: tuple[str, ...] = ("auto", "async", "inline", "thread", "cuda")
 
 
 class CarriedModelError(RuntimeError):

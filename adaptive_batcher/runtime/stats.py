@@ -1,5 +1,5 @@
-"""The frozen snapshot ``AdaptiveBatcher.stats()`` returns, and the record of one batch that
-batch listeners receive."""
+"""The frozen snapshot ``AdaptiveBatcher.stats()`` returns (and how it is taken), and the record
+of one batch that batch listeners receive."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
+from adaptive_batcher.core.batcher_core import BatcherCore
 from adaptive_batcher.metrics.histogram import Quantiles
 from adaptive_batcher.metrics.recorder import Counts
 from adaptive_batcher.slo import SLO
@@ -94,3 +96,35 @@ class BatchRecord:
     def execution_s(self) -> float:
         """How long the model took over the batch, seconds (the recorder's service time)."""
         return self.end_s - self.start_s
+
+
+def take_stats(
+    core: BatcherCore[Any], name: str, now: float, gpu: TelemetryUsage | None
+) -> BatcherStats:
+    """The snapshot of the batcher named ``name`` whose core is ``core``, at ``now`` (seconds
+    on its clock), with ``gpu``, what its telemetry sampler integrated (None: no telemetry)."""
+    controller = core.controller
+    limits = core.limits
+    recorder = core.recorder
+    slo_s = recorder.slo_latency_s
+    return BatcherStats(
+        name=name,
+        queue_depth=core.queue_depth,
+        queued_units=core.queued_units,
+        in_flight_batches=core.in_flight,
+        counts=recorder.counts(),
+        batch_sizes=recorder.batch_size_histogram(),
+        latency=recorder.quantiles(now),
+        window_ms=limits.window_s * 1e3,
+        max_batch_size=limits.max_batch_size,
+        max_concurrent_batches=limits.max_concurrent_batches,
+        slo=core.slo,
+        policy=controller.chain.name if controller else None,
+        slo_unreachable=controller.slo_unreachable if controller else False,
+        decisions=controller.decisions if controller else 0,
+        slo_attainment=recorder.latency.fraction_at_most(slo_s, now)
+        if slo_s != math.inf
+        else math.nan,
+        decision_reasons=MappingProxyType(dict(controller.reasons) if controller else {}),
+        gpu=gpu,
+    )

@@ -42,8 +42,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.core import BatcherCore
-from adaptive_batcher.engine import Request, RequestState
+from adaptive_batcher.core.batcher_core import BatcherCore
 from adaptive_batcher.errors import (
     BatchFailedError,
     ConcurrentReadError,
@@ -53,6 +52,7 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
+from adaptive_batcher.runtime.requests import QueuedRequest
 
 __all__ = ["CollectedRequest", "Stream", "StreamRequest", "StreamRunner", "ends_stream"]
 
@@ -71,7 +71,7 @@ def ends_stream(element: object) -> bool:
     )
 
 
-class CollectedRequest(Request[asyncio.Future[Any]]):
+class CollectedRequest(QueuedRequest):
     """A ``submit`` caller of a streaming model: the engine's request and the caller's item;
     its future gets the list of its elements at the stream's end.
 
@@ -80,7 +80,7 @@ class CollectedRequest(Request[asyncio.Future[Any]]):
     cancelled.
     """
 
-    __slots__ = ("in_time", "item")
+    __slots__ = ("in_time",)
 
     def __init__(
         self,
@@ -90,16 +90,11 @@ class CollectedRequest(Request[asyncio.Future[Any]]):
         size: int,
         deadline_s: float | None,
     ) -> None:
-        self.handle = future
-        self.arrival_s = arrival_s
-        self.size = size
-        self.deadline_s = deadline_s
-        self.state = RequestState.QUEUED
-        self.item = item
+        super().__init__(item, future, arrival_s, size, deadline_s)
         self.in_time: bool | None = None
 
 
-class StreamRequest(Request[asyncio.Future[Any]]):
+class StreamRequest(QueuedRequest):
     """A queued stream: the engine's request, the caller's item and the elements not yet read.
 
     ``handle`` is the stream's end: its result (None) is a normal end, its exception the
@@ -107,7 +102,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
     :class:`CollectedRequest`.
     """
 
-    __slots__ = ("elements", "in_time", "item", "room_waiter", "waiter")
+    __slots__ = ("elements", "in_time", "room_waiter", "waiter")
 
     def __init__(
         self,
@@ -117,12 +112,7 @@ class StreamRequest(Request[asyncio.Future[Any]]):
         size: int,
         deadline_s: float | None,
     ) -> None:
-        self.handle = future
-        self.arrival_s = arrival_s
-        self.size = size
-        self.deadline_s = deadline_s
-        self.state = RequestState.QUEUED
-        self.item = item
+        super().__init__(item, future, arrival_s, size, deadline_s)
         self.elements: deque[Any] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.room_waiter: asyncio.Future[None] | None = None  # a held batch step waits on it
@@ -320,7 +310,8 @@ class StreamRunner(BatchRunner):
         except PaddingError as exc:  # before the model ran: nothing was delivered
             self.padding_failed(requests, exc)
         except Exception as exc:
-            self._note_oom(exc)
+            if self.is_oom_error(exc):  # counted; a stream that answered is not re-run
+                self.core.note_oom()
             failed = delivery.fail_all(exc)
             _log.warning(
                 "stream.failed",

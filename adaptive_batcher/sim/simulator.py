@@ -1,6 +1,6 @@
 """A discrete-event simulator that drives the real engine and controller on a virtual clock.
 
-No batching logic lives here: arrivals go to :class:`~adaptive_batcher.engine.BatchingEngine`,
+No batching logic lives here: arrivals go to :class:`~adaptive_batcher.core.engine.BatchingEngine`,
 its actions are carried out on a virtual clock, finished batches feed the same
 :class:`~adaptive_batcher.metrics.Recorder` and :class:`~adaptive_batcher.control.Controller` as in
 production, and decisions are applied to the engine. Service times come from a
@@ -18,6 +18,7 @@ import copy
 import heapq
 import itertools
 import math
+import os
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -28,10 +29,10 @@ import numpy.typing as npt
 
 from adaptive_batcher._validate import MAX_SERVICE_S, check_int, check_number, check_str
 from adaptive_batcher.control.types import Decision
-from adaptive_batcher.core import BatcherCore
-from adaptive_batcher.engine import Batch, Dispatch, Expire, Request, SetTimer
+from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
+from adaptive_batcher.core.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
 from adaptive_batcher.errors import BatcherError
-from adaptive_batcher.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
 from adaptive_batcher.sim.faults import Faults
 from adaptive_batcher.sim.result import Outcome, SimResult
 from adaptive_batcher.sim.service import (
@@ -53,7 +54,7 @@ _PREPARED = 512  # open-loop requests made ahead, to be queued in bulk
 @dataclass(frozen=True)
 class SimConfig(BatcherSettings):
     """The batcher under test, as a user would configure it: the settings of
-    :class:`~adaptive_batcher.settings.BatcherSettings` (the same names, defaults and checks as
+    :class:`~adaptive_batcher.core.settings.BatcherSettings` (the same names, defaults and checks as
     ``AdaptiveBatcher``), plus what only a replay has.
 
     Attributes:
@@ -63,11 +64,14 @@ class SimConfig(BatcherSettings):
             ``AdaptiveBatcher.set_slo`` would; the result's goodput keeps using ``slo``.
         name: label in results.
 
+    A ``service_profile`` file is read at construction and replaced by its rows.
+
     Raises:
-        TypeError, ValueError: as :class:`~adaptive_batcher.settings.BatcherSettings`; a
+        TypeError, ValueError: as :class:`~adaptive_batcher.core.settings.BatcherSettings`; a
             ``deadline_ms`` that is not a number > 0; an ``slo_changes`` time < 0 or an entry
             that is not an SLO (None, removing the SLO, is refused with ``shed_late``, as
             ``set_slo(None)`` is).
+        FileNotFoundError, ValueError: an unreadable ``service_profile`` file.
     """
 
     deadline_ms: float | None = None
@@ -76,6 +80,11 @@ class SimConfig(BatcherSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        profile = self.service_profile
+        if isinstance(profile, str | os.PathLike):  # read once: a file becomes its rows
+            from adaptive_batcher.profile.format import read_service_profile  # only for a file
+
+            self._set("service_profile", read_service_profile(profile))
         check_str("SimConfig.name", self.name)
         if self.deadline_ms is not None:  # as submit(deadline_ms=...) checks it
             check_number("SimConfig.deadline_ms", self.deadline_ms, 0.0, strict=True)
@@ -338,7 +347,7 @@ class _Replay:
     @property
     def outstanding_units(self) -> int:
         """Units queued or running: what a load-aware router compares."""
-        return self.core.engine.queued_units + self.running_units
+        return self.core.queued_units + self.running_units
 
     def finish(self) -> SimResult:
         """Run what is left to its end and return the result."""
@@ -503,15 +512,16 @@ class _Replay:
         if memory is not None and memory.is_oom(model, units, start):
             busy = OOM_DETECT_FRACTION * service
             failed_at = self._seen_end(start + busy)
-            self.core.note_oom()  # known at dispatch: the controller ticks at the next poll
             self.core.record_device_time(busy)
             self.state.busy_s += busy
             parts.append((start, failed_at, ids, units, False))
-            if len(ids) == 1:
+            # known at dispatch: the controller ticks at the next poll
+            halves = self.core.split_failed_call(ids, oom=True)
+            if halves is None:
                 return failed_at
-            middle = len(ids) // 2
-            after_first = self._execute(ids[:middle], failed_at, parts)
-            return self._execute(ids[middle:], after_first, parts)
+            first, second = halves
+            after_first = self._execute(first, failed_at, parts)
+            return self._execute(second, after_first, parts)
         self.core.record_device_time(service)
         self.state.busy_s += service
         end = self._seen_end(start + service)

@@ -281,7 +281,7 @@ def test_console_and_markdown_compare_a_shedding_contender_with_the_shedding_gri
 
 def _profile(path: Path, sizes: tuple[int, ...]) -> Path:
     from adaptive_batcher.profile.format import write_profile
-    from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+    from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 
     # overloaded steps: the queue fills batches up to the cap, far beyond the sizes measured
     rows = tuple(ProfileRow(n, 2 + n / 1e3, 2.5 + n / 1e3, n / (2 + n / 1e3), None) for n in sizes)

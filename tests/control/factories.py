@@ -33,7 +33,7 @@ def observe(**changes: Any) -> Observation:
         "batches": 25,
         "mean_batch_size": 10.0,
         "fill_ratio": 10 / 64,
-        "service_ms": linear_ms(),
+        "service_median_ms": linear_ms(),
         "service_samples": 200,
         "telemetry": TelemetrySample(),
     }

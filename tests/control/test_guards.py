@@ -151,7 +151,7 @@ def test_budget_guard_table(proposed: Decision, window: float, cap: int, reason:
 
 def test_budget_guard_cuts_a_cap_that_cannot_fit() -> None:
     slow = linear_ms(4.0, 0.2)  # 256 -> 55 ms, 128 -> 29.6, 64 -> 16.8
-    decision = guarded(BudgetGuard, Decision(0.0, 256, "p")).decide(observe(service_ms=slow))
+    decision = guarded(BudgetGuard, Decision(0.0, 256, "p")).decide(observe(service_median_ms=slow))
     assert decision.max_batch_size == 64
     assert decision.reason == "budget"
 
@@ -164,7 +164,7 @@ def test_budget_guard_under_overload_takes_the_highest_throughput_cap() -> None:
 
 def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
     guard = guarded(BudgetGuard, Decision(5.0, 64, "p"))
-    too_slow = observe(service_ms=linear_ms(30.0, 0.0))  # 2 * 30 > 40 even for one item
+    too_slow = observe(service_median_ms=linear_ms(30.0, 0.0))  # 2 * 30 > 40 even for one item
     with capture_logs() as logs:
         first = guard.decide(too_slow)
         guard.decide(too_slow)
@@ -196,8 +196,8 @@ def observe_fit(estimator: ServiceTimeEstimator, batch_units: int, **changes: An
     return observe(
         current=Decision(0.0, batch_units),
         fill_ratio=1.0,
-        service_ms=estimator.predict_ms,
-        service_upper_ms=estimator.upper_ms,
+        service_median_ms=estimator.median_ms,
+        service_median_bound_ms=estimator.median_bound_ms,
         **changes,
     )
 
@@ -208,7 +208,7 @@ def test_budget_guard_gives_no_verdict_from_a_cold_bursts_full_batches_only() ->
     out of reach (two batches 64 ms > a 40 ms budget) where a batch of one takes 3.7 ms."""
     guard = guarded(BudgetGuard, Decision(0.0, 512, "p"))
     burst = fitted([512])
-    assert burst.predict_ms(1) == RESNET_MS[512]  # the flat extrapolation
+    assert burst.median_ms(1) == RESNET_MS[512]  # the flat extrapolation
     with capture_logs() as logs:
         decision = guard.decide(observe_fit(burst, 512))
     assert logs == [] and decision.slo_unreachable is False
@@ -239,7 +239,7 @@ def test_budget_guard_gives_no_verdict_before_any_batch() -> None:
     """A plan made from a seed alone, before a batch was seen: no verdict yet."""
     guard = guarded(BudgetGuard, Decision(0.0, 512, "p"))
     seeded = ServiceTimeEstimator(seed=[(512, 32.23)])
-    tick = observe(batches=0, fill_ratio=math.nan, service_ms=seeded.predict_ms)
+    tick = observe(batches=0, fill_ratio=math.nan, service_median_ms=seeded.median_ms)
     assert guard.decide(tick).slo_unreachable is False
     assert guard.smallest_units_seen == math.inf
 
@@ -264,7 +264,7 @@ def test_budget_guard_cuts_a_late_window_before_the_service_fit_is_ready(
 ) -> None:
     late = observe(
         current=Decision(250.0, 64, "start"),
-        service_ms=unknown_ms,
+        service_median_ms=unknown_ms,
         service_samples=0,
         latency_ms=latency_ms,
         latency_samples=samples,
@@ -443,7 +443,7 @@ def test_shed_guard_sets_the_latest_useful_starts() -> None:
 
 
 def test_shed_guard_uses_the_error_bars() -> None:
-    noisy = observe(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
+    noisy = observe(service_spread_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(noisy)
     assert decision.shed_after_ms == pytest.approx(50.0 - 1.5 * 7.2)  # a full batch: the bars
     # a short queue's request is shed only if even a typical batch would finish late
@@ -452,7 +452,7 @@ def test_shed_guard_uses_the_error_bars() -> None:
 
 def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)  # 256 -> 55 ms: cannot meet 50 ms; 64 -> 16.8 ms fits 40 ms
-    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(observe(service_ms=slow))
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(observe(service_median_ms=slow))
     assert decision.max_batch_size == 64
 
 
@@ -465,14 +465,14 @@ def test_shed_guard_keeps_a_cap_that_fits_when_the_fit_says_a_smaller_one_is_fas
     def spiked(n: int) -> float:
         return 4.04 if n <= 32 else (9.0 if n <= 64 else 34.0)
 
-    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(observe(service_ms=spiked))
-    assert observe(service_ms=spiked).plan().throughput_cap(50.0) == 32
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(observe(service_median_ms=spiked))
+    assert observe(service_median_ms=spiked).plan().throughput_cap(50.0) == 32
     assert decision.max_batch_size == 64
 
 
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)
-    overload = observe(service_ms=slow, arrival_rate_rps=100000.0)
+    overload = observe(service_median_ms=slow, arrival_rate_rps=100000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
     assert decision.max_batch_size == 64  # 2 * 16.8 <= 50, the best throughput that fits
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
@@ -489,7 +489,7 @@ def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time()
     at cap 128 (4.8k/s) the batches that form hold about 118 requests (24.9 ms), each waits
     at most one batch and nearly all meet 50 ms. Before, the guard cut to 64 and shed 35 %
     of a load that window 0 with natural batching served at 98 % within the SLO."""
-    slowed = observe(service_ms=_slowed_resnet, arrival_rate_rps=4700.0)
+    slowed = observe(service_median_ms=_slowed_resnet, arrival_rate_rps=4700.0)
     plan = slowed.plan()
     assert plan.throughput_cap(50.0) == 64 and plan.stable_cap(40.0) == 256
     decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(slowed)
@@ -498,7 +498,7 @@ def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time()
 
 
 def test_shed_guard_still_sheds_when_natural_batches_would_not_keep_up() -> None:
-    swamped = observe(service_ms=_slowed_resnet, arrival_rate_rps=9000.0)
+    swamped = observe(service_median_ms=_slowed_resnet, arrival_rate_rps=9000.0)
     decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
     assert decision.max_batch_size == 64  # 9k/s: no cap keeps up, the best that fits twice
 
@@ -507,7 +507,7 @@ def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
     """The deadlines enforce the SLO (50 ms), so a full batch behind a full batch may take all
     of it: 256 (24.5 ms, twice 49 ms) serves more than 128 (14.2 ms) under overload, though
     twice 24.5 ms is beyond the target (40 ms) that the window's p99 plan aims at."""
-    overload = observe(service_ms=linear_ms(4.0, 0.08), arrival_rate_rps=100000.0)
+    overload = observe(service_median_ms=linear_ms(4.0, 0.08), arrival_rate_rps=100000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
     assert decision.max_batch_size == 256
     assert decision.shed_after_ms == pytest.approx(50.0 - 24.48)
@@ -517,13 +517,13 @@ def test_shed_guard_keeps_shedding_when_only_the_error_bars_exceed_the_slo() -> 
     """Event-loop stalls on a saturated machine can widen the error bars past the SLO (8x
     here: 57.6 ms for a batch of 64 against 50 ms); a typical batch (7.2 ms) still fits, so
     requests are shed by its deadline instead of every one being served late."""
-    stalled = observe(service_high_ms=lambda n: 8.0 * (4.0 + 0.05 * n))
+    stalled = observe(service_spread_ms=lambda n: 8.0 * (4.0 + 0.05 * n))
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(stalled)
     assert decision.shed_after_ms == pytest.approx(50.0 - 7.2)
 
 
 def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
-    hopeless = observe(service_ms=linear_ms(60.0, 0.0))
+    hopeless = observe(service_median_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
     assert decision.shed_after_ms is None and decision.shed_after_short_ms is None
 

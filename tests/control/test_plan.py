@@ -88,7 +88,7 @@ def test_latency_promises_are_never_optimistic_beyond_what_the_model_knows() -> 
     """The median fit extrapolates optimistically (to explore); latency promises use the
     upper curve, here growing in proportion beyond 64."""
     upper = lambda n: 7.2 * n / 64 if n > 64 else 4.0 + 0.05 * n  # noqa: E731
-    cautious = plan(service_upper_ms=upper)
+    cautious = plan(service_median_bound_ms=upper)
     assert cautious.tail_cap(40.0) == 128  # 2 * 14.4 <= 40 < 2 * 28.8
     assert plan().tail_cap(40.0) == 256
 
@@ -120,55 +120,57 @@ def test_tail_latency_and_the_widest_window() -> None:
 
 
 def test_error_bars_narrow_the_window() -> None:
-    noisy = plan(service_high_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
+    noisy = plan(service_spread_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
     assert noisy.widest_window_ms(40.0, 256) < plan().widest_window_ms(40.0, 256)
 
 
 def test_windows_are_planned_with_the_noise_body_not_with_stalls() -> None:
     """Error bars set by stalls (10x on a few per cent of batches) would shut the window;
-    windows use the body's (``service_noise_ms``) when the observation has them."""
+    windows use the body's (``service_body_spread_ms``) when the observation has them."""
     stalled = plan(
-        service_high_ms=lambda n: 10.0 * (4.0 + 0.05 * n),
-        service_noise_ms=lambda n: 1.1 * (4.0 + 0.05 * n),
+        service_spread_ms=lambda n: 10.0 * (4.0 + 0.05 * n),
+        service_body_spread_ms=lambda n: 1.1 * (4.0 + 0.05 * n),
     )
-    body = plan(service_high_ms=lambda n: 1.1 * (4.0 + 0.05 * n))
+    body = plan(service_spread_ms=lambda n: 1.1 * (4.0 + 0.05 * n))
     assert stalled.widest_window_ms(40.0, 256) == body.widest_window_ms(40.0, 256) > 10.0
-    assert plan(service_high_ms=lambda n: 10.0 * (4.0 + 0.05 * n)).widest_window_ms(40.0, 256) == 0
+    assert (
+        plan(service_spread_ms=lambda n: 10.0 * (4.0 + 0.05 * n)).widest_window_ms(40.0, 256) == 0
+    )
 
 
 def test_rare_batches_must_fit_the_room() -> None:
     """The tail latency with rare batches' times must fit the SLO's room (50 ms) as the p99
     plan fits the budget: it narrows the window only where it is the tighter of the two."""
     p99 = plan().widest_window_ms(40.0, 256)
-    calm = plan(service_deep_ms=lambda n: 1.2 * (4.0 + 0.05 * n))
+    calm = plan(service_body_p999_ms=lambda n: 1.2 * (4.0 + 0.05 * n))
     assert calm.room_ms == 50.0
     assert calm.widest_window_ms(40.0, 256) == p99  # 1.2x within 50 ms: the budget binds
-    noisy = plan(service_deep_ms=lambda n: 3.0 * (4.0 + 0.05 * n))
+    noisy = plan(service_body_p999_ms=lambda n: 3.0 * (4.0 + 0.05 * n))
     widest = noisy.widest_window_ms(40.0, 256)
     assert widest < p99
-    deep = Plan(**{**_fields(noisy), "service_high_ms": noisy.service_deep_ms})
+    deep = Plan(**{**_fields(noisy), "service_body_spread_ms": noisy.service_body_p999_ms})
     assert deep.latency_ms(widest, 256) <= 50.0 < deep.latency_ms(widest + 0.1, 256)
     # out of reach at any window (two rare batches of 30 ms and more): the p99 plan alone
-    hopeless = plan(service_deep_ms=lambda n: 3.0 * (10.0 + 0.05 * n))
+    hopeless = plan(service_body_p999_ms=lambda n: 3.0 * (10.0 + 0.05 * n))
     assert hopeless.widest_window_ms(40.0, 256) == p99
 
 
 def test_the_batch_a_p99_request_rides_must_fit_the_room() -> None:
-    """Spikes of 10x on a few per cent of batches (``service_tail_ms``, the raw 99th
+    """Spikes of 10x on a few per cent of batches (``service_p99_ms``, the raw 99th
     percentile): the oldest request of a batch that spikes must still meet the SLO's room, so
     the window narrows to what that leaves; where even window 0 cannot, the constraint is
     dropped (narrowing would then only add batches, each risking a spike)."""
     p99 = plan().widest_window_ms(40.0, 256)
-    spiky = plan(service_tail_ms=lambda n: 10.0 * (4.0 + 0.05 * n))
+    spiky = plan(service_p99_ms=lambda n: 10.0 * (4.0 + 0.05 * n))
     widest = spiky.widest_window_ms(40.0, 256)
     assert 0.0 < widest < p99
-    ride = Plan(**{**_fields(spiky), "service_high_ms": spiky.service_ms})
-    own = spiky.service_tail_ms
+    ride = Plan(**{**_fields(spiky), "service_body_spread_ms": spiky.service_median_ms})
+    own = spiky.service_p99_ms
     assert own is not None
     n = ride.batch_units(widest, 256)
     n_high = round(min(256.0, n + 2.33 * math.sqrt(n)))
-    assert max(widest, spiky.service_high_ms(round(n))) + own(n_high) <= 50.0
-    hopeless = plan(service_tail_ms=lambda n: 20.0 * (4.0 + 0.05 * n))  # 81 ms at window 0
+    assert max(widest, spiky.service_body_spread_ms(round(n))) + own(n_high) <= 50.0
+    hopeless = plan(service_p99_ms=lambda n: 20.0 * (4.0 + 0.05 * n))  # 81 ms at window 0
     assert hopeless.widest_window_ms(40.0, 256) == p99
 
 
@@ -184,7 +186,7 @@ def test_cost_falls_as_the_window_fills_batches() -> None:
 
 
 def test_no_model_means_no_answer() -> None:
-    p = plan(service_ms=lambda n: math.nan)
+    p = plan(service_median_ms=lambda n: math.nan)
     assert not p.ready
     assert p.tail_cap(40.0) is None and p.stable_cap(40.0) is None and p.cap(40.0) is None
     assert p.widest_window_ms(40.0, 64) == 0.0
@@ -210,7 +212,7 @@ def _six_steps(plan: Plan, window_ms: float, cap: int) -> float:
     rate_per_ms = plan.rate_units_per_s / 1e3
     n = min(float(cap), 1.0 + rate_per_ms * window_ms)
     for _ in range(_FIXED_POINT_STEPS):
-        cycle = max(window_ms, plan.service_ms(max(1, round(n))) / plan.slots)
+        cycle = max(window_ms, plan.service_median_ms(max(1, round(n))) / plan.slots)
         n = min(float(cap), 1.0 + rate_per_ms * cycle)
     return n
 
@@ -245,9 +247,11 @@ def test_the_two_batch_bound_gives_way_when_noise_puts_it_out_of_reach() -> None
         return noisy.get(n, 30.0)
 
     observation = observe(
-        service_ms=service, service_noise_ms=lambda n: 5.0 * service(n), arrival_rate_rps=60.0
+        service_median_ms=service,
+        service_body_spread_ms=lambda n: 5.0 * service(n),
+        arrival_rate_rps=60.0,
     )
     assert observation.plan().tail_cap(50.0) is None
     assert observation.plan().cap(40.0, 50.0) == 256
-    calm = observe(service_ms=service, arrival_rate_rps=60.0)  # without the noise: cut to 1
+    calm = observe(service_median_ms=service, arrival_rate_rps=60.0)  # without the noise: cut to 1
     assert calm.plan().cap(40.0, 50.0) == 1

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_batcher.control.service_estimator import (
-    DEEP_Z,
     MAX_LEVEL,
     OPTIMISM,
     OUTLIER_ELASTICITY_MIN,
     OUTLIER_FACTOR,
+    P999_Z,
     ServiceTimeEstimator,
     isotonic_fit,
 )
@@ -33,18 +33,18 @@ def samples(table: dict[int, float], repeat: int = 4) -> list[BatchSample]:
 def test_nan_until_enough_samples() -> None:
     estimator = ServiceTimeEstimator(min_samples=8)
     estimator.update(samples({4: 4.0}, repeat=3), total_seen=3)
-    assert math.isnan(estimator.predict_ms(4))
+    assert math.isnan(estimator.median_ms(4))
 
 
 def test_in_range_fit_is_monotone_and_close_to_measurements() -> None:
     estimator = ServiceTimeEstimator(refit_every=1)
     batch = samples(RESNET)
     estimator.update(batch, total_seen=len(batch))
-    predictions = [estimator.predict_ms(n) for n in range(1, 257)]
+    predictions = [estimator.median_ms(n) for n in range(1, 257)]
     assert all(b >= a for a, b in itertools.pairwise(predictions))
-    assert estimator.predict_ms(256) == pytest.approx(16.651)
-    assert estimator.predict_ms(128) == pytest.approx(8.778)
-    assert estimator.predict_ms(16) == pytest.approx(3.916, rel=0.05)  # pooled with its neighbours
+    assert estimator.median_ms(256) == pytest.approx(16.651)
+    assert estimator.median_ms(128) == pytest.approx(8.778)
+    assert estimator.median_ms(16) == pytest.approx(3.916, rel=0.05)  # pooled with its neighbours
 
 
 def test_extrapolation_beyond_the_data_is_optimistic() -> None:
@@ -52,9 +52,9 @@ def test_extrapolation_beyond_the_data_is_optimistic() -> None:
     batch = samples({16: 3.916, 32: 4.041})
     estimator.update(batch, total_seen=len(batch))
     expected_128 = 4.041 + OPTIMISM * 4.041 / 32 * (128 - 32)
-    assert estimator.predict_ms(128) == pytest.approx(expected_128)
-    assert estimator.predict_ms(128) < 8.778  # below the truth: the controller will try it
-    assert estimator.predict_ms(1) == pytest.approx(3.916)  # flat below the smallest size seen
+    assert estimator.median_ms(128) == pytest.approx(expected_128)
+    assert estimator.median_ms(128) < 8.778  # below the truth: the controller will try it
+    assert estimator.median_ms(1) == pytest.approx(3.916)  # flat below the smallest size seen
 
 
 def test_sizes_seen_long_ago_stay_known() -> None:
@@ -63,22 +63,22 @@ def test_sizes_seen_long_ago_stay_known() -> None:
     estimator.update(small, total_seen=len(small))
     flood = [BatchSample(0.0, 256, 256, 0.0167)] * 600  # the recent window holds only 256s
     estimator.update(flood[-512:], total_seen=len(small) + len(flood))
-    assert estimator.predict_ms(8) == pytest.approx(4.0)
-    assert estimator.predict_ms(256) == pytest.approx(16.7)
+    assert estimator.median_ms(8) == pytest.approx(4.0)
+    assert estimator.median_ms(256) == pytest.approx(16.7)
 
 
 def test_refits_only_every_n_batches() -> None:
     estimator = ServiceTimeEstimator(min_samples=1, refit_every=10)
     estimator.update([BatchSample(0.0, 4, 4, 0.004)] * 10, total_seen=10)
-    first = estimator.predict_ms(4)
+    first = estimator.median_ms(4)
     # 20 % slower: within the noise a refit follows, not a change of level
     estimator.update([BatchSample(0.0, 4, 4, 0.0048)] * 5, total_seen=15)  # not yet due
-    assert estimator.predict_ms(4) == first
+    assert estimator.median_ms(4) == first
 
 
 def test_seed_profile_predicts_before_any_batch() -> None:
     estimator = ServiceTimeEstimator(seed=[(1, 3.7), (256, 16.7)])
-    assert estimator.predict_ms(256) == pytest.approx(16.7)
+    assert estimator.median_ms(256) == pytest.approx(16.7)
     assert estimator.largest_within(10.0, [1, 32, 64, 256]) == 64
 
 
@@ -116,12 +116,12 @@ def test_one_stall_does_not_move_the_fit(rare: int) -> None:
     estimator, seen = fitted_estimator(rare)
     if rare > 64:  # a size beyond the range is never an outlier: make it known first
         seen = steady(estimator, [rare], seen)
-    before = {n: estimator.predict_ms(n) for n in (rare, 64, 70)}
+    before = {n: estimator.median_ms(n) for n in (rare, 64, 70)}
     stall = BatchSample(0.0, rare, rare, (linear_ms(rare) + 150.0) / 1e3)
     estimator.update([stall], seen + 1)
     seen = steady(estimator, [*range(30, 51)], seen + 1)
     for n, ms in before.items():
-        assert estimator.predict_ms(n) == pytest.approx(ms)
+        assert estimator.median_ms(n) == pytest.approx(ms)
     assert estimator.outliers_held_out == 1
     assert max(estimator._ratios) > OUTLIER_FACTOR  # the stall still counts in the error bars
 
@@ -141,7 +141,7 @@ def test_a_lasting_slowdown_is_learned() -> None:
     for _ in range(10):  # most of each size's recent samples: its median moves
         seen += len(slow)
         estimator.update(slow, seen)
-    assert estimator.predict_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
+    assert estimator.median_ms(40) == pytest.approx(5 * linear_ms(40), rel=0.05)
     assert estimator.outliers_held_out == 0
     assert estimator.last_stall_s == -math.inf  # a change, not a stall: the PID may react
 
@@ -150,10 +150,10 @@ def test_sizes_beyond_the_fit_are_never_outliers() -> None:
     """Past the largest size known the prediction is optimistic on purpose: a batch there that
     takes several times longer is news, and is learned at once."""
     estimator, seen = fitted_estimator(rare=58)
-    big = BatchSample(0.0, 256, 256, 4 * estimator.predict_ms(256) / 1e3)
+    big = BatchSample(0.0, 256, 256, 4 * estimator.median_ms(256) / 1e3)
     estimator.update([big], seen + 1)
     assert estimator.outliers_held_out == 0
-    assert estimator.predict_ms(256) == pytest.approx(big.service_s * 1e3)
+    assert estimator.median_ms(256) == pytest.approx(big.service_s * 1e3)
 
 
 def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
@@ -206,16 +206,16 @@ def test_predictions_made_at_a_refit_equal_one_call_per_size(
     sizes, medians, level = estimator._sizes, estimator._medians, estimator.level
     for n in range(1, 650):
         if sizes[0] < n < sizes[-1]:
-            assert estimator.predict_ms(n) == level * float(np.interp(n, sizes, medians))
+            assert estimator.median_ms(n) == level * float(np.interp(n, sizes, medians))
 
 
 def test_reservoir_medians_follow_new_samples() -> None:
     """Medians are kept between refits, and dropped when their size gets a new sample."""
     estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
     estimator.update([BatchSample(0.0, 8, 8, 0.004)] * 3, total_seen=3)
-    assert estimator.predict_ms(8) == pytest.approx(4.0)
+    assert estimator.median_ms(8) == pytest.approx(4.0)
     estimator.update([BatchSample(0.0, 8, 8, 0.010)] * 5, total_seen=8)
-    assert estimator.predict_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
+    assert estimator.median_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
 
 
 def _pooled_blocks_reference(values: list[float], weights: list[float]) -> list[float]:
@@ -270,8 +270,8 @@ def test_the_noise_body_is_a_robust_lognormal_fit() -> None:
     assert median == pytest.approx(1.0, abs=0.02)
     assert fitted_sigma == pytest.approx(sigma, rel=0.06)
     assert estimator.spread == pytest.approx(1.62, abs=0.05)
-    assert estimator.noise_ms(4) / 4.0 == pytest.approx(estimator.spread, rel=0.04)
-    assert estimator.deep_ms(4) / 4.0 == pytest.approx(math.exp(DEEP_Z * sigma), rel=0.06)
+    assert estimator.body_spread_ms(4) / 4.0 == pytest.approx(estimator.spread, rel=0.04)
+    assert estimator.body_p999_ms(4) / 4.0 == pytest.approx(math.exp(P999_Z * sigma), rel=0.06)
 
 
 def test_the_noise_body_leaves_stalls_out() -> None:
@@ -280,15 +280,15 @@ def test_the_noise_body_leaves_stalls_out() -> None:
     ratios = [10.0 if i % 20 == 19 else 1.0 + 0.01 * (i % 5) for i in range(2000)]
     estimator = _with_ratios(ratios)
     assert estimator.spread == 10.0
-    assert estimator.noise_ms(4) < 4.0 * 1.1
-    assert estimator.deep_ms(4) < 4.0 * 1.2
+    assert estimator.body_spread_ms(4) < 4.0 * 1.1
+    assert estimator.body_p999_ms(4) < 4.0 * 1.2
 
 
 def test_the_noise_body_before_ratios_and_below_the_fit() -> None:
     assert ServiceTimeEstimator().body() == (1.0, 0.0)
     faster = _with_ratios([0.8] * 10)  # faster than the fit: the error bars never go below it
     assert faster.body() == (0.8, 0.0)
-    assert faster.noise_ms(4) == faster.deep_ms(4) == 4.0
+    assert faster.body_spread_ms(4) == faster.body_p999_ms(4) == 4.0
 
 
 def test_the_tail_carries_stalls_and_spikes_the_body_leaves_out() -> None:
@@ -296,11 +296,11 @@ def test_the_tail_carries_stalls_and_spikes_the_body_leaves_out() -> None:
     on 5 % of batches set it (where the body's quantiles stay near 1)."""
     ratios = [10.0 if i % 20 == 19 else 1.0 + 0.01 * (i % 5) for i in range(2000)]
     estimator = _with_ratios(ratios)
-    assert estimator.tail_ms(4) == 4.0 * 10.0
-    assert estimator.noise_ms(4) < 4.0 * 1.1
+    assert estimator.p99_ms(4) == 4.0 * 10.0
+    assert estimator.body_spread_ms(4) < 4.0 * 1.1
     calm = _with_ratios([1.0 + 0.01 * (i % 5) for i in range(2000)])
-    assert calm.tail_ms(4) == pytest.approx(4.0 * 1.04)
-    assert ServiceTimeEstimator().tail_ms(4) != ServiceTimeEstimator().tail_ms(4)  # NaN: no fit
+    assert calm.p99_ms(4) == pytest.approx(4.0 * 1.04)
+    assert ServiceTimeEstimator().p99_ms(4) != ServiceTimeEstimator().p99_ms(4)  # NaN: no fit
 
 
 def test_spikes_on_a_few_per_cent_of_batches_are_outliers() -> None:
@@ -364,23 +364,23 @@ def test_a_lasting_slowdown_rescales_every_size_and_its_end_brings_them_back() -
     sizes a slowdown's queue formed kept their slow medians for as long as they went unseen,
     and the tail cap stayed cut."""
     estimator, seen = fitted_estimator(rare=58)
-    usual = estimator.predict_ms(64)
+    usual = estimator.median_ms(64)
     seen = _scaled(estimator, list(range(30, 40)), 10.0, seen)
     assert estimator.level == pytest.approx(10.0, rel=0.05)
-    assert estimator.predict_ms(64) == pytest.approx(10.0 * usual, rel=0.05)
+    assert estimator.median_ms(64) == pytest.approx(10.0 * usual, rel=0.05)
     assert estimator.outliers_held_out == 0 and estimator.last_stall_s == -math.inf
     seen = _scaled(estimator, list(range(30, 40)), 1.0, seen)
     assert estimator.level == pytest.approx(1.0, rel=0.05)
-    assert estimator.predict_ms(64) == pytest.approx(usual, rel=0.05)
+    assert estimator.median_ms(64) == pytest.approx(usual, rel=0.05)
     assert estimator.level_changes == 2
 
 
 def test_batches_that_ran_across_a_loop_stall_are_left_out() -> None:
     estimator, seen = fitted_estimator(rare=58)
-    before = estimator.predict_ms(40)
+    before = estimator.median_ms(40)
     across = [BatchSample(5.0 + 0.1 * i, 40, 40, 2.0) for i in range(8)]  # 2 s each
     estimator.update(across, seen + len(across), stall=(4.0, 6.0))
-    assert estimator.predict_ms(40) == before
+    assert estimator.median_ms(40) == before
     assert estimator.level == 1.0 and estimator.outliers_seen == 0
 
 
@@ -391,4 +391,4 @@ def test_batches_measured_at_zero_ms_lower_the_level_as_far_as_it_goes() -> None
     estimator.update([BatchSample(0.0, 4, 4, 0.004)] * 8, total_seen=8)
     estimator.update([BatchSample(0.0, 4, 4, 0.0)] * 8, total_seen=16)
     assert estimator.level == pytest.approx(1.0 / MAX_LEVEL)
-    assert estimator.predict_ms(4) == pytest.approx(4.0 / MAX_LEVEL)
+    assert estimator.median_ms(4) == pytest.approx(4.0 / MAX_LEVEL)

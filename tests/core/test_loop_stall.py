@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from adaptive_batcher.core import LOOP_STALL_S, BatcherCore
-from adaptive_batcher.engine import Dispatch, Request, SetTimer
-from adaptive_batcher.settings import BatcherSettings
+from adaptive_batcher.core.batcher_core import LOOP_STALL_S, BatcherCore
+from adaptive_batcher.core.engine import Dispatch, Request, SetTimer
+from adaptive_batcher.core.settings import BatcherSettings
 from adaptive_batcher.slo import SLO
 
 

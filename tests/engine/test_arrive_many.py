@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.core import BatcherCore
-from adaptive_batcher.engine import (
+from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.engine import (
     Action,
     Batch,
     BatchingEngine,
@@ -24,8 +24,8 @@ from adaptive_batcher.engine import (
     Request,
     SetTimer,
 )
+from adaptive_batcher.core.settings import BatcherSettings
 from adaptive_batcher.errors import BatcherError
-from adaptive_batcher.settings import BatcherSettings
 
 HARD_CAP = 8
 
@@ -135,7 +135,7 @@ class Twins:
             self.poll()
 
     def set_limits(self, window_s: float, cap: int) -> None:
-        slots = self.single.engine.limits.max_concurrent_batches
+        slots = self.single.limits.max_concurrent_batches
         for core in (self.single, self.bulk):
             core.set_limits(EngineLimits(window_s, cap, slots))
         self.poll()
@@ -170,7 +170,7 @@ def test_bulk_arrivals_queue_what_single_arrivals_would(
             twins.set_shedding(op[1], op[2])
     while twins.running:
         twins.complete(0)
-    single, bulk = twins.single.engine, twins.bulk.engine
+    single, bulk = twins.single, twins.bulk
     assert (single.queue_depth, single.queued_units) == (bulk.queue_depth, bulk.queued_units)
 
 

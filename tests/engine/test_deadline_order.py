@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.engine import BatchingEngine, EngineLimits, Expire, Request, SetTimer
+from adaptive_batcher.core.engine import BatchingEngine, EngineLimits, Expire, Request, SetTimer
 
 steps = st.lists(
     st.one_of(

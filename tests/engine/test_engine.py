@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from adaptive_batcher.engine import (
+from adaptive_batcher.core.engine import (
     Batch,
     BatchingEngine,
     Dispatch,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.engine import (
+from adaptive_batcher.core.engine import (
     Batch,
     BatchingEngine,
     Dispatch,

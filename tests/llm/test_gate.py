@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_batcher.engine import SetTimer
+from adaptive_batcher.core.engine import SetTimer
 from adaptive_batcher.errors import BatcherClosedError, DeadlineExceededError, QueueFullError
 from adaptive_batcher.llm.errors import GateQueueFullError, TTFTUnreachableError
 from adaptive_batcher.llm.gate import (

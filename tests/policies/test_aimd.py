@@ -239,7 +239,7 @@ def test_clipper_rule_uses_batch_time_against_the_slo(
         latency_ms=400.0,  # end-to-end latency is ignored by Clipper's rule
         latency_samples=100,
         fill_ratio=1.0,
-        service_ms=lambda n: 4.0 + 0.5 * n,
+        service_median_ms=lambda n: 4.0 + 0.5 * n,
     )
     decision = AIMD().decide(obs)
     assert decision.max_batch_size == expected_cap

@@ -97,7 +97,7 @@ def test_overload_holds_window_zero_at_the_highest_throughput_cap() -> None:
 
 
 def test_holds_until_the_service_estimator_is_ready() -> None:
-    hold = DiscountedUCB().decide(observe(service_ms=lambda n: math.nan))
+    hold = DiscountedUCB().decide(observe(service_median_ms=lambda n: math.nan))
     assert hold.reason == "bandit.hold"
 
 

@@ -19,13 +19,13 @@ from adaptive_batcher.slo import SLO
 from tests.control.factories import observe
 
 
-def service_ms(n: float) -> float:
+def service_median_ms(n: float) -> float:
     return 4.0 + 0.05 * round(n)
 
 
 def test_holds_without_slo_or_service_estimator() -> None:
     assert PID().decide(observe(slo=None)).reason == "pid.hold"
-    no_model = observe(service_ms=lambda n: math.nan)
+    no_model = observe(service_median_ms=lambda n: math.nan)
     assert PID().decide(no_model) == no_model.current.with_(reason="pid.hold")
 
 
@@ -38,7 +38,7 @@ def test_first_decision_opens_the_window_as_far_as_the_budget_allows() -> None:
     # 33.5 + 6.4 = 39.9 <= 40; at W = 34 the tail batch rounds to 49 units: 34 + 6.45 > 40
     assert 33.5 <= window < 34.0
     tail = 1 + window + 2.33 * math.sqrt(1 + window)
-    assert window + service_ms(tail) <= 40.0
+    assert window + service_median_ms(tail) <= 40.0
 
 
 def test_the_cap_fits_two_batches_within_the_slo_not_the_target() -> None:
@@ -48,7 +48,7 @@ def test_the_cap_fits_two_batches_within_the_slo_not_the_target() -> None:
     sizes, times = [1, 32, 64, 128, 256], [3.68, 4.04, 7.22, 8.78, 16.65]
     resnet = observe(
         slo=SLO(latency_ms=20.0),
-        service_ms=lambda n: float(np.interp(n, sizes, times)),
+        service_median_ms=lambda n: float(np.interp(n, sizes, times)),
         arrival_rate_rps=2000.0,
     )
     decision = PID().decide(resnet)

@@ -12,7 +12,7 @@ import pytest
 from adaptive_batcher import SLO, AdaptiveBatcher
 from adaptive_batcher.policies import PID, Static
 from adaptive_batcher.profile.format import write_profile
-from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 from adaptive_batcher.telemetry.base import TelemetrySample
 from adaptive_batcher.testing import FakeTelemetry, run_in_virtual_time
 
@@ -190,8 +190,8 @@ def test_service_profile_seeds_the_controller(tmp_path: Path) -> None:
     from_file = AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=path)
     from_rows = AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=[(1, 2.0)])
     assert from_file._core.controller is not None
-    assert from_file._core.controller.service_estimator.predict_ms(64) == pytest.approx(6.0)
+    assert from_file._core.controller.service_estimator.median_ms(64) == pytest.approx(6.0)
     assert from_rows._core.controller is not None
-    assert from_rows._core.controller.service_estimator.predict_ms(1) == pytest.approx(2.0)
+    assert from_rows._core.controller.service_estimator.median_ms(1) == pytest.approx(2.0)
     with pytest.raises(ValueError, match=r"service_profile rows must be \(batch_size: int >= 1"):
         AdaptiveBatcher(lambda b: b, slo=SLO(latency_ms=50), service_profile=[(0, 2.0)])

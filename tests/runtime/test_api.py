@@ -343,7 +343,7 @@ class _ShiftedClockLoop(asyncio.SelectorEventLoop):
 def test_loop_shortcuts_only_replace_methods_that_do_nothing_more() -> None:
     import time
 
-    from adaptive_batcher.runtime.batcher import loop_shortcuts
+    from adaptive_batcher.runtime.loop import loop_shortcuts
 
     stock = asyncio.new_event_loop()
     shifted = _ShiftedClockLoop()
@@ -398,7 +398,7 @@ def test_on_uvloop_the_batcher_times_with_the_monotonic_clock() -> None:
 
     import uvloop
 
-    from adaptive_batcher.runtime.batcher import loop_shortcuts
+    from adaptive_batcher.runtime.loop import loop_shortcuts
 
     def model(batch: list[int]) -> list[int]:
         time.sleep(0.0003)

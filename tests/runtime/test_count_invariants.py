@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_batcher import SLO, AdaptiveBatcher, BatchFailedError
-from adaptive_batcher.core import BatcherCore
+from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.settings import BatcherSettings
 from adaptive_batcher.metrics.recorder import Counts
-from adaptive_batcher.settings import BatcherSettings
 from adaptive_batcher.testing import run_in_virtual_time
 
 OUTCOMES = ("completed", "failed", "rejected", "expired", "cancelled")

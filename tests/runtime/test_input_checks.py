@@ -144,7 +144,8 @@ async def test_numpy_scalars_are_ints_and_numbers_for_the_constructor_and_set_li
         batcher.set_limits(window_ms=np.float64(0.0), max_batch_size=np.int16(4))  # type: ignore[arg-type]
         assert (batcher.stats().max_batch_size, batcher.stats().window_ms) == (4, 0.0)
         assert await batcher.submit_many(range(3), deadline_ms=np.int64(1000)) == [0, 1, 2]
-    assert batcher._buckets == (2, 4, 8) and all(type(b) is int for b in batcher._buckets)
+    buckets = batcher._core.settings.buckets
+    assert buckets == (2, 4, 8) and all(type(b) is int for b in buckets)
 
 
 def test_numpy_bools_are_bools() -> None:

@@ -93,7 +93,7 @@ def test_one_stalled_warm_call_does_not_become_the_model() -> None:
             await b.warmup(lambda: 0)
             controller = b._core.controller
             assert controller is not None
-            return controller.service_estimator.predict_ms(64)
+            return controller.service_estimator.median_ms(64)
 
     assert run_in_virtual_time(seeded()) == pytest.approx(5.0 + 0.4 * 64)
 

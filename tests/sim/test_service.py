@@ -21,7 +21,7 @@ from adaptive_batcher.profile.format import (
     write_profile,
 )
 from adaptive_batcher.profile.knee import Knee
-from adaptive_batcher.profile.sweep import ProfileResult, ProfileRow
+from adaptive_batcher.profile.result import ProfileResult, ProfileRow
 from adaptive_batcher.sim.measured_tables import MIB, load_h200_table
 from adaptive_batcher.sim.service import (
     H200_MODELS,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adaptive_batcher._validate import check_int, check_number, check_str
-from adaptive_batcher.engine import SetTimer
+from adaptive_batcher.core.engine import SetTimer
 from adaptive_batcher.llm.controller import TokenController
 from adaptive_batcher.llm.core import GateCore
 from adaptive_batcher.llm.gate import Abort, Admit, Expire, GateAction, GateRequest, Reject

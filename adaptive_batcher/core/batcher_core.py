@@ -1,7 +1,7 @@
 """The sans-IO batcher: engine, recorder and controller joined by one set of rules.
 
 :class:`BatcherCore` plays the part of h11's connection object over its state machine: it owns a
-:class:`~adaptive_batcher.engine.BatchingEngine`, a :class:`~adaptive_batcher.metrics.Recorder`
+:class:`~adaptive_batcher.core.engine.BatchingEngine`, a :class:`~adaptive_batcher.metrics.Recorder`
 and (with an SLO or a policy) a :class:`~adaptive_batcher.control.Controller`, and it holds every
 rule that joins them: the hard cap and the controller's bounds, the default policy and guards,
 SLO-aware shedding (a deadline for each arrival), controller ticks on polls (forced after an
@@ -15,7 +15,7 @@ replay measures, glue included.
 
 A shell's part, per event:
 
-* a request arrives: make a :class:`~adaptive_batcher.engine.Request` (its ``deadline_s`` is
+* a request arrives: make a :class:`~adaptive_batcher.core.engine.Request` (its ``deadline_s`` is
   the caller's own, if any) and call :meth:`BatcherCore.arrive`; if it returns True, call
   :meth:`~BatcherCore.poll` before anything else happens (once for all arrivals at one instant);
 * the timer set by the last ``SetTimer`` fires: :meth:`~BatcherCore.poll`;
@@ -44,7 +44,7 @@ from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision
-from adaptive_batcher.engine import (
+from adaptive_batcher.core.engine import (
     Action,
     Batch,
     BatchingEngine,
@@ -52,20 +52,22 @@ from adaptive_batcher.engine import (
     Request,
     SetTimer,
 )
-from adaptive_batcher.errors import BatcherError, describe
-from adaptive_batcher.metrics.recorder import Recorder
-from adaptive_batcher.settings import (
+from adaptive_batcher.core.settings import (
     SHED_LATE_NEEDS_SLO,
     BatcherSettings,
     check_policy,
     default_window_range_ms,
 )
+from adaptive_batcher.errors import BatcherError, describe
+from adaptive_batcher.metrics.recorder import Recorder
+from adaptive_batcher.policies.pid import PID
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
 __all__ = ["LOOP_STALL_S", "BatcherCore", "DecisionHook", "TelemetryReader"]
 
 H = TypeVar("H")
+R = TypeVar("R")
 
 TelemetryReader = Callable[[float], TelemetrySample]
 """``read(now_s)``: the latest device reading, asked for only when the controller ticks."""
@@ -102,7 +104,8 @@ class BatcherCore(Generic[H]):
             which no exporter reads, turns it off; see :class:`Recorder`).
 
     Raises:
-        FileNotFoundError, ValueError: an unreadable ``settings.service_profile``.
+        TypeError: ``settings.service_profile`` is a file path: the core reads no file (the
+            shells read it first, see :meth:`BatcherSettings.service_seed`).
     """
 
     def __init__(
@@ -118,7 +121,7 @@ class BatcherCore(Generic[H]):
         self.settings = settings
         self.name = name
         cap = settings.max_batch_size
-        self.engine: BatchingEngine[H] = BatchingEngine(
+        self._engine: BatchingEngine[H] = BatchingEngine(
             EngineLimits(settings.window_ms / 1e3, cap, settings.max_concurrent_batches),
             hard_max_batch_size=cap,
             max_queue_size=settings.max_queue_size,
@@ -171,7 +174,7 @@ class BatcherCore(Generic[H]):
                 request.deadline_s = shed_at
         self.recorder.submitted += 1
         try:
-            return self.engine.arrive(request, now)
+            return self._engine.arrive(request, now)
         except BatcherError as exc:
             self._note_rejected(exc)
             raise
@@ -189,7 +192,7 @@ class BatcherCore(Generic[H]):
             "request.rejected",
             batcher=self.name,
             reason=type(error).__name__,
-            queue_depth=self.engine.queue_depth,
+            queue_depth=self._engine.queue_depth,
         )
 
     def arrive_many(
@@ -204,7 +207,7 @@ class BatcherCore(Generic[H]):
             ``poll``: call :meth:`poll` before anything else happens. Otherwise, if ``end`` <
             ``stop``, ``requests[end]`` would be refused: call :meth:`arrive` with it.
         """
-        engine = self.engine
+        engine = self._engine
         stop = len(requests) if stop is None else stop
         shed_after = self.shed_after_s
         if shed_after is None:
@@ -233,7 +236,7 @@ class BatcherCore(Generic[H]):
             self._tick_forced or controller.due(now, self.recorder.batch_count)
         ):
             self._tick(controller, now)
-        actions = self.engine.poll(now)
+        actions = self._engine.poll(now)
         timer = actions[-1]
         self._timer_due_s = timer.at_s if type(timer) is SetTimer else None
         return actions
@@ -245,7 +248,7 @@ class BatcherCore(Generic[H]):
             "batcher.loop_stalled",
             batcher=self.name,
             late_ms=round((now - due_s) * 1e3, 3),
-            queue_depth=self.engine.queue_depth,
+            queue_depth=self._engine.queue_depth,
         )
         if self.controller is not None:
             self.controller.note_loop_stall(due_s, now)
@@ -323,13 +326,70 @@ class BatcherCore(Generic[H]):
         self.recorder.oom_errors += 1
         self._tick_forced = True
 
+    def split_failed_call(
+        self, requests: Sequence[R], *, oom: bool, bisect: bool = False
+    ) -> tuple[Sequence[R], Sequence[R]] | None:
+        """A model call on ``requests`` failed: what to run next.
+
+        An out-of-memory call (``oom``) is counted (see :meth:`note_oom`) and re-run split in
+        halves; any other failure is split only with ``bisect`` (to isolate the failing item).
+        A single request is never split.
+
+        Returns:
+            The two halves to re-run, first half first (a ``range`` splits into ranges), or
+            None: fail the requests with the call's error.
+        """
+        if oom:
+            self.note_oom()
+        if len(requests) > 1 and (oom or bisect):
+            middle = len(requests) // 2
+            return requests[:middle], requests[middle:]
+        return None
+
+    def cancel(self, request: Request[H]) -> bool:
+        """Withdraw a queued request whose caller gave up; True if it was still queued (its
+        outcome is the shell's to count: :meth:`count_cancelled`)."""
+        return self._engine.cancel(request)
+
     def complete(self, batch: Batch[H], now: float) -> None:
         """``batch`` has ended at ``now`` (success or failure): its slot is free; poll next."""
-        self.engine.complete(batch, now)
+        self._engine.complete(batch, now)
 
     def close(self, *, drain: bool) -> list[Request[H]]:
         """Stop accepting requests; see :meth:`BatchingEngine.close`."""
-        return self.engine.close(drain=drain)
+        return self._engine.close(drain=drain)
+
+    # -- what the shells read (they never reach the engine) ------------------------------
+
+    @property
+    def limits(self) -> EngineLimits:
+        """Window, cap and slots in force."""
+        return self._engine.limits
+
+    @property
+    def hard_cap(self) -> int:
+        """The hard cap, units: the largest request accepted and the ceiling of the cap."""
+        return self._engine.hard_max_batch_size
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests queued, not yet dispatched."""
+        return self._engine.queue_depth
+
+    @property
+    def queued_units(self) -> int:
+        """Size units queued, not yet dispatched."""
+        return self._engine.queued_units
+
+    @property
+    def in_flight(self) -> int:
+        """Batches dispatched and not yet completed."""
+        return self._engine.in_flight
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued and no batch is in flight."""
+        return self._engine.idle
 
     # -- changes at run time ---------------------------------------------------------------
 
@@ -395,7 +455,7 @@ class BatcherCore(Generic[H]):
         Raises:
             ValueError: a cap above the hard cap (``max_batch_size``).
         """
-        self.engine.set_limits(limits)
+        self._engine.set_limits(limits)
         if self.controller is not None and self.controller.decision is not None:
             self.controller.adopt(self._decision_in_force())
 
@@ -411,7 +471,7 @@ class BatcherCore(Generic[H]):
             raise ValueError(
                 "max_batch_size: the hard cap of a batcher with batch_sizes is its largest bucket"
             )
-        engine = self.engine
+        engine = self._engine
         old = engine.hard_max_batch_size
         engine.hard_max_batch_size = cap
         if engine.limits.max_batch_size > cap:
@@ -467,18 +527,18 @@ class BatcherCore(Generic[H]):
     def _shed_after_now(self, shed_after: float) -> float:
         """The shedding deadline a request arriving now gets, s: ``shed_after`` (the one in
         force for a queue holding a full batch) or the short one for a shorter queue."""
-        engine = self.engine
+        engine = self._engine
         if engine.queued_units < engine.limits.max_batch_size:
             return self.shed_after_short_s or shed_after
         return shed_after
 
     def _decision_in_force(self) -> Decision:
-        limits = self.engine.limits
+        limits = self._engine.limits
         return Decision(limits.window_s * 1e3, limits.max_batch_size, "start")
 
     def _tick(self, controller: Controller, now: float) -> None:
         self._tick_forced = False
-        engine = self.engine
+        engine = self._engine
         try:
             telemetry = self._read_telemetry(now)
             limits = engine.limits
@@ -519,6 +579,4 @@ def _check_count(count: int) -> None:
 
 def _default_policy() -> Policy:
     """The control law a batcher with an SLO and no policy uses: a new ``PID``."""
-    from adaptive_batcher.policies.pid import PID  # the default law, chosen here
-
     return PID()

@@ -41,7 +41,7 @@ from adaptive_batcher._validate import (
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.types import Bounds
-from adaptive_batcher.runtime.buckets import check_buckets
+from adaptive_batcher.core.buckets import check_buckets
 from adaptive_batcher.slo import SLO, check_slo
 
 __all__ = [
@@ -49,12 +49,14 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MIN_WINDOW_RANGE_MS",
     "DEFAULT_WINDOW_MS",
+    "EXECUTOR_KINDS",
     "SHED_LATE_NEEDS_SLO",
     "WINDOW_ORIGINS",
     "BatcherSettings",
     "GuardFactory",
     "ServiceProfile",
     "check_policy",
+    "check_service_profile",
     "default_window_range_ms",
 ]
 
@@ -72,7 +74,11 @@ DEFAULT_MIN_WINDOW_RANGE_MS: Final = 100.0
 
 WINDOW_ORIGINS: Final = ("arrival", "slot_free")
 """Where a window counts from: the oldest request's arrival (ours), or a free slot (the
-TorchServe-like baseline; see :class:`~adaptive_batcher.engine.BatchingEngine`)."""
+TorchServe-like baseline; see :class:`~adaptive_batcher.core.engine.BatchingEngine`)."""
+
+EXECUTOR_KINDS: Final[tuple[str, ...]] = ("auto", "async", "inline", "thread", "cuda")
+"""Where a model call runs: the runtime's ``executor`` argument (see
+:func:`~adaptive_batcher.runtime.executors.make_executor`), which presets may name too."""
 
 SHED_LATE_NEEDS_SLO: Final = "shed_late=True needs an slo: shedding is relative to the SLO"
 """Why ``shed_late`` without an ``slo`` is refused: at construction and by ``set_slo(None)``."""
@@ -110,8 +116,9 @@ class BatcherSettings:
         control_interval_batches: also decide after this many finished batches (>= 1; None:
             time only).
         service_profile: where the controller's service-time model starts: a profile JSON path
-            or ``(batch_size, median_ms)`` rows (None: it learns from the first batches). A file
-            is read at construction and replaced by its rows.
+            or ``(batch_size, median_ms)`` rows (None: it learns from the first batches). Rows
+            are checked at construction; a file is read by the shell that takes the settings
+            (``AdaptiveBatcher``, ``SimConfig``: at their construction), never here.
         shed_late: fail at once the queued requests that can no longer meet the SLO.
         window_origin: ``"arrival"`` (default) or ``"slot_free"`` (a baseline only).
 
@@ -155,8 +162,8 @@ class BatcherSettings:
             raise ValueError(SHED_LATE_NEEDS_SLO)
         check_choice("window_origin", self.window_origin, WINDOW_ORIGINS)
         self._check_bounds(self.controller_bounds)
-        if self.service_profile is not None:  # read once: a file becomes its rows
-            self._set("service_profile", read_service_profile(self.service_profile))
+        if self.service_profile is not None:  # rows checked; a file is the shells' to read
+            self._set("service_profile", check_service_profile(self.service_profile))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a normalised value (e.g. a tuple for a list)
@@ -202,10 +209,19 @@ class BatcherSettings:
         """``(batch_size, median_ms)`` rows from ``service_profile`` (empty without one).
 
         Raises:
-            FileNotFoundError: a profile path that does not exist (the message names it).
-            ValueError: a profile file that does not follow the schema, or malformed rows.
+            TypeError: ``service_profile`` is a file path: the settings read no file, the
+                shells do (``AdaptiveBatcher``, ``SimConfig``), with
+                :func:`adaptive_batcher.profile.format.read_service_profile`.
         """
-        return read_service_profile(self.service_profile)
+        profile = self.service_profile
+        if profile is None:
+            return ()
+        if isinstance(profile, str | os.PathLike):
+            raise TypeError(
+                f"service_profile {os.fspath(profile)!r} is a file the settings do not read: "
+                "read it first (adaptive_batcher.profile.format.read_service_profile)"
+            )
+        return tuple(profile)
 
 
 def check_policy(policy: object) -> Policy:
@@ -224,25 +240,17 @@ def _check_guards(guards: object) -> tuple[GuardFactory, ...] | None:
     return tuple(check_callable("each guard", guard) for guard in factories)
 
 
-def read_service_profile(profile: ServiceProfile | None) -> tuple[tuple[int, float], ...]:
-    """``(batch_size, median_ms)`` rows from a profile JSON path or the rows themselves.
+def check_service_profile(profile: object) -> ServiceProfile:
+    """``profile`` as given if it is a file path (the shells read it), else its rows, checked,
+    as a tuple.
 
     Raises:
-        FileNotFoundError: a path that does not exist (the message names ``service_profile``).
-        ValueError: a file that does not follow the profile schema, or rows that are not
-            ``(int >= 1, number in (0, 1e8])`` pairs, median_ms at most ``MAX_SERVICE_S``
-            (the message names ``service_profile``).
+        ValueError: rows that are not ``(int >= 1, number in (0, 1e8])`` pairs, median_ms at
+            most ``MAX_SERVICE_S`` (the message names ``service_profile``), or no row.
         TypeError: neither a path nor a sequence of rows.
     """
-    if profile is None:
-        return ()
     if isinstance(profile, str | os.PathLike):
-        from adaptive_batcher.profile.format import load_profile
-
-        if not os.path.exists(profile):
-            raise FileNotFoundError(f"service_profile: no such file: {os.fspath(profile)!r}")
-        result, _ = load_profile(profile)
-        return tuple((row.batch_size, row.median_ms) for row in result.rows)
+        return profile
     if not isinstance(profile, Sequence):
         raise TypeError(
             "service_profile must be a profile JSON path or (batch_size, median_ms) rows, "

@@ -1,0 +1,143 @@
+"""Warm-up: run the model at every batch size (and on every execution slot) before serving,
+and seed the controller's service-time model from warm timings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from adaptive_batcher._log import get_logger
+from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.buckets import pad_target, warmup_sizes
+from adaptive_batcher.errors import BatcherClosedError
+from adaptive_batcher.runtime.batch_runner import BatchRunner
+from adaptive_batcher.runtime.collector import freeze_after_warmup
+from adaptive_batcher.runtime.driver import LoopDriver
+from adaptive_batcher.runtime.loop import cancelling
+from adaptive_batcher.runtime.requests import item_size
+
+__all__ = ["WarmUp"]
+
+_log = get_logger()
+_Batch = tuple[list[Any], int]  # items, and the units they fill
+
+
+class WarmUp:
+    """The warm-up of one batcher (see ``AdaptiveBatcher.warmup``).
+
+    Args:
+        driver: the batcher's loop driver (its clock, whether it is closed, its registry).
+        size_fn: ``size_fn(item)`` units, or None (1 per item).
+        name: the ``batcher`` field of log events.
+
+    Attributes:
+        warmed_sizes: the batch sizes, in units, warmed up so far.
+    """
+
+    def __init__(self, driver: LoopDriver, size_fn: Callable[[Any], int] | None, name: str) -> None:
+        self.driver = driver
+        self.core: BatcherCore[Any] = driver.core
+        self.runner: BatchRunner = driver.runner
+        self.buckets = driver.buckets
+        self.size_fn = size_fn
+        self.name = name
+        self.warmed_sizes: frozenset[int] = frozenset()
+
+    async def run(self, make_item: Callable[[], Any], freeze_gc: bool) -> dict[int, float]:
+        """Warm every size up, then the slots, then seed the service-time model; returns
+        ``{size: seconds}`` of the first, cold calls.
+
+        Raises:
+            BatcherClosedError, PaddingError, Exception: as ``AdaptiveBatcher.warmup``.
+        """
+        batches: dict[int, _Batch] = {}
+        timings: dict[int, float] = {}
+        for size in warmup_sizes(self.buckets, self.core.hard_cap):
+            items, units = self._batch_of(make_item, size)
+            if not items:  # an item is larger than this size: it cannot be warmed with them
+                continue
+            ran = pad_target(self.buckets, units) if self.buckets else units
+            batches[ran] = (items, units)
+            timings[ran] = await self._timed_call(items, units)
+        slots = await self._warm_slots(batches[min(batches)]) if batches else 0
+        self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
+        _log.info(
+            "batcher.warmed_up",
+            batcher=self.name,
+            sizes=sorted(timings),
+            total_ms=round(sum(timings.values()) * 1e3, 3),
+            slots=slots,
+        )
+        if self.core.wants_service_times:
+            await self._seed_service_times(batches)
+        if freeze_gc:
+            _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
+        return timings
+
+    async def _warm_slots(self, batch: _Batch) -> int:
+        """Run ``batch`` on every execution slot at once (not again with one slot: every
+        size's call ran on it); returns the number of slots warmed.
+
+        Raises:
+            BatcherClosedError, Exception: as :meth:`_timed_call`.
+        """
+        slots = self.core.limits.max_concurrent_batches
+        if slots > 1:
+            await asyncio.gather(*(self._timed_call(*batch) for _ in range(slots)))
+        return slots
+
+    async def _seed_service_times(self, batches: dict[int, _Batch]) -> None:
+        """Time two warm calls per size and start the controller's model from the faster (a
+        stall only adds time; see the tuning guide, "Profile the model")."""
+        rows = []
+        for size, batch in batches.items():
+            first = await self._timed_call(*batch)
+            rows.append((size, min(first, await self._timed_call(*batch)) * 1e3))
+        if self.core.seed_service_times(rows):
+            _log.info(
+                "batcher.service_times_seeded",
+                batcher=self.name,
+                sizes=[n for n, _ in rows],
+                ms=[round(ms, 3) for _, ms in rows],
+            )
+
+    async def _timed_call(self, items: list[Any], units: int) -> float:
+        """Seconds one model call on ``items`` takes.
+
+        Raises:
+            BatcherClosedError: the batcher was closed (warm-up stops calling the model), or a
+                close that timed out cancelled this call.
+            asyncio.CancelledError: the task awaiting the warm-up was cancelled.
+        """
+        driver = self.driver
+        if self._closed():
+            raise BatcherClosedError("batcher closed during warm-up")
+        started = driver.now()
+        call = asyncio.ensure_future(self.runner.call_model(items, units))
+        driver.in_flight.track_warmup(call)  # a close waits for it, as for a running batch
+        try:
+            await call
+        except asyncio.CancelledError:
+            if self._closed() and call.cancelled() and not cancelling():  # the close's abort
+                raise BatcherClosedError(
+                    "batcher closed during warm-up (its timeout cancelled the model call)"
+                ) from None
+            raise
+        return driver.now() - started
+
+    def _closed(self) -> bool:
+        return self.driver.closed
+
+    def _batch_of(self, make_item: Callable[[], Any], size: int) -> _Batch:
+        """Items from ``make_item`` filling ``size`` units without going over it."""
+        items: list[Any] = []
+        units = 0
+        while units < size:
+            item = make_item()
+            item_units = 1 if self.size_fn is None else item_size(self.size_fn, item, self.core)
+            if units + item_units > size:
+                break
+            items.append(item)
+            units += item_units
+        return items, units
