@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Chunk", "Engine", "LLMRequest", "Usage"]
+from adaptive_batcher.llm.signals import EngineMetrics
+
+__all__ = ["Chunk", "Engine", "EngineTelemetry", "LLMRequest", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,4 +83,25 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Release the adapter's resources; streams still open fail."""
+        ...
+
+
+@runtime_checkable
+class EngineTelemetry(Protocol):
+    """A source of the engine's own metrics (a scrape of its Prometheus ``/metrics``), read by
+    the shell in a background task every ``interval_s``, never on a request's path.
+
+    Attributes:
+        interval_s: seconds between reads (> 0).
+    """
+
+    interval_s: float
+
+    async def read(self) -> EngineMetrics | None:
+        """One reading, or None when the engine exposes none of the metrics (or did not answer:
+        a failed read is logged by the source and returns None; it never raises)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the source's resources."""
         ...
