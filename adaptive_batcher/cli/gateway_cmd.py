@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adaptive_batcher._validate import argument_type, int_argument, number_argument
+from adaptive_batcher.gateway._extra import missing_extra
 
 __all__ = ["register"]
 
@@ -152,11 +153,11 @@ def run_command(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        import uvicorn  # noqa: F401 - only to fail early with the extra's name
+        import uvicorn  # noqa: F401 - only to fail early, naming the extra
 
-        from adaptive_batcher.gateway import app as _app  # noqa: F401
+        from adaptive_batcher.gateway import app  # noqa: F401
     except ImportError as exc:
-        print(f"adaptive-batcher gateway: {exc}", file=sys.stderr)
+        print(missing_extra("adaptive-batcher gateway", exc), file=sys.stderr)
         return 2
     try:
         listener = _listen(args.host, args.port)

@@ -11,8 +11,8 @@ vLLM does, told what to do by fields of each request's JSON body (the gateway fo
 * ``fake_hold``: wait for :attr:`FakeOpenAI.release` (an event, in process) before the first
   token.
 
-It records every body received (:attr:`FakeOpenAI.bodies`), counts streams active and the
-clients that disconnected mid-stream (:attr:`disconnects`, with an event per count reached:
+It records every body received (:attr:`FakeOpenAI.bodies`) and its ``authorization``, counts
+the streams active and the clients that disconnected mid-stream (:attr:`disconnects`, with an event per count reached:
 :meth:`wait_disconnects`), and serves ``/metrics`` (vLLM names) and ``/v1/models``. Out of
 process, ``GET /fake/wait?disconnects=N&active=N`` waits (at most 10 s) until at least that
 many disconnects happened and exactly that many streams are active, then returns the counts.
@@ -43,6 +43,7 @@ class FakeOpenAI:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
         self.active = 0
         self.disconnects = 0
         self.completed = 0
@@ -89,7 +90,7 @@ class FakeOpenAI:
         elif path == "/fake/wait":
             await self._wait(scope, send)
         elif path in ("/v1/completions", "/v1/chat/completions"):
-            await self._complete(path, receive, send)
+            await self._complete(path, scope, receive, send)
         else:
             await _answer(send, 404, b'{"error": "no such route"}', b"application/json")
 
@@ -104,7 +105,10 @@ class FakeOpenAI:
         counts = {"disconnects": self.disconnects, "active": self.active}
         await _answer(send, 200, json.dumps(counts).encode(), b"application/json")
 
-    async def _complete(self, path: str, receive: Receive, send: Send) -> None:
+    async def _complete(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"])
+        authorization = headers.get(b"authorization")
+        self.authorizations.append(None if authorization is None else authorization.decode())
         raw = b""
         while True:
             message = await receive()
