@@ -332,7 +332,8 @@ class _Exchange:
         _log.info("gateway.request_failed", status=status, error=f"{type(exc).__name__}: {exc}")
         if self.started:
             event = b"data: " + json.dumps(body).encode() + b"\n\n"
-            await self.send({"type": "http.response.body", "body": event, "more_body": False})
+            with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+                await self.send({"type": "http.response.body", "body": event, "more_body": False})
         elif (
             isinstance(exc, RequestFailedError)
             and isinstance(exc.cause, UpstreamHTTPError)
@@ -358,8 +359,9 @@ async def _until_disconnect(work: Awaitable[None], receive: Receive) -> None:
         for pending in (task, watcher):
             with contextlib.suppress(asyncio.CancelledError):
                 await pending
-    if not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        raise error
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -19,6 +19,7 @@ disconnected).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Mapping
@@ -170,8 +171,19 @@ class OpenAIEngine:
         try:
             if response.status_code >= 400:
                 raise UpstreamHTTPError(response.status_code, await _error_body(response, deadline))
-            async for chunk in self._read(response, deadline):
-                yield chunk
+            splitter = SSESplitter()
+            first = True
+            async with contextlib.aclosing(response.aiter_raw()) as raw:
+                while True:
+                    data = await self._next_read(raw, deadline, first, splitter)
+                    for event in splitter.feed(data):
+                        first = False
+                        chunk, done = _chunk(event)
+                        yield chunk
+                        if done:
+                            return
+                    if not first:
+                        deadline = loop.time() + self.chunk_timeout_s
         finally:
             await response.aclose()
 
@@ -186,38 +198,25 @@ class OpenAIEngine:
         except httpx.HTTPError as exc:
             raise _mapped(exc, answered=False) from exc
 
-    async def _read(self, response: httpx.Response, deadline: float) -> AsyncIterator[Chunk]:
-        splitter = SSESplitter()
-        raw = response.aiter_raw()
-        loop = asyncio.get_running_loop()
-        first = True
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    data = await anext(raw)
-            except StopAsyncIteration:
-                raise UpstreamProtocolError(
-                    "the engine's stream ended before data: [DONE]"
-                    + (
-                        f" ({len(splitter.pending)} bytes of an unfinished event)"
-                        if splitter.pending
-                        else ""
-                    )
-                ) from None
-            except TimeoutError as exc:
-                wait = self.first_chunk_timeout_s if first else self.chunk_timeout_s
-                what = "first event" if first else "next event"
-                raise UpstreamTimeoutError(f"no {what} from the engine within {wait} s") from exc
-            except httpx.HTTPError as exc:
-                raise _mapped(exc, answered=True) from exc
-            for event in splitter.feed(data):
-                first = False
-                chunk, done = _chunk(event)
-                yield chunk
-                if done:
-                    return
-            if not first:
-                deadline = loop.time() + self.chunk_timeout_s
+    async def _next_read(
+        self, raw: AsyncIterator[bytes], deadline: float, first: bool, splitter: SSESplitter
+    ) -> bytes:
+        """The next bytes of the body, by ``deadline`` (on the loop's clock)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await anext(raw)
+        except StopAsyncIteration:
+            unfinished = len(splitter.pending)
+            detail = f" ({unfinished} bytes of an unfinished event)" if unfinished else ""
+            raise UpstreamProtocolError(
+                f"the engine's stream ended before data: [DONE]{detail}"
+            ) from None
+        except TimeoutError as exc:
+            wait = self.first_chunk_timeout_s if first else self.chunk_timeout_s
+            what = "first event" if first else "next event"
+            raise UpstreamTimeoutError(f"no {what} from the engine within {wait} s") from exc
+        except httpx.HTTPError as exc:
+            raise _mapped(exc, answered=True) from exc
 
 
 def _default_client() -> httpx.AsyncClient:
@@ -265,8 +264,8 @@ async def _error_body(response: httpx.Response, deadline: float) -> str:
     """The start of an error answer's body (what arrives before the deadline)."""
     received = b""
     try:
-        async with asyncio.timeout_at(deadline):
-            async for data in response.aiter_raw():
+        async with asyncio.timeout_at(deadline), contextlib.aclosing(response.aiter_raw()) as raw:
+            async for data in raw:
                 received += data
                 if len(received) >= MAX_ERROR_BODY:
                     break
