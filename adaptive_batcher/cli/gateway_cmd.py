@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import socket
 import sys
@@ -227,7 +228,13 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         name="gateway",
     )
     app = gateway_app(gate, max_body_bytes=args.max_body_bytes, engine=engine, process_metrics=True)
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(args.drain_timeout_s),
+    )
     server = uvicorn.Server(config)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
