@@ -25,7 +25,13 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from adaptive_batcher._validate import argument_type, int_argument, number_argument
+from adaptive_batcher._validate import (
+    argument_type,
+    check_int,
+    int_argument,
+    number_argument,
+    parse_int,
+)
 from adaptive_batcher.gateway._extra import missing_extra
 
 __all__ = ["register"]
@@ -43,7 +49,7 @@ def _url(name: str, text: str) -> str:
 
 
 def _port(name: str, text: str) -> int:
-    port = int_argument(name, 0)(text)
+    port = check_int(name, parse_int(name, text), 0)
     if port > 65535:
         raise ValueError(f"{name} must be a port in [0, 65535], got {port}")
     return port
@@ -174,7 +180,7 @@ def run_command(args: argparse.Namespace) -> int:
     except _TerminatedError:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return 0
 
 

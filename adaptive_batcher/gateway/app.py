@@ -406,7 +406,7 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]]:
         if isinstance(cause, UpstreamError):
             return cause.http_status, _upstream_error(cause)
         if isinstance(cause, DeadlineExceededError):
-            exc = cause  # type: ignore[assignment]
+            exc = cause
         else:
             return 502, _error(str(exc), "upstream_error", "engine_failed")
     if isinstance(exc, DeadlineExceededError):

@@ -401,5 +401,5 @@ def requested_max_tokens(payload: object) -> int | None:
     for key in ("max_tokens", "max_completion_tokens"):
         value = payload.get(key)
         if _count(value):
-            return int(value)  # type: ignore[arg-type]
+            return int(value)
     return None
