@@ -212,7 +212,7 @@ async def test_the_api_key_replaces_the_clients_authorization() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request.headers)
-        return httpx.Response(200, content=b"data: [DONE]\n\n")
+        return httpx.Response(200, stream=httpx.ByteStream(b"data: [DONE]\n\n"))
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     headers = {"authorization": "Bearer client"}
