@@ -22,8 +22,8 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, TypeGuard, cast
 
 from adaptive_batcher._validate import check_number, check_str
 from adaptive_batcher.gateway._extra import missing_extra
@@ -173,7 +173,7 @@ class OpenAIEngine:
                 raise UpstreamHTTPError(response.status_code, await _error_body(response, deadline))
             splitter = SSESplitter()
             first = True
-            async with contextlib.aclosing(response.aiter_raw()) as raw:
+            async with contextlib.aclosing(_raw(response)) as raw:
                 while True:
                     data = await self._next_read(raw, deadline, first, splitter)
                     for event in splitter.feed(data):
@@ -217,6 +217,11 @@ class OpenAIEngine:
             raise UpstreamTimeoutError(f"no {what} from the engine within {wait} s") from exc
         except httpx.HTTPError as exc:
             raise _mapped(exc, answered=True) from exc
+
+
+def _raw(response: httpx.Response) -> AsyncGenerator[bytes, None]:
+    """The response's raw body iterator (an async generator, so it can be closed)."""
+    return cast("AsyncGenerator[bytes, None]", response.aiter_raw())
 
 
 def _default_client() -> httpx.AsyncClient:
@@ -264,7 +269,7 @@ async def _error_body(response: httpx.Response, deadline: float) -> str:
     """The start of an error answer's body (what arrives before the deadline)."""
     received = b""
     try:
-        async with asyncio.timeout_at(deadline), contextlib.aclosing(response.aiter_raw()) as raw:
+        async with asyncio.timeout_at(deadline), contextlib.aclosing(_raw(response)) as raw:
             async for data in raw:
                 received += data
                 if len(received) >= MAX_ERROR_BODY:
@@ -346,7 +351,7 @@ def event_usage(event: Mapping[str, Any]) -> Usage | None:
     return Usage(prompt_tokens=prompt, completion_tokens=completion)
 
 
-def _count(value: object) -> bool:
+def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
