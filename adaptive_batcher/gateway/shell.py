@@ -531,8 +531,8 @@ class LLMGate:
             return
         now = self._clock()
         self._running.pop(stream, None)
-        cause = error.cause if isinstance(error, RequestFailedError) else error
-        _log.warning("llm_gate.request_failed", gate=self._name, error=describe(cause))
+        if isinstance(error, RequestFailedError):  # a close's cut-off is logged once, as such
+            _log.warning("llm_gate.request_failed", gate=self._name, error=describe(error.cause))
         actions = self._core.fail(handle, now)
         self._settle(stream, "failed", error)
         self._carry_out(actions, now)

@@ -139,6 +139,8 @@ class GateStream:
             ConcurrentReadError: another task is reading the stream.
         """
         while True:
+            if self._closed:
+                raise StopAsyncIteration
             chunks = self._chunks
             if chunks:
                 return chunks.popleft()
@@ -148,7 +150,7 @@ class GateStream:
                     raise StopAsyncIteration
                 self._raised = True
                 raise error
-            if self._finished or self._closed:
+            if self._finished:
                 raise StopAsyncIteration
             await self._wait()
 
