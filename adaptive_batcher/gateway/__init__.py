@@ -37,10 +37,10 @@ __all__ = [
     "LLMGateStats",
     "LLMRequest",
     "TimeQuantiles",
-    "Usage",
     "UpstreamError",
     "UpstreamHTTPError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
     "UpstreamUnavailableError",
+    "Usage",
 ]

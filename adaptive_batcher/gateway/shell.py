@@ -91,6 +91,17 @@ def _reason(error: BatcherError) -> str:
     return "closed"
 
 
+def _check_request(request: object) -> None:
+    if not isinstance(request, LLMRequest):
+        raise TypeError(f"request must be an LLMRequest, got {type(request).__name__}")
+    if type(request.prompt_tokens) is not int or request.prompt_tokens < 0:
+        check_int("request.prompt_tokens", request.prompt_tokens, 0)
+    if request.max_tokens is not None:
+        check_int("request.max_tokens", request.max_tokens, 1)
+    if request.timeout_s is not None:
+        check_number("request.timeout_s", request.timeout_s, 0.0, strict=True)
+
+
 class LLMGate:
     """Admission control in front of a continuous-batching engine, on the running event loop.
 
@@ -277,11 +288,13 @@ class LLMGate:
         the gate runs on (the first call binds it).
 
         Raises:
-            TypeError: ``request`` is not an :class:`~adaptive_batcher.gateway.types.LLMRequest`.
+            TypeError, ValueError: ``request`` is not an
+                :class:`~adaptive_batcher.gateway.types.LLMRequest`, or a field of it is out of
+                range (named: ``request.prompt_tokens`` >= 0, ``request.max_tokens`` >= 1 or
+                None, ``request.timeout_s`` > 0 or None).
             RuntimeError: no running event loop, or another loop than the gate's.
         """
-        if not isinstance(request, LLMRequest):
-            raise TypeError(f"request must be an LLMRequest, got {type(request).__name__}")
+        _check_request(request)
         if not self._closed:
             self._bind()
         stream = GateStream(self, request)

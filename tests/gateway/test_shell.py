@@ -408,3 +408,22 @@ async def test_bad_aclose_arguments_are_named() -> None:
         await gate.aclose(timeout_s=-1.0)
     assert not gate.closed
     await gate.aclose()
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "match"),
+    [
+        ({"prompt_tokens": -1}, ValueError, r"request\.prompt_tokens must be >= 0"),
+        ({"prompt_tokens": 1.5}, TypeError, r"request\.prompt_tokens must be an int"),
+        ({"max_tokens": 0}, ValueError, r"request\.max_tokens must be >= 1"),
+        ({"timeout_s": 0.0}, ValueError, r"request\.timeout_s must be a finite number > 0"),
+        ({"timeout_s": "1"}, TypeError, r"request\.timeout_s must be a number"),
+    ],
+)
+async def test_a_malformed_request_is_refused_with_its_field_named(
+    fields: dict[str, Any], error: type, match: str
+) -> None:
+    async with make_gate(FakeEngine()) as gate:
+        with pytest.raises(error, match=match):
+            gate.submit(LLMRequest("x", **fields))
+        assert gate.stats().counts.submitted == 0
