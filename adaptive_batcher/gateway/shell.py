@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from adaptive_batcher._log import get_logger
@@ -456,7 +456,7 @@ class LLMGate:
 
     async def _run(self, stream: GateStream) -> None:
         """Iterate the engine's stream for ``stream``; cancelled to abort it."""
-        iterator = None
+        iterator: AsyncIterator[Chunk] | None = None
         try:
             iterator = self._engine.stream(stream.request)
             async for chunk in iterator:
@@ -670,6 +670,8 @@ class LLMGate:
         if not done:
             task.cancel()
             _log.warning("llm_gate.close_stuck", gate=self._name, part=what)
-        elif not task.cancelled() and task.exception() is not None:
-            error = describe(task.exception())  # type: ignore[arg-type]
+            return
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            error = describe(failure)
             _log.warning("llm_gate.close_failed", gate=self._name, part=what, error=error)
