@@ -2,7 +2,7 @@
 Prometheus (:mod:`adaptive_batcher.gateway.prometheus`) and OpenTelemetry
 (:mod:`adaptive_batcher.gateway.otel`). Nothing here imports a metrics library.
 
-Everything is read from :meth:`LLMGate.stats() <adaptive_batcher.gateway.shell.LLMGate.stats>`
+Everything is read from :meth:`~adaptive_batcher.gateway.shell.LLMGate.stats`
 when a scrape (or a collection) asks: the serving path does no work for an exporter. Reading
 is safe from another thread than the gate's event loop.
 

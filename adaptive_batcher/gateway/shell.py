@@ -26,7 +26,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import (
@@ -380,7 +380,7 @@ class LLMGate:
                 if kind is Admit:
                     self._admit(stream, now)
                 elif kind is Reject:
-                    error: BatcherError = action.error  # type: ignore[union-attr]
+                    error = cast(Reject[GateStream], action).error
                     reason = _reason(error)
                     self._timings.record_reject(reason)
                     _log.debug("llm_gate.rejected", gate=self._name, reason=reason)
@@ -392,7 +392,7 @@ class LLMGate:
                     )
                     self._settle(stream, "expired", expired)
                 elif kind is Abort:
-                    aborted: BatcherError | None = action.error  # type: ignore[union-attr]
+                    aborted = cast(Abort[GateStream], action).error
                     self._running.pop(stream, None)
                     self._settle(stream, "cancelled" if aborted is None else "expired", aborted)
                     self._stop_engine_stream(stream)

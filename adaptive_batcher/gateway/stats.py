@@ -1,5 +1,5 @@
-"""What :meth:`LLMGate.stats() <adaptive_batcher.gateway.shell.LLMGate.stats>` returns, and the
-timings the gate records for it.
+"""What :meth:`~adaptive_batcher.gateway.shell.LLMGate.stats` returns, and the timings the gate
+records for it.
 
 The gate records three times per request, each in seconds: the **TTFT** (arrival at the gate to
 the first chunk carrying tokens, the queue included), the **TPOT** (``(last token - first

@@ -1,5 +1,5 @@
-"""One request's stream through the gate: what :meth:`LLMGate.submit()
-<adaptive_batcher.gateway.shell.LLMGate.submit>` returns.
+"""One request's stream through the gate: what
+:meth:`~adaptive_batcher.gateway.shell.LLMGate.submit` returns.
 
 The stream is the caller's side only: the gate (:mod:`adaptive_batcher.gateway.shell`) admits
 it, fills it with the engine's chunks and ends it; the stream waits, hands out chunks and the
@@ -40,8 +40,8 @@ class GateStream:
     :class:`~adaptive_batcher.gateway.types.Chunk` objects, and an async context manager that
     closes it on exit.
 
-    Made by :meth:`LLMGate.submit() <adaptive_batcher.gateway.shell.LLMGate.submit>`. One
-    task reads it at a time (a second concurrent reader gets
+    Made by :meth:`~adaptive_batcher.gateway.shell.LLMGate.submit`. One task reads it at a
+    time (a second concurrent reader gets
     :class:`~adaptive_batcher.errors.ConcurrentReadError`). Cancelling the task that waits in
     :meth:`admitted` or :meth:`__anext__` counts as the caller going away: the request is
     cancelled as by :meth:`aclose` (without waiting for the upstream abort).
