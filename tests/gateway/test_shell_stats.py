@@ -170,3 +170,32 @@ def test_tpot_follows_the_slo_definition(
 ) -> None:
     value = tpot_s(first, last, tokens)
     assert value == pytest.approx(expected, nan_ok=True)
+
+
+async def test_the_default_controller_ticks_on_what_the_shell_feeds_it() -> None:
+    clock = Clock()
+    fake = FakeEngine()
+    reading = EngineMetrics(running=4, waiting=0, kv_usage=0.3, preemptions=0)
+    async with LLMGate(fake.engine, SLO, max_in_flight=4, clock=clock) as gate:
+        for wave in range(30):
+            streams = [gate.submit(request((wave, i), prompt_tokens=50)) for i in range(4)]
+            for i in range(4):
+                await fake.started((wave, i))
+            for _ in range(6):
+                clock.advance(0.02)
+                for i in range(4):
+                    fake.feed((wave, i), "t")
+                for stream in streams:
+                    await stream.__anext__()
+            for i in range(4):
+                fake.feed((wave, i), END)
+            for stream in streams:
+                assert await read_all(stream) == []
+            gate.record_engine_metrics(reading)
+            clock.advance(0.2)
+            gate.poll()  # ticks when an interval passed
+        stats = gate.stats()
+    assert stats.counts.completed == 120 and stats.counts.ended == stats.counts.submitted
+    assert len(gate.controller.history) > 3 * 10  # it ticked (three values a tick)
+    assert 1 <= stats.limit <= 4
+    assert stats.tpot.p50_s == pytest.approx(0.02, rel=REL)
