@@ -8,6 +8,7 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StallGuard,
     StepGuard,
     UnusedWindowGuard,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "PowerGuard",
     "ServiceTimeEstimator",
     "ShedGuard",
+    "StallGuard",
     "StepGuard",
     "UnusedWindowGuard",
     "default_guards",

@@ -23,6 +23,7 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StallGuard,
     StepGuard,
     UnusedWindowGuard,
 )
@@ -36,6 +37,9 @@ from adaptive_batcher.telemetry.base import TelemetrySample
 __all__ = ["Controller", "GuardFactory", "default_guards"]
 
 _log = get_logger()
+STALL_MEMORY_S = 30.0
+"""How long a loop stall counts towards the recent stall rate, s."""
+
 _LISTED_QUANTILES = (0.5, 0.9, 0.95, 0.99)  # those a Quantiles reading holds
 
 
@@ -43,13 +47,14 @@ def default_guards(
     warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
 ) -> list[GuardFactory]:
     """The standard guard chain, innermost first: unused window, budget, power back-off, step
-    limit, memory, SLO-aware shedding when ``shed_late`` is True, and buckets when ``warmed`` is
-    given."""
+    limit, recurring stalls, memory, SLO-aware shedding when ``shed_late`` is True, and buckets
+    when ``warmed`` is given."""
     guards: list[GuardFactory] = [
         UnusedWindowGuard,
         BudgetGuard,
         PowerGuard,
         StepGuard,
+        StallGuard,
         MemoryGuard,
     ]
     if shed_late:
@@ -121,6 +126,7 @@ class Controller:
         self._rates: deque[tuple[float, float]] = deque()  # (time, per-tick arrival rate)
         self.loop_stall: tuple[float, float] = (-math.inf, -math.inf)  # the latest, (start, end)
         self.loop_stalls = 0
+        self._stall_starts: deque[float] = deque()  # starts within STALL_MEMORY_S
 
     @property
     def slo_unreachable(self) -> bool:
@@ -156,6 +162,17 @@ class Controller:
         measured the stall), and the next observations say so (``loop_stall_s``)."""
         self.loop_stall = (start_s, end_s)
         self.loop_stalls += 1
+        self._stall_starts.append(start_s)
+
+    def loop_stall_rate_hz(self, now: float) -> float:
+        """Recent stalls per second: ``(n - 1) / (now - first)`` over the ``n >= 2`` stalls
+        that began within ``STALL_MEMORY_S`` of ``now``, else 0."""
+        starts = self._stall_starts
+        while starts and now - starts[0] > STALL_MEMORY_S:
+            starts.popleft()
+        if len(starts) < 2 or now <= starts[0]:
+            return 0.0
+        return (len(starts) - 1) / (now - starts[0])
 
     def due(self, now: float, batches: int | None = None) -> bool:
         """True when a tick is due at ``now`` (``batches``: batches finished so far, for
@@ -290,6 +307,7 @@ class Controller:
             contention=model.contention,
             last_stall_s=model.last_stall_s,
             loop_stall_s=self.loop_stall[1],
+            loop_stall_rate_hz=self.loop_stall_rate_hz(now),
             outlier_elasticity=model.outlier_elasticity,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,

@@ -26,6 +26,7 @@ __all__ = [
     "MemoryGuard",
     "PowerGuard",
     "ShedGuard",
+    "StallGuard",
     "StepGuard",
     "UnusedWindowGuard",
 ]
@@ -429,6 +430,37 @@ class StepGuard(Guard):
             return decision
         cap = observation.bounds.clamp(decision.with_(max_batch_size=floor)).max_batch_size
         return decision.with_(max_batch_size=max(cap, decision.max_batch_size), reason="step")
+
+
+class StallGuard(Guard):
+    """Narrow the window while the event loop stalls again and again.
+
+    A lone stall is an outlier (the PID and the estimator leave it alone); stalls that recur
+    are part of the load. Every request waiting in a window when the loop stalls misses with
+    it, so each ms of window costs ``stall rate x arrival rate`` answers per second. While the
+    loop stalls at ``loop_stall_rate_hz`` (0 unless two or more stalls began in the last 30 s),
+    the window is at most ``tail_share * (1 - percentile / 100) / loop_stall_rate_hz``: the
+    requests it exposes to stalls spend at most ``tail_share`` of the SLO's tail. The ceiling
+    lifts as the rate decays. Source: docs/policies.md, "StallGuard".
+
+    Args:
+        tail_share: the share of the SLO's tail (``1 - percentile / 100``) the window may spend
+            on stalls, in (0, 1].
+    """
+
+    def __init__(self, inner: Policy, tail_share: float = 0.5) -> None:
+        super().__init__(inner)
+        self.tail_share = tail_share
+
+    def correct(self, observation: Observation, decision: Decision) -> Decision:
+        rate = observation.loop_stall_rate_hz
+        slo = observation.slo
+        if rate <= 0.0 or slo is None:
+            return decision
+        ceiling_ms = 1e3 * self.tail_share * (1.0 - slo.percentile / 100.0) / rate
+        if decision.window_ms <= ceiling_ms:
+            return decision
+        return decision.with_(window_ms=ceiling_ms, reason="stall.recurring")
 
 
 class ShedGuard(Guard):

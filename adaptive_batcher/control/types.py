@@ -200,6 +200,10 @@ class Observation:
             :meth:`~adaptive_batcher.core.batcher_core.BatcherCore.poll`). The batches that ran
             across it measured the stall, not the model, and are kept out of the service-time
             fit.
+        loop_stall_rate_hz: how often the loop has stalled lately, stalls/s: ``(n - 1) /
+            (now - first)`` over the ``n >= 2`` stalls that began in the last
+            ``STALL_MEMORY_S`` (30 s, in the controller; 0 with fewer: a lone stall is an
+            outlier, not a rate).
         outlier_elasticity: how the excess time of outlier batches grows with the batch's
             predicted time (about 1: outliers scale with the batch, and a narrower window
             shortens them; about 0: pauses added whatever the batch; NaN: not known); see
@@ -249,6 +253,7 @@ class Observation:
     contention: float = 1.0
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
+    loop_stall_rate_hz: float = 0.0
     outlier_elasticity: float = math.nan
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1

@@ -75,7 +75,7 @@ TelemetryReader = Callable[[float], TelemetrySample]
 DecisionHook = Callable[[float, Decision], None]
 """``hook(now_s, decision)``: called after every controller tick with the decision in force."""
 
-LOOP_STALL_S = 0.1
+LOOP_STALL_S = 0.05
 """A timer that fires this many seconds late, or more, tells of a stall of the shell's event
 loop (a blocking call in a handler, a large request body parsed on the loop, a long
 garbage-collector pause): the core logs ``batcher.loop_stalled`` and tells the controller

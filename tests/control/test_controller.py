@@ -143,7 +143,7 @@ def test_tick_before_start_is_an_error() -> None:
 def test_default_guard_chain_wraps_the_policy() -> None:
     controller = Controller(PID(), Bounds(), slo=SLO(latency_ms=50))
     assert controller.chain.name == (
-        "MemoryGuard(StepGuard(PowerGuard(BudgetGuard(UnusedWindowGuard(pid)))))"
+        "MemoryGuard(StallGuard(StepGuard(PowerGuard(BudgetGuard(UnusedWindowGuard(pid))))))"
     )
     assert controller.slo_unreachable is False
 
@@ -178,3 +178,14 @@ def test_co_tenants_are_what_the_gpu_did_beyond_the_batcher() -> None:
     assert seen(90.0, 0.3).co_tenant_fraction == pytest.approx(0.6)
     assert seen(20.0, 0.3).co_tenant_fraction == 0.0  # NVML samples lag: never below 0
     assert seen(None, 0.3).co_tenant_fraction is None
+
+
+def test_the_stall_rate_needs_stalls_that_recur_and_fades() -> None:
+    controller, _ = started(Spy())
+    controller.note_loop_stall(1.0, 1.1)
+    assert controller.loop_stall_rate_hz(2.0) == 0.0  # one stall is an outlier, not a rate
+    controller.note_loop_stall(2.0, 2.1)
+    controller.note_loop_stall(3.0, 3.1)
+    assert controller.loop_stall_rate_hz(3.0) == pytest.approx(1.0)  # 2 gaps in 2 s
+    assert controller.loop_stall_rate_hz(11.0) == pytest.approx(0.2)  # quiet since: it fades
+    assert controller.loop_stall_rate_hz(32.5) == 0.0  # the first two left the memory

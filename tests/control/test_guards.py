@@ -14,6 +14,7 @@ from adaptive_batcher.control.guards import (
     MemoryGuard,
     PowerGuard,
     ShedGuard,
+    StallGuard,
     StepGuard,
     UnusedWindowGuard,
 )
@@ -374,6 +375,36 @@ def test_step_guard_stays_on_buckets() -> None:
     bounds = Bounds(0.0, 50.0, 1, 64, (8, 16, 64))
     decision = guard.decide(observe(current=Decision(0.0, 64), bounds=bounds))
     assert decision.max_batch_size == 16  # half of 64 is not a bucket: the bucket below it
+
+
+# -- recurring stalls --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rate_hz", "window_ms", "reason"),
+    [
+        (0.0, 40.0, "p"),
+        (1.0, 5.0, "stall.recurring"),
+        (0.1, 40.0, "p"),
+        (0.2, 25.0, "stall.recurring"),
+    ],
+)
+def test_stall_guard_narrows_the_window_while_stalls_recur(
+    rate_hz: float, window_ms: float, reason: str
+) -> None:
+    guard = guarded(StallGuard, Decision(40.0, 64, "p"))
+    slo = SLO(latency_ms=60.0)  # p99: a tail of 1 %, half of it spent on stalls at most
+    decision = guard.decide(
+        observe(current=Decision(40.0, 64), slo=slo, loop_stall_rate_hz=rate_hz)
+    )
+    assert decision.window_ms == pytest.approx(window_ms)
+    assert (decision.max_batch_size, decision.reason) == (64, reason)
+
+
+def test_stall_guard_needs_an_slo() -> None:
+    guard = guarded(StallGuard, Decision(40.0, 64, "p"))
+    decision = guard.decide(observe(current=Decision(40.0, 64), slo=None, loop_stall_rate_hz=5.0))
+    assert decision == Decision(40.0, 64, "p")
 
 
 # -- memory ------------------------------------------------------------------------------
