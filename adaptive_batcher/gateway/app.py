@@ -17,7 +17,8 @@ Routes:
   (:class:`~adaptive_batcher.gateway.assemble.ResponseAssembler`).
   When the client disconnects, its request is closed at once: it leaves the gate's queue, or its
   slot is freed and its HTTP stream to the engine closed (which aborts it in vLLM).
-* ``GET /health``: 200 and the gate's stats as JSON.
+* ``GET /health``: 200 and the gate's state as JSON (limit, in flight, waiting, counts, the
+  engine's latest metrics); 503 once the gate is closing.
 * ``GET /metrics``: the gate's Prometheus metrics (and, with ``process_metrics``, the
   process's).
 * ``GET /v1/models``: passed through to the engine when an ``engine`` is given.
@@ -53,6 +54,7 @@ from adaptive_batcher.gateway.openai import (
     estimate_prompt_tokens,
     requested_max_tokens,
 )
+from adaptive_batcher.gateway.prometheus import register_prometheus
 from adaptive_batcher.gateway.shell import GateStream, LLMGate
 from adaptive_batcher.gateway.sse import DONE, event_data
 from adaptive_batcher.gateway.types import Chunk, LLMRequest
@@ -124,7 +126,7 @@ def gateway_app(
     manage_gate = check_bool("manage_gate", manage_gate)
     if registry is None:
         registry = CollectorRegistry()
-        _register_gate_metrics(gate, registry)
+        register_prometheus(gate, registry)
         if process_metrics:
             ProcessCollector(registry=registry)
     elif not isinstance(registry, CollectorRegistry):
@@ -143,13 +145,6 @@ async def gateway_lifespan(
         yield
     finally:
         await gate.aclose(drain=True, timeout_s=drain_timeout_s)
-
-
-def _register_gate_metrics(gate: LLMGate, registry: CollectorRegistry) -> None:
-    from adaptive_batcher.gateway import prometheus
-
-    register: Any = prometheus.register_gate_prometheus
-    register(gate, registry=registry)
 
 
 class _OpenAIBodyLimit(BodyLimit):
@@ -190,7 +185,7 @@ class _Gateway:
             await self._complete(path, scope, receive, send)
         elif path in ("/health", "/metrics", "/v1/models") and method in ("GET", "HEAD"):
             if path == "/health":
-                await _send_json(send, 200, {"status": "ok", "gate": _stats_json(self.gate)})
+                await _send_json(send, *_health(self.gate))
             elif path == "/metrics":
                 body = generate_latest(self.registry)
                 await _send(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
@@ -272,7 +267,10 @@ class _Exchange:
     async def run(self) -> None:
         try:
             stream = self.gate.submit(self.request)
-        except Exception as exc:  # closed, or a request it refuses outright
+        except (TypeError, ValueError) as exc:  # a field out of range (named)
+            await _send_json(self.send, 400, _error(str(exc), "invalid_request_error"))
+            return
+        except Exception as exc:
             await self._fail(exc)
             return
         try:
@@ -447,11 +445,23 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _stats_json(gate: LLMGate) -> Any:
+def _health(gate: LLMGate) -> tuple[int, dict[str, Any]]:
+    """200 and the gate's state while it takes requests, 503 once it is closing."""
     stats = gate.stats()
-    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        return json.loads(json.dumps(dataclasses.asdict(stats), default=str))
-    return str(stats)
+    engine = stats.engine
+    body = {
+        "status": "closed" if stats.closed else "ok",
+        "gate": {
+            "name": stats.name,
+            "closed": stats.closed,
+            "limit": stats.limit,
+            "in_flight": stats.in_flight,
+            "waiting": stats.waiting,
+            "counts": dataclasses.asdict(stats.counts),
+            "engine": None if engine is None else dataclasses.asdict(engine),
+        },
+    }
+    return (503 if stats.closed else 200), body
 
 
 async def _send_json(

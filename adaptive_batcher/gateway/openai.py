@@ -400,11 +400,12 @@ def _content_chars(content: object) -> int:
 
 def requested_max_tokens(payload: object) -> int | None:
     """The output budget a payload asks for (``max_tokens``, or chat's newer
-    ``max_completion_tokens``), or None when it names none that is an int >= 0."""
+    ``max_completion_tokens``), or None when it names none that is an int >= 1 (the engine
+    judges other values)."""
     if not isinstance(payload, dict):
         return None
     for key in ("max_tokens", "max_completion_tokens"):
         value = payload.get(key)
-        if _count(value):
-            return int(value)
+        if _count(value) and value >= 1:
+            return value
     return None
