@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -430,7 +431,7 @@ def _code(exc: Exception) -> str:
     """``UpstreamTimeoutError`` -> ``upstream_timeout``: the class name in snake case, less
     ``_error``."""
     name = type(exc).__name__.removesuffix("Error")
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:

@@ -286,10 +286,15 @@ def test_bad_arguments_are_named() -> None:
 # -- real servers ----------------------------------------------------------------------------
 
 
+_BODIES: dict[int, Any] = {}
+
+
 async def read_until(response: httpx.Response, marker: bytes) -> bytes:
+    """Read ``response`` on until ``marker`` arrives (one body iterator per response)."""
+    body = _BODIES.setdefault(id(response), response.aiter_raw())
     received = b""
     async with asyncio.timeout(BOUND_S):
-        async for data in response.aiter_raw():
+        async for data in body:
             received += data
             if marker in received:
                 return received
@@ -310,7 +315,7 @@ async def tcp_gateway(
 
 async def test_a_client_disconnect_reaches_the_engine_and_frees_the_slot() -> None:
     fake = FakeOpenAI()
-    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, gate):
+    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, _gate):
         stalled = {"prompt": "x", "fake_tokens": 5, "fake_stall_after": 1, "stream": True}
         async with client.stream("POST", "/v1/completions", json=stalled) as response:
             assert response.status_code == 200
@@ -327,7 +332,7 @@ async def test_a_client_disconnect_reaches_the_engine_and_frees_the_slot() -> No
 
 async def test_a_client_that_leaves_the_queue_never_reaches_the_engine() -> None:
     fake = FakeOpenAI()
-    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, gate):
+    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, _gate):
         held = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "a", "fake_hold": True, "stream": True})
         )
@@ -352,7 +357,7 @@ async def test_an_engine_killed_mid_run_fails_its_streams_and_the_gateway_recove
     fake = FakeProcess()
     upstream = await fake.start()
     try:
-        async with tcp_gateway(upstream) as (client, gate):
+        async with tcp_gateway(upstream) as (client, _gate):
             stalled = {"prompt": "x", "fake_tokens": 5, "fake_stall_after": 1, "stream": True}
             async with client.stream("POST", "/v1/completions", json=stalled) as response:
                 await read_until(response, b'"t0"')
