@@ -22,7 +22,7 @@ from adaptive_batcher._optional import CLI_MODULES, INSTALL_CLI, missing
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS = ("demo", "profile", "replay")
+_COMMANDS = ("demo", "gateway", "profile", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:

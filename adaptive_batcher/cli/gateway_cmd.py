@@ -1,0 +1,259 @@
+"""``adaptive-batcher gateway``: an OpenAI-compatible proxy that puts the admission gate in front
+of an engine (vLLM, SGLang, TGI, llama.cpp's llama-server, transformers serve).
+
+Clients send their ``/v1/completions`` and ``/v1/chat/completions`` requests to the gateway
+instead of the engine. It admits as many into the engine as keep the time to first token and
+the time per output token within --ttft-ms and --tpot-ms, refuses the rest at once (429 or 503
+with Retry-After), streams answers through unchanged, and passes a client's disconnect on to
+the engine. /health, /metrics (Prometheus) and /v1/models are served too. The engine's own
+/metrics are read every --metrics-interval-s (default: the upstream's /metrics) unless
+--no-engine-metrics.
+
+Once it listens, the gateway prints ``adaptive-batcher gateway: serving on http://HOST:PORT``
+on stderr (with --port 0, the port the system chose). Ctrl-C or SIGTERM stops it, letting
+requests in flight finish for up to --drain-timeout-s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import signal
+import socket
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+from adaptive_batcher._validate import (
+    argument_type,
+    check_int,
+    int_argument,
+    number_argument,
+    parse_int,
+)
+from adaptive_batcher.gateway._extra import missing_extra
+
+__all__ = ["register"]
+
+
+def _url(name: str, text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name} must be an http:// or https:// URL with a host, got {text!r}")
+    try:
+        parts.port  # noqa: B018 - it validates the port
+    except ValueError as exc:
+        raise ValueError(f"{name} has a bad port: {text!r}") from exc
+    return text.rstrip("/")
+
+
+def _port(name: str, text: str) -> int:
+    port = check_int(name, parse_int(name, text), 0)
+    if port > 65535:
+        raise ValueError(f"{name} must be a port in [0, 65535], got {port}")
+    return port
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``gateway`` sub-command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "gateway",
+        help="serve an OpenAI-compatible proxy that admits requests to an LLM engine by SLO",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--upstream",
+        required=True,
+        type=argument_type("--upstream", _url),
+        metavar="URL",
+        help="the engine's OpenAI-compatible server, e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument(
+        "--ttft-ms",
+        type=number_argument("--ttft-ms", 0.0, strict=True),
+        default=300.0,
+        help="time-to-first-token target, ms (default 300)",
+    )
+    parser.add_argument(
+        "--tpot-ms",
+        type=number_argument("--tpot-ms", 0.0, strict=True),
+        default=50.0,
+        help="time-per-output-token target, ms (default 50)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port",
+        type=argument_type("--port", _port),
+        default=9000,
+        help="port to listen on (default 9000; 0: any free port)",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int_argument("--max-in-flight", 1),
+        default=256,
+        help="most requests inside the engine at once, whatever the controller says (default 256)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int_argument("--max-queue", 0),
+        default=None,
+        metavar="N",
+        help="most requests waiting in front of the engine; more get 429 (default: no bound "
+        "but the TTFT forecast's)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int_argument("--max-body-bytes", 0),
+        default=1 << 20,
+        metavar="N",
+        help="largest request body, bytes; larger ones get 413 (default 1 MiB)",
+    )
+    parser.add_argument(
+        "--metrics-url",
+        type=argument_type("--metrics-url", _url),
+        metavar="URL",
+        help="the engine's Prometheus page (default: the upstream's /metrics)",
+    )
+    parser.add_argument(
+        "--no-engine-metrics",
+        action="store_true",
+        help="do not read the engine's metrics (the gate then uses its own timings only)",
+    )
+    parser.add_argument(
+        "--metrics-interval-s",
+        type=number_argument("--metrics-interval-s", 0.0, strict=True),
+        default=1.0,
+        help="seconds between reads of the engine's metrics (default 1)",
+    )
+    parser.add_argument(
+        "--first-chunk-timeout-s",
+        type=number_argument("--first-chunk-timeout-s", 0.0, strict=True),
+        default=60.0,
+        help="longest wait for an admitted request's first event from the engine (default 60)",
+    )
+    parser.add_argument(
+        "--chunk-timeout-s",
+        type=number_argument("--chunk-timeout-s", 0.0, strict=True),
+        default=30.0,
+        help="longest wait between two events of a stream (default 30)",
+    )
+    parser.add_argument(
+        "--drain-timeout-s",
+        type=number_argument("--drain-timeout-s", 0.0),
+        default=30.0,
+        help="on shutdown, how long requests in flight may take to finish (default 30)",
+    )
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 0 after a clean stop, 2 without the gateway extra or when the
+    address cannot be bound."""
+    if args.no_engine_metrics and args.metrics_url is not None:
+        print(
+            "adaptive-batcher gateway: --metrics-url and --no-engine-metrics exclude each other",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        import uvicorn  # noqa: F401 - only to fail early, naming the extra
+
+        from adaptive_batcher.gateway import app  # noqa: F401
+    except ImportError as exc:
+        print(missing_extra("adaptive-batcher gateway", exc), file=sys.stderr)
+        return 2
+    try:
+        listener = _listen(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"adaptive-batcher gateway: cannot listen on {args.host}:{args.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        asyncio.run(_serve(args, listener))
+    except _TerminatedError:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    return 0
+
+
+class _TerminatedError(Exception):
+    """SIGTERM arrived: uvicorn stops serving, then re-raises the signal, which this ends."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _TerminatedError
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (bound here, so the port is known before
+    serving and a busy port is a clear error)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(2048)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
+    import uvicorn
+
+    from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
+    from adaptive_batcher.gateway.openai import OpenAIEngine
+    from adaptive_batcher.gateway.shell import LLMGate
+    from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
+    from adaptive_batcher.llm.slo import TokenSLO
+
+    engine = OpenAIEngine(
+        args.upstream,
+        first_chunk_timeout_s=args.first_chunk_timeout_s,
+        chunk_timeout_s=args.chunk_timeout_s,
+    )
+    telemetry = None
+    if not args.no_engine_metrics:
+        metrics_url = args.metrics_url or f"{args.upstream}/metrics"
+        telemetry = PrometheusEngineTelemetry(metrics_url, interval_s=args.metrics_interval_s)
+    gate = LLMGate(
+        engine,
+        TokenSLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
+        telemetry=telemetry,
+        max_in_flight=args.max_in_flight,
+        max_queue=args.max_queue,
+        name="gateway",
+    )
+    app = gateway_app(gate, max_body_bytes=args.max_body_bytes, engine=engine, process_metrics=True)
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(args.drain_timeout_s),
+    )
+    server = uvicorn.Server(config)
+    host, port = listener.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        async with gateway_lifespan(gate, drain_timeout_s=args.drain_timeout_s):
+            print(
+                f"adaptive-batcher gateway: serving on http://{shown}:{port}",
+                file=sys.stderr,
+                flush=True,
+            )
+            await server.serve(sockets=[listener])
+    finally:
+        await engine.aclose()
+        if telemetry is not None:
+            await telemetry.aclose()
+        listener.close()

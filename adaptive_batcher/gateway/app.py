@@ -1,0 +1,482 @@
+"""The OpenAI-compatible gateway: an ASGI app that puts the gate (an
+:class:`~adaptive_batcher.gateway.shell.LLMGate`) in front of an engine.
+
+Routes:
+
+* ``POST /v1/completions``, ``POST /v1/chat/completions``: the JSON body goes to the gate as an
+  :class:`~adaptive_batcher.gateway.types.LLMRequest` (prompt length estimated by
+  :func:`~adaptive_batcher.gateway.openai.estimate_prompt_tokens`, ``max_tokens``, the route,
+  the client's ``authorization``). A refused request is answered at once: 429 (the gate's queue
+  is full) or 503 (its first token would come too late), with ``Retry-After`` (whole seconds,
+  rounded up); 504 when its deadline passed while it waited; 503 when the gate is closed.
+  Once admitted, the engine's events stream to the client byte for byte (``text/event-stream``).
+  An engine error before the first event is answered with the error's ``http_status``
+  (an engine's own JSON error body is passed on as it is); after it, the headers are gone and
+  the stream ends with an error event, ``data: {"error": {...}}``. A request with ``stream``
+  not true is streamed upstream all the same and answered as one JSON object
+  (:class:`~adaptive_batcher.gateway.assemble.ResponseAssembler`).
+  When the client disconnects, its request is closed at once: it leaves the gate's queue, or its
+  slot is freed and its HTTP stream to the engine closed (which aborts it in vLLM).
+* ``GET /health``: 200 and the gate's state as JSON (limit, in flight, waiting, counts, the
+  engine's latest metrics); 503 once the gate is closing.
+* ``GET /metrics``: the gate's Prometheus metrics (and, with ``process_metrics``, the
+  process's).
+* ``GET /v1/models``: passed through to the engine when an ``engine`` is given.
+
+Bad JSON, or a body that is not a JSON object: 400; a body over ``max_body_bytes``: 413
+(:class:`~adaptive_batcher.asgi.BodyLimit`); another route: 404; another method: 405. Every
+error body is in OpenAI's format, ``{"error": {"message", "type", "param", "code"}}``.
+
+The app does not start or close the gate; :func:`gateway_lifespan` does (the command line uses
+it; in a FastAPI service, enter it in the service's own lifespan and mount the app:
+``app.mount("/llm", gateway_app(gate))``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+from adaptive_batcher._log import get_logger
+from adaptive_batcher._validate import check_bool, check_int
+from adaptive_batcher.asgi import BodyLimit, Message, Receive, Scope, Send
+from adaptive_batcher.errors import BatcherClosedError, DeadlineExceededError
+from adaptive_batcher.gateway._extra import missing_extra
+from adaptive_batcher.gateway.assemble import ResponseAssembler
+from adaptive_batcher.gateway.errors import UpstreamError, UpstreamHTTPError
+from adaptive_batcher.gateway.openai import (
+    OpenAIEngine,
+    estimate_prompt_tokens,
+    requested_max_tokens,
+)
+from adaptive_batcher.gateway.prometheus import register_prometheus
+from adaptive_batcher.gateway.shell import GateStream, LLMGate
+from adaptive_batcher.gateway.sse import DONE, event_data
+from adaptive_batcher.gateway.types import Chunk, LLMRequest
+from adaptive_batcher.llm.errors import GateRejectedError, RequestFailedError
+
+try:
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        ProcessCollector,
+        generate_latest,
+    )
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise missing_extra("adaptive_batcher.gateway.app", exc) from exc
+
+__all__ = ["COMPLETION_ROUTES", "DEFAULT_MAX_BODY_BYTES", "gateway_app", "gateway_lifespan"]
+
+_log = get_logger("adaptive_batcher.gateway.app")
+
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_MAX_BODY_BYTES: Final = 1 << 20
+"""The largest request body accepted by default, bytes (1 MiB)."""
+
+COMPLETION_ROUTES: Final = ("/v1/completions", "/v1/chat/completions")
+"""The routes forwarded through the gate."""
+
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),  # nginx in front: do not buffer the stream
+]
+
+
+def gateway_app(
+    gate: LLMGate,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    engine: OpenAIEngine | None = None,
+    registry: CollectorRegistry | None = None,
+    process_metrics: bool = False,
+    manage_gate: bool = False,
+) -> ASGIApp:
+    """The gateway as an ASGI app (see the module for its routes and answers).
+
+    Args:
+        gate: the gate requests go through (started and closed by the caller, e.g. with
+            :func:`gateway_lifespan`).
+        max_body_bytes: the largest request body, bytes (>= 0); larger ones get 413.
+        engine: the OpenAI engine ``GET /v1/models`` is passed through to; without one that
+            route answers 404.
+        registry: the Prometheus registry ``/metrics`` shows; by default a new one holding the
+            gate's collector.
+        process_metrics: add the process's own metrics (CPU, memory, file descriptors) to the
+            default registry.
+        manage_gate: start the gate on the ASGI lifespan's startup and close it (draining) on
+            its shutdown, for ``uvicorn module:app``; by default lifespan events are only
+            acknowledged (a mounted app never receives them).
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range (named).
+    """
+    if not isinstance(gate, LLMGate):
+        raise TypeError(f"gate must be an LLMGate, got {type(gate).__name__}")
+    max_body_bytes = check_int("max_body_bytes", max_body_bytes, 0)
+    if engine is not None and not isinstance(engine, OpenAIEngine):
+        raise TypeError(f"engine must be an OpenAIEngine or None, got {type(engine).__name__}")
+    process_metrics = check_bool("process_metrics", process_metrics)
+    manage_gate = check_bool("manage_gate", manage_gate)
+    if registry is None:
+        registry = CollectorRegistry()
+        register_prometheus(gate, registry)
+        if process_metrics:
+            ProcessCollector(registry=registry)
+    elif not isinstance(registry, CollectorRegistry):
+        raise TypeError(f"registry must be a CollectorRegistry, got {type(registry).__name__}")
+    return _OpenAIBodyLimit(_Gateway(gate, engine, registry, manage_gate), max_body_bytes)
+
+
+@contextlib.asynccontextmanager
+async def gateway_lifespan(
+    gate: LLMGate, *, drain_timeout_s: float | None = 30.0
+) -> AsyncIterator[None]:
+    """Start ``gate`` on entry; on exit close it, letting admitted requests finish for at most
+    ``drain_timeout_s`` seconds (None: no bound)."""
+    await gate.start()
+    try:
+        yield
+    finally:
+        await gate.aclose(drain=True, timeout_s=drain_timeout_s)
+
+
+class _OpenAIBodyLimit(BodyLimit):
+    """:class:`BodyLimit` answering 413 in OpenAI's error format."""
+
+    async def _refuse(self, send: Send) -> None:
+        message = f"the request body is larger than {self.max_bytes} bytes"
+        await _send_json(send, 413, _error(message, "invalid_request_error", "request_too_large"))
+
+
+class _Gateway:
+    """The routes (the ASGI app inside the body limit)."""
+
+    def __init__(
+        self,
+        gate: LLMGate,
+        engine: OpenAIEngine | None,
+        registry: CollectorRegistry,
+        manage_gate: bool,
+    ) -> None:
+        self.gate = gate
+        self.manage_gate = manage_gate
+        self.engine = engine
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets: not served (closing the scope refuses them)
+        path = scope.get("path", "")
+        method = scope.get("method", "GET")
+        if path in COMPLETION_ROUTES:
+            if method != "POST":
+                await _send_json(send, 405, _error(f"{path} takes POST", "invalid_request_error"))
+                return
+            await self._complete(path, scope, receive, send)
+        elif path in ("/health", "/metrics", "/v1/models") and method in ("GET", "HEAD"):
+            if path == "/health":
+                await _send_json(send, *_health(self.gate))
+            elif path == "/metrics":
+                body = generate_latest(self.registry)
+                await _send(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+            else:
+                await self._models(scope, send)
+        else:
+            await _send_json(
+                send, 404, _error(f"no route {method} {path}", "invalid_request_error")
+            )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """Lifespan events: acknowledged, and with ``manage_gate`` the gate's start and close."""
+        async with contextlib.AsyncExitStack() as stack:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    try:
+                        if self.manage_gate:
+                            await stack.enter_async_context(gateway_lifespan(self.gate))
+                    except Exception as exc:
+                        await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                        return
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await stack.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        if self.engine is None:
+            await _send_json(
+                send, 404, _error("no engine to list models of", "invalid_request_error")
+            )
+            return
+        try:
+            response = await self.engine.get("/v1/models", _passed_headers(scope))
+        except UpstreamError as exc:
+            await _send_json(send, exc.http_status, _upstream_error(exc))
+            return
+        content_type = response.headers.get("content-type", "application/json").encode()
+        await _send(send, response.status_code, response.content, [(b"content-type", content_type)])
+
+    async def _complete(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client went away, or the body limit answered 413
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            await _send_json(
+                send, 400, _error(f"the body is not JSON: {exc}", "invalid_request_error")
+            )
+            return
+        if not isinstance(payload, dict):
+            message = f"the body must be a JSON object, got {type(payload).__name__}"
+            await _send_json(send, 400, _error(message, "invalid_request_error"))
+            return
+        request = LLMRequest(
+            payload=payload,
+            prompt_tokens=estimate_prompt_tokens(payload),
+            max_tokens=requested_max_tokens(payload),
+            path=path,
+            headers=_passed_headers(scope),
+        )
+        exchange = _Exchange(self.gate, request, send, streamed=payload.get("stream") is True)
+        await _until_disconnect(exchange.run(), receive)
+
+
+class _Exchange:
+    """One request through the gate, answered on ``send``."""
+
+    def __init__(self, gate: LLMGate, request: LLMRequest, send: Send, *, streamed: bool) -> None:
+        self.gate = gate
+        self.request = request
+        self.send = send
+        self.streamed = streamed
+        self.started = False  # response headers sent
+
+    async def run(self) -> None:
+        try:
+            stream = self.gate.submit(self.request)
+        except (TypeError, ValueError) as exc:  # a field out of range (named)
+            await _send_json(self.send, 400, _error(str(exc), "invalid_request_error"))
+            return
+        except Exception as exc:
+            await self._fail(exc)
+            return
+        try:
+            try:
+                await stream.admitted()
+            except GateRejectedError as exc:
+                retry = [(b"retry-after", str(math.ceil(exc.retry_after_s)).encode())]
+                kind = "rate_limit_error" if exc.http_status == 429 else "overloaded_error"
+                body = _error(str(exc), kind, _code(exc))
+                await _send_json(self.send, exc.http_status, body, retry)
+                return
+            except Exception as exc:
+                await self._fail(exc)
+                return
+            if self.streamed:
+                await self._stream(stream)
+            else:
+                await self._collect(stream)
+        finally:
+            await stream.aclose()
+
+    async def _stream(self, stream: GateStream) -> None:
+        try:
+            async for chunk in stream:
+                data = _chunk_bytes(chunk)
+                if not self.started:
+                    self.started = True
+                    await self.send(
+                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                    )
+                await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        except Exception as exc:
+            await self._fail(exc)
+            return
+        if not self.started:
+            await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _collect(self, stream: GateStream) -> None:
+        assembler = ResponseAssembler(chat=self.request.path.endswith("/chat/completions"))
+        try:
+            async for chunk in stream:
+                data = event_data(_chunk_bytes(chunk))
+                if data is None or data.strip() == DONE:
+                    continue
+                event = json.loads(data)
+                if isinstance(event, dict):
+                    assembler.add(event)
+        except Exception as exc:
+            await self._fail(exc)
+            return
+        await _send_json(self.send, 200, assembler.result())
+
+    async def _fail(self, exc: Exception) -> None:
+        """Answer with the error; after the headers, as the stream's last event."""
+        status, body = _failure(exc)
+        _log.info("gateway.request_failed", status=status, error=f"{type(exc).__name__}: {exc}")
+        if self.started:
+            event = b"data: " + json.dumps(body).encode() + b"\n\n"
+            with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+                await self.send({"type": "http.response.body", "body": event, "more_body": False})
+        elif (
+            isinstance(exc, RequestFailedError)
+            and isinstance(exc.cause, UpstreamHTTPError)
+            and _is_json(exc.cause.body)
+        ):
+            await _send(
+                self.send, status, exc.cause.body.encode(), [(b"content-type", b"application/json")]
+            )
+        else:
+            await _send_json(self.send, status, body)
+
+
+async def _until_disconnect(work: Awaitable[None], receive: Receive) -> None:
+    """Run ``work`` until it ends or the client disconnects (then it is cancelled, and its own
+    cleanup closes the request)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        for pending in (task, watcher):
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        raise error
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client disconnected first."""
+    parts = []
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _passed_headers(scope: Scope) -> dict[str, str]:
+    """The client's headers passed upstream: ``authorization``."""
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope.get("headers", ())
+        if name.lower() == b"authorization"
+    }
+
+
+def _chunk_bytes(chunk: Chunk) -> bytes:
+    data = chunk.data
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    raise TypeError(f"the gateway forwards bytes or str chunks, got {type(data).__name__}")
+
+
+def _failure(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The status and OpenAI error body for a request that ended with ``exc``."""
+    if isinstance(exc, RequestFailedError):
+        cause = exc.cause
+        if isinstance(cause, UpstreamError):
+            return cause.http_status, _upstream_error(cause)
+        if isinstance(cause, DeadlineExceededError):
+            exc = cause
+        else:
+            return 502, _error(str(exc), "upstream_error", "engine_failed")
+    if isinstance(exc, DeadlineExceededError):
+        return 504, _error(
+            str(exc) or "the request's deadline passed", "timeout_error", "deadline_exceeded"
+        )
+    if isinstance(exc, BatcherClosedError):
+        return 503, _error(
+            str(exc) or "the gateway is shutting down", "unavailable_error", "gateway_closed"
+        )
+    if isinstance(exc, UpstreamError):
+        return exc.http_status, _upstream_error(exc)
+    return 500, _error(
+        f"the gateway failed: {type(exc).__name__}: {exc}", "internal_error", "internal_error"
+    )
+
+
+def _upstream_error(exc: UpstreamError) -> dict[str, Any]:
+    return _error(str(exc), "upstream_error", _code(exc))
+
+
+def _code(exc: Exception) -> str:
+    """``UpstreamTimeoutError`` -> ``upstream_timeout``: the class name in snake case, less
+    ``_error``."""
+    name = type(exc).__name__.removesuffix("Error")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _health(gate: LLMGate) -> tuple[int, dict[str, Any]]:
+    """200 and the gate's state while it takes requests, 503 once it is closing."""
+    stats = gate.stats()
+    engine = stats.engine
+    body = {
+        "status": "closed" if stats.closed else "ok",
+        "gate": {
+            "name": stats.name,
+            "closed": stats.closed,
+            "limit": stats.limit,
+            "in_flight": stats.in_flight,
+            "waiting": stats.waiting,
+            "counts": dataclasses.asdict(stats.counts),
+            "engine": None if engine is None else dataclasses.asdict(engine),
+        },
+    }
+    return (503 if stats.closed else 200), body
+
+
+async def _send_json(
+    send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _send(
+        send,
+        status,
+        json.dumps(body).encode(),
+        [(b"content-type", b"application/json"), *(headers or [])],
+    )
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

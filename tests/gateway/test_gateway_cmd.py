@@ -1,0 +1,170 @@
+"""``adaptive-batcher gateway``: its arguments, a real run in a child process in front of the
+fake engine (stopped by SIGTERM to its PID), and the extra it needs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adaptive_batcher.cli.main import build_parser, main
+from tests.gateway.fake_openai import FakeOpenAI
+from tests.gateway.servers import ROOT, serving
+
+BOUND_S = 60.0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "the following arguments are required: --upstream"),
+        (["--upstream", "127.0.0.1:8000"], "--upstream must be an http:// or https:// URL"),
+        (["--upstream", "http://h:99999"], "--upstream has a bad port"),
+        (["--upstream", "http://h", "--ttft-ms", "0"], "--ttft-ms"),
+        (["--upstream", "http://h", "--tpot-ms", "-5"], "--tpot-ms"),
+        (["--upstream", "http://h", "--port", "70000"], "--port must be a port in [0, 65535]"),
+        (["--upstream", "http://h", "--max-in-flight", "0"], "--max-in-flight"),
+        (["--upstream", "http://h", "--max-queue", "-1"], "--max-queue"),
+        (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["gateway", *arguments])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_defaults() -> None:
+    args = build_parser().parse_args(["gateway", "--upstream", "http://127.0.0.1:8000/"])
+    assert args.upstream == "http://127.0.0.1:8000"
+    assert (args.ttft_ms, args.tpot_ms, args.host, args.port) == (300.0, 50.0, "127.0.0.1", 9000)
+    assert (args.max_in_flight, args.max_queue, args.max_body_bytes) == (256, None, 1 << 20)
+    assert args.metrics_url is None and not args.no_engine_metrics
+
+
+def test_metrics_url_and_no_engine_metrics_exclude_each_other(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [
+        "gateway",
+        "--upstream",
+        "http://h",
+        "--metrics-url",
+        "http://h/m",
+        "--no-engine-metrics",
+    ]
+    assert main(argv) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["gateway", "--upstream", "http://h", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+async def test_the_command_serves_and_stops_on_sigterm() -> None:
+    fake = FakeOpenAI()
+    async with serving(fake) as upstream:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "adaptive_batcher.cli.main",
+            "gateway",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--metrics-interval-s",
+            "0.2",
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            async with asyncio.timeout(BOUND_S):
+                line = (await process.stderr.readline()).decode()
+            assert line.startswith("adaptive-batcher gateway: serving on http://127.0.0.1:"), line
+            url = line.split()[-1]
+            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+                answer = await client.post("/v1/completions", json={"prompt": "x", "stream": True})
+                health = await client.get("/health")
+                metrics = await client.get("/metrics")
+            assert answer.status_code == 200 and answer.content.endswith(b"data: [DONE]\n\n")
+            assert health.status_code == 200
+            assert "process_cpu_seconds_total" in metrics.text
+            os.kill(process.pid, signal.SIGTERM)
+            async with asyncio.timeout(BOUND_S):
+                status = await process.wait()
+            rest = (await process.stderr.read()).decode()
+            assert status == 0, rest
+            assert "Traceback" not in rest
+        finally:
+            if process.returncode is None:
+                os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+BLOCKER = """
+import sys
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("httpx", "prometheus_client", "uvicorn"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def test_without_the_gateway_extra_the_modules_name_it(tmp_path: Path) -> None:
+    code = BLOCKER + textwrap.dedent(
+        """
+        for module in ("openai", "telemetry", "app"):
+            try:
+                __import__(f"adaptive_batcher.gateway.{module}")
+            except ImportError as exc:
+                print(exc)
+        from adaptive_batcher.cli.main import main
+        print(main(["gateway", "--upstream", "http://127.0.0.1:8000"]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    install = 'pip install "adaptive-batcher[gateway]"'
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [
+        f"adaptive_batcher.gateway.openai needs httpx (the gateway extra): {install}",
+        f"adaptive_batcher.gateway.telemetry needs httpx (the gateway extra): {install}",
+        # the app imports the adapter first
+        f"adaptive_batcher.gateway.openai needs httpx (the gateway extra): {install}",
+    ]
+    assert lines[3] == "2"
+    assert (
+        result.stderr == f"adaptive-batcher gateway needs uvicorn (the gateway extra): {install}\n"
+    )
