@@ -15,8 +15,14 @@ import adaptive_batcher
 
 PACKAGE = Path(adaptive_batcher.__file__).parent
 LIBRARIES = ("prometheus_client", "opentelemetry")
-GATEWAY_EXPORTERS = {Path("gateway/prometheus.py"), Path("gateway/otel.py")}
-"""The LLM gate's exporters: they import the metrics libraries, never the export package."""
+GATEWAY_EXPORTERS = {
+    Path("gateway/prometheus.py"),
+    Path("gateway/otel.py"),
+    Path("gateway/app.py"),
+    Path("gateway/telemetry.py"),
+}
+"""The LLM gate's exporters, its /metrics route and its engine-metrics parser (the gateway
+extra): they import the metrics libraries, never the export package."""
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:

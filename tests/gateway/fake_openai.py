@@ -12,8 +12,9 @@ vLLM does, told what to do by fields of each request's JSON body (the gateway fo
   token.
 
 It records every body received (:attr:`FakeOpenAI.bodies`) and its ``authorization``, counts
-the streams active and the clients that disconnected mid-stream (:attr:`disconnects`, with an event per count reached:
-:meth:`wait_disconnects`), and serves ``/metrics`` (vLLM names) and ``/v1/models``. Out of
+the streams active and the clients that disconnected mid-stream (:attr:`disconnects`, with an
+event per count reached: :meth:`wait_disconnects`), and serves
+``/metrics`` (vLLM names) and ``/v1/models``. Out of
 process, ``GET /fake/wait?disconnects=N&active=N`` waits (at most 10 s) until at least that
 many disconnects happened and exactly that many streams are active, then returns the counts.
 

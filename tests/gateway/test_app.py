@@ -307,9 +307,12 @@ async def tcp_gateway(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, LLMGate]]:
     engine = OpenAIEngine(upstream)
     gate = LLMGate(engine, SLO, **gate_options)
-    async with gateway_lifespan(gate), serving(gateway_app(gate, engine=engine)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
-            yield client, gate
+    async with (
+        gateway_lifespan(gate),
+        serving(gateway_app(gate, engine=engine)) as url,
+        httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client,
+    ):
+        yield client, gate
     await engine.aclose()
 
 
