@@ -25,7 +25,7 @@ Times are seconds on the caller's clock; nothing here reads a clock.
 from __future__ import annotations
 
 import math
-from array import array
+from collections import deque
 from dataclasses import dataclass
 
 from adaptive_batcher._validate import check_in_range, check_int, check_number
@@ -36,7 +36,10 @@ from adaptive_batcher.llm.signals import EngineMetrics, GateObservation
 from adaptive_batcher.llm.slo import TokenSLO
 from adaptive_batcher.metrics.histogram import SlidingHistogram
 
-__all__ = ["GateDecision", "TokenController"]
+__all__ = ["HISTORY_TICKS", "GateDecision", "TokenController"]
+
+#: how many ticks :attr:`TokenController.history` keeps (half an hour at the default 0.5 s interval)
+HISTORY_TICKS = 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,8 @@ class TokenController:
         self._preemptions = 0
         self._prefill_now = 0.0  # prompt tokens admitted since the last gap sample
         self._prefill_prev = 0.0  # ... and in the gap before (prefilled in this one)
-        self.history = array("d")  # (time_s, limit, admit_ttft_s) per tick
+        # (time_s, limit, admit_ttft_s) per tick, the last HISTORY_TICKS of them
+        self.history: deque[tuple[float, float, float]] = deque(maxlen=HISTORY_TICKS)
         self._decision = self._decide_knobs(math.nan)
 
     # -- observations ----------------------------------------------------------------------
@@ -346,7 +350,7 @@ class TokenController:
             self.predict_free and self._pressed,
             flood,
         )
-        self.history.extend((now, float(self.limit), admit if admit is not None else math.nan))
+        self.history.append((now, float(self.limit), admit if admit is not None else math.nan))
         return GateDecision(limits, forecast)
 
 

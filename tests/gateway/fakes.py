@@ -157,6 +157,17 @@ async def until(predicate: Callable[[], bool], turns: int = 1000) -> None:
     raise AssertionError("the condition never held")
 
 
+async def eventually(predicate: Callable[[], bool], bound_s: float, poll_s: float = 0.005) -> None:
+    """Poll ``predicate()`` every ``poll_s`` until it holds; fail after ``bound_s`` seconds
+    (for conditions that wait on real sockets, where loop turns alone bound nothing)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"the condition did not hold within {bound_s} s")
+        await asyncio.sleep(poll_s)
+
+
 async def read_all(stream: Any) -> list[Any]:
     return [chunk.data async for chunk in stream]
 

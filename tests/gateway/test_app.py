@@ -22,6 +22,7 @@ from adaptive_batcher.gateway.types import LLMRequest
 from adaptive_batcher.llm.errors import TTFTUnreachableError
 from adaptive_batcher.llm.slo import TokenSLO
 from tests.gateway.fake_openai import FakeOpenAI
+from tests.gateway.fakes import eventually
 from tests.gateway.servers import FakeProcess, serving
 
 SLO = TokenSLO(ttft_ms=5_000.0, tpot_ms=1_000.0)  # loose: nothing is refused for lateness
@@ -335,7 +336,7 @@ async def test_a_client_disconnect_reaches_the_engine_and_frees_the_slot() -> No
 
 async def test_a_client_that_leaves_the_queue_never_reaches_the_engine() -> None:
     fake = FakeOpenAI()
-    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, _gate):
+    async with serving(fake) as upstream, tcp_gateway(upstream, max_in_flight=1) as (client, gate):
         held = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "a", "fake_hold": True, "stream": True})
         )
@@ -344,16 +345,18 @@ async def test_a_client_that_leaves_the_queue_never_reaches_the_engine() -> None
         queued = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "b", "stream": True})
         )
-        await asyncio.sleep(0)  # let it send its request
-        queued.cancel()  # the client gives up while it waits in the gate's queue
+        await eventually(lambda: gate.stats().waiting == 1, BOUND_S)  # in the gate's queue
+        queued.cancel()  # the client gives up while it waits there
         with contextlib.suppress(asyncio.CancelledError):
             await queued
+        await eventually(lambda: gate.stats().waiting == 0, BOUND_S)  # the gate saw it go
         fake.release.set()
         async with asyncio.timeout(BOUND_S):
             first = await held
             after = await client.post("/v1/completions", json={"prompt": "c", "stream": True})
     assert first.status_code == 200 and after.status_code == 200
     assert [body["prompt"] for body in fake.bodies] == ["a", "c"]
+    assert gate.stats().counts.cancelled == 1
 
 
 async def test_an_engine_killed_mid_run_fails_its_streams_and_the_gateway_recovers() -> None:

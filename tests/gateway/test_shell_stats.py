@@ -196,6 +196,6 @@ async def test_the_default_controller_ticks_on_what_the_shell_feeds_it() -> None
             gate.poll()  # ticks when an interval passed
         stats = gate.stats()
     assert stats.counts.completed == 120 and stats.counts.ended == stats.counts.submitted
-    assert len(gate.controller.history) > 3 * 10  # it ticked (three values a tick)
+    assert len(gate.controller.history) > 10  # it ticked
     assert 1 <= stats.limit <= 4
     assert stats.tpot.p50_s == pytest.approx(0.02, rel=REL)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from adaptive_batcher.llm.controller import TokenController
+from adaptive_batcher.llm.controller import HISTORY_TICKS, TokenController
 from adaptive_batcher.llm.core import GateCore
 from adaptive_batcher.llm.gate import Admit, GateRequest, Reject, RequestState
 from adaptive_batcher.llm.laws import StaticLimit
@@ -43,6 +43,16 @@ def test_ticks_are_due_every_interval_from_the_first_call() -> None:
     assert controller.due(10.5)
     controller.tick(10.5, in_flight=0, waiting=0, context_tokens=0.0)
     assert not controller.due(10.9) and controller.due(11.0)
+
+
+def test_the_history_keeps_the_last_ticks_only() -> None:
+    controller = TokenController(SLO, StaticLimit(8), interval_s=0.5)
+    ticks = HISTORY_TICKS + 10
+    for i in range(ticks):
+        controller.tick(0.5 * i, in_flight=0, waiting=0, context_tokens=0.0)
+    assert len(controller.history) == HISTORY_TICKS  # a gate that runs for days stays bounded
+    assert controller.history[-1][0] == 0.5 * (ticks - 1)
+    assert controller.history[0][0] == 0.5 * (ticks - HISTORY_TICKS)
 
 
 def test_a_tick_reports_what_happened_since_the_last_and_forms_a_forecast() -> None:
