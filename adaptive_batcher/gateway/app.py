@@ -177,7 +177,7 @@ class _Gateway:
             return
         if scope["type"] != "http":
             return  # websockets: not served (closing the scope refuses them)
-        path = scope.get("path", "")
+        path = _route(scope)
         method = scope.get("method", "GET")
         if path in COMPLETION_ROUTES:
             if method != "POST":
@@ -378,6 +378,16 @@ async def _read_body(receive: Receive) -> bytes | None:
         parts.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+def _route(scope: Scope) -> str:
+    """The request's path below the app's mount point: ASGI's ``path`` is the whole path and
+    ``root_path`` the prefix it is mounted at (Starlette's ``Mount`` keeps ``path`` whole)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
 
 
 def _passed_headers(scope: Scope) -> dict[str, str]:
