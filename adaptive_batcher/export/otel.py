@@ -30,12 +30,11 @@ would put exporter work on the serving path. The latency quantiles of the slidin
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from adaptive_batcher.export import readings as r
+from adaptive_batcher.metrics.exporters import ExporterPerTarget
 from adaptive_batcher.metrics.histogram import LATENCY_BOUNDS_S
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher
 from adaptive_batcher.runtime.stats import BatchRecord
@@ -185,10 +184,9 @@ class BatcherInstruments:
         return callback
 
 
-_INSTRUMENTS: weakref.WeakKeyDictionary[MeterProvider, BatcherInstruments] = (
-    weakref.WeakKeyDictionary()
+_INSTRUMENTS: ExporterPerTarget[MeterProvider, BatcherInstruments] = ExporterPerTarget(
+    BatcherInstruments, "no batcher was instrumented on this meter provider"
 )
-_INSTRUMENTS_LOCK = threading.Lock()
 
 
 def instrument_otel(
@@ -209,11 +207,7 @@ def instrument_otel(
         ValueError: ``batcher`` is instrumented already, or an open batcher of the same name is.
     """
     provider = get_meter_provider() if meter_provider is None else meter_provider
-    with _INSTRUMENTS_LOCK:
-        instruments = _INSTRUMENTS.get(provider)
-        if instruments is None:
-            instruments = BatcherInstruments(provider)
-            _INSTRUMENTS[provider] = instruments
+    instruments = _INSTRUMENTS.of(provider)
     instruments.add(batcher)
     return instruments
 
@@ -227,7 +221,4 @@ def uninstrument_otel(
         ValueError: it was not instrumented there by :func:`instrument_otel`.
     """
     provider = get_meter_provider() if meter_provider is None else meter_provider
-    instruments = _INSTRUMENTS.get(provider)
-    if instruments is None:
-        raise ValueError("no batcher was instrumented on this meter provider")
-    instruments.remove(batcher)
+    _INSTRUMENTS.existing(provider).remove(batcher)

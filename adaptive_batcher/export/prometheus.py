@@ -26,12 +26,11 @@ another thread (``prometheus_client.start_http_server``) is safe.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from adaptive_batcher.export import readings as r
+from adaptive_batcher.metrics.exporters import ExporterPerTarget
 from adaptive_batcher.metrics.histogram import HistogramSnapshot
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher
 
@@ -103,10 +102,15 @@ class BatcherCollector(Collector):
         return list(_families(self._batchers.read()))
 
 
-_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, BatcherCollector] = (
-    weakref.WeakKeyDictionary()
+def _registered(registry: CollectorRegistry) -> BatcherCollector:
+    collector = BatcherCollector()
+    registry.register(collector)  # raises for metric names held by another collector
+    return collector
+
+
+_COLLECTORS: ExporterPerTarget[CollectorRegistry, BatcherCollector] = ExporterPerTarget(
+    _registered, "no batcher was registered in this registry"
 )
-_COLLECTORS_LOCK = threading.Lock()
 
 
 def register_prometheus(
@@ -129,12 +133,7 @@ def register_prometheus(
             or the registry already holds metrics of these names from another collector.
     """
     registry = REGISTRY if registry is None else registry
-    with _COLLECTORS_LOCK:
-        collector = _COLLECTORS.get(registry)
-        if collector is None:
-            collector = BatcherCollector()
-            registry.register(collector)
-            _COLLECTORS[registry] = collector
+    collector = _COLLECTORS.of(registry)
     collector.add(batcher)
     return collector
 
@@ -149,10 +148,7 @@ def unregister_prometheus(
         ValueError: it was not registered there by :func:`register_prometheus`.
     """
     registry = REGISTRY if registry is None else registry
-    collector = _COLLECTORS.get(registry)
-    if collector is None:
-        raise ValueError("no batcher was registered in this registry")
-    collector.remove(batcher)
+    _COLLECTORS.existing(registry).remove(batcher)
 
 
 def _unit(spec: r.MetricSpec) -> str:

@@ -24,13 +24,12 @@ work on the serving path; their window quantiles (TTFT and TPOT) stand in.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from adaptive_batcher.gateway import readings as r
 from adaptive_batcher.gateway.shell import LLMGate
 from adaptive_batcher.gateway.stats import LLMGateStats, TimeQuantiles
+from adaptive_batcher.metrics.exporters import ExporterPerTarget
 
 try:
     from opentelemetry.metrics import (
@@ -149,10 +148,9 @@ class GateInstruments:
         return callback
 
 
-_INSTRUMENTS: weakref.WeakKeyDictionary[MeterProvider, GateInstruments] = (
-    weakref.WeakKeyDictionary()
+_INSTRUMENTS: ExporterPerTarget[MeterProvider, GateInstruments] = ExporterPerTarget(
+    GateInstruments, "no gate was instrumented on this meter provider"
 )
-_INSTRUMENTS_LOCK = threading.Lock()
 
 
 def instrument_otel(gate: LLMGate, meter_provider: MeterProvider | None = None) -> GateInstruments:
@@ -168,11 +166,7 @@ def instrument_otel(gate: LLMGate, meter_provider: MeterProvider | None = None) 
         ValueError: ``gate`` is instrumented already, or an open gate of the same name is.
     """
     provider = get_meter_provider() if meter_provider is None else meter_provider
-    with _INSTRUMENTS_LOCK:
-        instruments = _INSTRUMENTS.get(provider)
-        if instruments is None:
-            instruments = GateInstruments(provider)
-            _INSTRUMENTS[provider] = instruments
+    instruments = _INSTRUMENTS.of(provider)
     instruments.add(gate)
     return instruments
 
@@ -184,7 +178,4 @@ def uninstrument_otel(gate: LLMGate, meter_provider: MeterProvider | None = None
         ValueError: it was not instrumented there by :func:`instrument_otel`.
     """
     provider = get_meter_provider() if meter_provider is None else meter_provider
-    instruments = _INSTRUMENTS.get(provider)
-    if instruments is None:
-        raise ValueError("no gate was instrumented on this meter provider")
-    instruments.remove(gate)
+    _INSTRUMENTS.existing(provider).remove(gate)

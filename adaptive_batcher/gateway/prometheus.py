@@ -22,14 +22,13 @@ safe.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import cast
 
 from adaptive_batcher.gateway import readings as r
 from adaptive_batcher.gateway.shell import LLMGate
 from adaptive_batcher.gateway.stats import LLMGateStats, TimeQuantiles
+from adaptive_batcher.metrics.exporters import ExporterPerTarget
 from adaptive_batcher.metrics.histogram import HistogramSnapshot
 
 try:
@@ -100,10 +99,15 @@ class GateCollector(Collector):
         return list(_families(self._gates.read()))
 
 
-_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, GateCollector] = (
-    weakref.WeakKeyDictionary()
+def _registered(registry: CollectorRegistry) -> GateCollector:
+    collector = GateCollector()
+    registry.register(collector)  # raises for metric names held by another collector
+    return collector
+
+
+_COLLECTORS: ExporterPerTarget[CollectorRegistry, GateCollector] = ExporterPerTarget(
+    _registered, "no gate was registered in this registry"
 )
-_COLLECTORS_LOCK = threading.Lock()
 
 
 def register_prometheus(gate: LLMGate, registry: CollectorRegistry | None = None) -> GateCollector:
@@ -121,12 +125,7 @@ def register_prometheus(gate: LLMGate, registry: CollectorRegistry | None = None
             registry already holds metrics of these names from another collector.
     """
     registry = REGISTRY if registry is None else registry
-    with _COLLECTORS_LOCK:
-        collector = _COLLECTORS.get(registry)
-        if collector is None:
-            collector = GateCollector()
-            registry.register(collector)
-            _COLLECTORS[registry] = collector
+    collector = _COLLECTORS.of(registry)
     collector.add(gate)
     return collector
 
@@ -138,10 +137,7 @@ def unregister_prometheus(gate: LLMGate, registry: CollectorRegistry | None = No
         ValueError: it was not registered there by :func:`register_prometheus`.
     """
     registry = REGISTRY if registry is None else registry
-    collector = _COLLECTORS.get(registry)
-    if collector is None:
-        raise ValueError("no gate was registered in this registry")
-    collector.remove(gate)
+    _COLLECTORS.existing(registry).remove(gate)
 
 
 def _unit(spec: r.GateMetric) -> str:
