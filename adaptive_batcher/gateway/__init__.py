@@ -11,8 +11,15 @@ process), engine telemetry, and an OpenAI-compatible gateway (ASGI app and comma
 * :mod:`~adaptive_batcher.gateway.prometheus` and :mod:`~adaptive_batcher.gateway.otel`: the
   gate's exporters (imported on their own: they need their metrics library).
 
+The HTTP parts, ``OpenAIEngine``, ``PrometheusEngineTelemetry``, ``gateway_app`` and
+``gateway_lifespan``, need the ``gateway`` extra; they are importable from here too, loaded on
+first use, so ``import adaptive_batcher.gateway`` works without the extra and reading one of
+those names without it raises an ``ImportError`` naming the extra.
+
 The guide is docs/llm.md.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from adaptive_batcher.gateway.errors import (
     UpstreamError,
@@ -27,6 +34,31 @@ from adaptive_batcher.gateway.stats import LLMGateStats, TimeQuantiles
 from adaptive_batcher.gateway.stream import GateStream
 from adaptive_batcher.gateway.types import Chunk, Engine, EngineTelemetry, LLMRequest, Usage
 
+if TYPE_CHECKING:
+    from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
+    from adaptive_batcher.gateway.openai import OpenAIEngine
+    from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
+
+_HTTP_PARTS = {
+    "OpenAIEngine": "adaptive_batcher.gateway.openai",
+    "PrometheusEngineTelemetry": "adaptive_batcher.gateway.telemetry",
+    "gateway_app": "adaptive_batcher.gateway.app",
+    "gateway_lifespan": "adaptive_batcher.gateway.app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP parts, imported on first use (they need the gateway extra)."""
+    module = _HTTP_PARTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "Chunk",
     "Engine",
@@ -36,6 +68,8 @@ __all__ = [
     "LLMGate",
     "LLMGateStats",
     "LLMRequest",
+    "OpenAIEngine",
+    "PrometheusEngineTelemetry",
     "TimeQuantiles",
     "UpstreamError",
     "UpstreamHTTPError",
@@ -43,4 +77,6 @@ __all__ = [
     "UpstreamTimeoutError",
     "UpstreamUnavailableError",
     "Usage",
+    "gateway_app",
+    "gateway_lifespan",
 ]

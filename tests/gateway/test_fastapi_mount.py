@@ -11,11 +11,14 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from adaptive_batcher.gateway import LLMGate
-from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
-from adaptive_batcher.gateway.openai import OpenAIEngine
+from adaptive_batcher.gateway import (
+    LLMGate,
+    OpenAIEngine,
+    PrometheusEngineTelemetry,
+    gateway_app,
+    gateway_lifespan,
+)
 from adaptive_batcher.gateway.readings import GATE_METRICS
-from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
 from adaptive_batcher.llm import token_slo_preset
 from tests.gateway.fake_openai import FakeOpenAI
 from tests.gateway.fakes import eventually
