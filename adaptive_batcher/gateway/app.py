@@ -278,7 +278,7 @@ class _Exchange:
             try:
                 await stream.admitted()
             except GateRejectedError as exc:
-                retry = [(b"retry-after", str(math.ceil(exc.retry_after_s)).encode())]
+                retry = [(b"retry-after", str(_retry_after_header(exc.retry_after_s)).encode())]
                 kind = "rate_limit_error" if exc.http_status == 429 else "overloaded_error"
                 body = _error(str(exc), kind, _code(exc))
                 await _send_json(self.send, exc.http_status, body, retry)
@@ -378,6 +378,12 @@ async def _read_body(receive: Receive) -> bytes | None:
         parts.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+def _retry_after_header(retry_after_s: float) -> int:
+    """``Retry-After`` in whole seconds: rounded up, never 0 (a 0 invites an immediate retry
+    into the same full gate)."""
+    return max(1, math.ceil(retry_after_s))
 
 
 def _route(scope: Scope) -> str:

@@ -11,7 +11,8 @@ Requests also end with the batcher's own errors:
 :class:`~adaptive_batcher.errors.DeadlineExceededError` (its deadline passed, queued or running)
 and :class:`~adaptive_batcher.errors.BatcherClosedError` (the gate closed without draining).
 A server maps a :class:`GateRejectedError` to its ``http_status`` with a ``Retry-After`` header
-of ``ceil(retry_after_s)`` seconds (RFC 9110, section 10.2.3).
+of ``ceil(retry_after_s)`` seconds, at least 1 (RFC 9110, section 10.2.3; 0 would invite an
+immediate retry into the same full gate).
 """
 
 from __future__ import annotations
