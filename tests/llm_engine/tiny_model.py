@@ -1,0 +1,63 @@
+"""Writes the real-engine tests' model: a tiny Llama with random weights (hidden 256, 4 layers,
+4 heads, vocabulary 1000, 3.1 M parameters) and a word-level tokenizer with a trivial chat
+template, so nothing comes from a hub. Run with the engine's Python (it needs ``transformers``
+and ``tokenizers``, which the main suite does not): ``python -m tests.llm_engine.tiny_model DIR``.
+
+The end-of-sequence id (1000) lies outside the 1000-logit head, so the model never ends a
+sequence early: every request produces exactly ``max_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+VOCAB = 1000
+EOS_ID = VOCAB  # outside the head: never sampled
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }} "
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def write(directory: Path) -> None:
+    """Write the model and its tokenizer into ``directory`` (created)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=EOS_ID,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    words = ["<unk>", "<s>", "<pad>", *(f"w{i}" for i in range(3, VOCAB))]
+    vocab = {word: index for index, word in enumerate(words)}
+    vocab["</s>"] = EOS_ID
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1]))
+    print(f"tiny model in {sys.argv[1]}")
