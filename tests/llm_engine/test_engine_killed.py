@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adaptive_batcher.gateway.sse import SSESplitter, event_data
-from tests.llm_engine.test_gateway import completion, gateway
+from tests.llm_engine.harness import completion, gateway
 from tests.llm_engine.vllm_server import VLLMServer
 
 

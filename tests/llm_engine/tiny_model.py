@@ -1,7 +1,8 @@
 """Writes the real-engine tests' model: a tiny Llama with random weights (hidden 256, 4 layers,
 4 heads, vocabulary 1000, 3.1 M parameters) and a word-level tokenizer with a trivial chat
 template, so nothing comes from a hub. Run with the engine's Python (it needs ``transformers``
-and ``tokenizers``, which the main suite does not): ``python -m tests.llm_engine.tiny_model DIR``.
+and ``tokenizers``, which the main suite does not): ``python -m tests.llm_engine.tiny_model DIR``
+(``--hidden N --layers N`` for a larger one, as the engine benchmark writes).
 
 The end-of-sequence id (1000) lies outside the 1000-logit head, so the model never ends a
 sequence early: every request produces exactly ``max_tokens`` tokens.
@@ -9,7 +10,7 @@ sequence early: every request produces exactly ``max_tokens`` tokens.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 VOCAB = 1000
@@ -20,8 +21,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def write(directory: Path) -> None:
-    """Write the model and its tokenizer into ``directory`` (created)."""
+def write(directory: Path, hidden: int = 256, layers: int = 4) -> None:
+    """Write the model (``hidden`` wide, ``layers`` deep, 64-wide heads) and its tokenizer into
+    ``directory`` (created)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -29,11 +31,11 @@ def write(directory: Path) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
         max_position_embeddings=2048,
         bos_token_id=1,
         eos_token_id=EOS_ID,
@@ -59,5 +61,10 @@ def write(directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    write(Path(sys.argv[1]))
-    print(f"tiny model in {sys.argv[1]}")
+    parser = argparse.ArgumentParser(description="write the real-engine tests' model")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    arguments = parser.parse_args()
+    write(arguments.directory, arguments.hidden, arguments.layers)
+    print(f"model in {arguments.directory}")

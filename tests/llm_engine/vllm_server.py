@@ -34,10 +34,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def write_tiny_model(python: str, directory: Path) -> None:
+def write_tiny_model(python: str, directory: Path, hidden: int = 256, layers: int = 4) -> None:
     """The tests' model, written by the engine's Python (tests/llm_engine/tiny_model.py)."""
+    command = [
+        python, "-m", "tests.llm_engine.tiny_model", str(directory),
+        "--hidden", str(hidden), "--layers", str(layers),
+    ]  # fmt: skip
     subprocess.run(
-        [python, "-m", "tests.llm_engine.tiny_model", str(directory)],
+        command,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=True,
@@ -49,8 +53,11 @@ def write_tiny_model(python: str, directory: Path) -> None:
 class VLLMServer:
     """One vLLM API server; ``start`` and ``stop`` may be repeated (the same port again)."""
 
-    def __init__(self, python: str, model_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self, python: str, model_dir: Path, log_path: Path, max_num_seqs: int = MAX_NUM_SEQS
+    ) -> None:
         self.python = python
+        self.max_num_seqs = max_num_seqs
         self.model_dir = model_dir
         self.log_path = log_path
         self.port = 0
@@ -79,7 +86,7 @@ class VLLMServer:
             "--model", str(self.model_dir), "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "1024",
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager",
+            "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager",
         ]  # fmt: skip
         with self.log_path.open("ab") as log:
             # Popen, not asyncio's: the server outlives the loop that starts it
