@@ -41,7 +41,9 @@ class Sample:
 @dataclass(frozen=True)
 class Summary:
     """A phase's figures: goodput (good requests per second of load), SLO attainment over every
-    request sent, the answered requests' TTFT/TPOT p50 and p99 (ms), refused %, unanswered."""
+    request sent, the answered requests' TTFT/TPOT p50 and p99 (ms), refused % (429/503),
+    expired (504: its first token could no longer come in time), unanswered, and errors (any
+    other status, or a transport error)."""
 
     sent: int
     good: int
@@ -52,8 +54,10 @@ class Summary:
     tpot_p50_ms: float
     tpot_p99_ms: float
     refused_pct: float
+    expired: int
     unanswered: int
     errors: int
+    error_statuses: tuple[int, ...]  # the errors' statuses (-1: a transport error), sorted
 
 
 async def stream_one(
@@ -138,7 +142,7 @@ def summarize(samples: list[Sample], slo: TokenSLO, tokens: int, duration_s: flo
         if s.tokens == tokens and s.ttft_s * 1e3 <= slo.ttft_ms and s.tpot_s * 1e3 <= slo.tpot_ms
     )
     refused = sum(1 for s in samples if s.status in (429, 503))
-    errors = sum(1 for s in samples if s.status not in (200, 429, 503, UNANSWERED))
+    failed = sorted(s.status for s in samples if s.status not in (200, 429, 503, 504, UNANSWERED))
     return Summary(
         sent=len(samples),
         good=good,
@@ -149,8 +153,10 @@ def summarize(samples: list[Sample], slo: TokenSLO, tokens: int, duration_s: flo
         tpot_p50_ms=_quantile_ms([s.tpot_s for s in answered], 0.5),
         tpot_p99_ms=_quantile_ms([s.tpot_s for s in answered], 0.99),
         refused_pct=100.0 * refused / max(len(samples), 1),
+        expired=sum(1 for s in samples if s.status == 504),
         unanswered=sum(1 for s in samples if s.status == UNANSWERED),
-        errors=errors,
+        errors=len(failed),
+        error_statuses=tuple(failed),
     )
 
 

@@ -207,9 +207,9 @@ def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], lis
         f"{setup['load_avg_end']:.2f} at the end",
         "",
         "| load | contender | sent | goodput req/s | attainment | TTFT p50 / p99 ms "
-        "| TPOT p50 / p99 ms | refused % | unanswered | vLLM running max | vLLM waiting max "
-        "| KV max % | preemptions |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TPOT p50 / p99 ms | refused % | expired | unanswered | vLLM running max "
+        "| vLLM waiting max | KV max % | preemptions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         s = p.summary
@@ -217,8 +217,8 @@ def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], lis
             f"| {p.load:g}x | {p.contender} | {s.sent} | {s.goodput_rps:.2f} | "
             f"{s.attainment:.3f} | {s.ttft_p50_ms:.0f} / {s.ttft_p99_ms:.0f} | "
             f"{s.tpot_p50_ms:.1f} / {s.tpot_p99_ms:.1f} | {s.refused_pct:.1f} | "
-            f"{s.unanswered} | {p.engine_running_max:.0f} | {p.engine_waiting_max:.0f} | "
-            f"{p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} |"
+            f"{s.expired} | {s.unanswered} | {p.engine_running_max:.0f} | "
+            f"{p.engine_waiting_max:.0f} | {p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} |"
         )
     verdicts = [_verdict(phases, load) for load in LOADS]
     return [*lines, "", *(f"- {v}" for v in verdicts), ""], verdicts
@@ -231,9 +231,13 @@ def _verdict(phases: list[Phase], load: float) -> str:
         ((n, s) for n, s in at.items() if n.startswith("static_")), key=lambda i: i[1].goodput_rps
     )
     return (
-        f"{load:g}x: ours' goodput {ours.goodput_rps:.2f} req/s = "
-        f"{ours.goodput_rps / max(bare.goodput_rps, 1e-9):.2f}x the bare engine's and "
-        f"{ours.goodput_rps / max(best.goodput_rps, 1e-9):.2f}x the best static gate's "
-        f"({best_name}); refused {ours.refused_pct:.1f} %; TTFT p50 "
-        f"{ours.ttft_p50_ms / bare.ttft_p50_ms:.2f}x the bare engine's"
+        f"{load:g}x: ours' goodput {ours.goodput_rps:.2f} req/s, the bare engine's "
+        f"{bare.goodput_rps:.2f} ({_ratio(ours.goodput_rps, bare.goodput_rps)}), the best static "
+        f"gate's ({best_name}) {best.goodput_rps:.2f} "
+        f"({_ratio(ours.goodput_rps, best.goodput_rps)}); ours refused {ours.refused_pct:.1f} %; "
+        f"ours' TTFT p50 {_ratio(ours.ttft_p50_ms, bare.ttft_p50_ms)} the bare engine's"
     )
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference > 0 else "no reference"
