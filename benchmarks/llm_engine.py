@@ -23,6 +23,7 @@ import numpy as np
 
 from adaptive_batcher.gateway.sse import SSESplitter
 from adaptive_batcher.llm.slo import TokenSLO
+from tests.llm_engine.harness import token_events
 
 UNANSWERED = 0  # the status of a request cancelled at the end of its phase
 
@@ -71,7 +72,7 @@ async def stream_one(
             return Sample(response.status_code)
         splitter, tokens, first, last = SSESplitter(), 0, math.nan, math.nan
         async for data in response.aiter_raw():
-            arrived = sum(1 for event in splitter.feed(data) if b'"text"' in event)
+            arrived = token_events(splitter, data)
             if arrived:
                 now = loop.time()
                 first = now if tokens == 0 else first

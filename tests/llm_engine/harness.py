@@ -69,3 +69,9 @@ async def gateway(
         httpx.AsyncClient(base_url=url, timeout=BOUND_S, trust_env=False) as client,
     ):
         yield client, gate
+
+
+def token_events(splitter: SSESplitter, data: bytes) -> int:
+    """How many of the completion events completed by ``data`` carry text (one token each, as
+    vLLM streams them)."""
+    return sum(1 for event in splitter.feed(data) if b'"text"' in event)

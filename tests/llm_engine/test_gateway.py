@@ -23,7 +23,16 @@ from adaptive_batcher.gateway import (
 )
 from adaptive_batcher.gateway.sse import SSESplitter
 from tests.gateway.fakes import eventually
-from tests.llm_engine.harness import BOUND_S, LOOSE, PROMPT, completion, events, gateway, text_of
+from tests.llm_engine.harness import (
+    BOUND_S,
+    LOOSE,
+    PROMPT,
+    completion,
+    events,
+    gateway,
+    text_of,
+    token_events,
+)
 from tests.llm_engine.vllm_server import MODEL_NAME, VLLMServer
 
 
@@ -97,7 +106,7 @@ async def read_tokens_for(response: httpx.Response, seconds: float) -> tuple[int
     splitter, tokens, first = SSESplitter(), 0, 0.0
     async with asyncio.timeout(BOUND_S):
         async for data in response.aiter_raw():
-            tokens += sum(1 for event in splitter.feed(data) if b'"text"' in event)
+            tokens += token_events(splitter, data)
             now = time.monotonic()
             first = first or now
             if tokens > 1 and now - first >= seconds:
