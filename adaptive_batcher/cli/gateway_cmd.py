@@ -55,6 +55,12 @@ def _port(name: str, text: str) -> int:
     return port
 
 
+def _route(name: str, text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"{name} must start with '/', got {text!r}")
+    return text
+
+
 def register(subparsers: Any) -> None:
     """Add the ``gateway`` sub-command."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -128,6 +134,19 @@ def register(subparsers: Any) -> None:
         type=number_argument("--metrics-interval-s", 0.0, strict=True),
         default=1.0,
         help="seconds between reads of the engine's metrics (default 1)",
+    )
+    parser.add_argument(
+        "--upstream-health-path",
+        type=argument_type("--upstream-health-path", _route),
+        default="/health",
+        metavar="PATH",
+        help="the engine's health route, asked by the gateway's /health (at most once a "
+        "second): 503 while it does not answer (default /health)",
+    )
+    parser.add_argument(
+        "--no-upstream-health",
+        action="store_true",
+        help="the gateway's /health reports the gate alone, without asking the engine",
     )
     parser.add_argument(
         "--first-chunk-timeout-s",
@@ -233,7 +252,13 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         max_queue=args.max_queue,
         name="gateway",
     )
-    app = gateway_app(gate, max_body_bytes=args.max_body_bytes, engine=engine, process_metrics=True)
+    app = gateway_app(
+        gate,
+        max_body_bytes=args.max_body_bytes,
+        engine=engine,
+        process_metrics=True,
+        upstream_health_path=None if args.no_upstream_health else args.upstream_health_path,
+    )
     config = uvicorn.Config(
         app,
         lifespan="off",

@@ -18,7 +18,10 @@ Routes:
   When the client disconnects, its request is closed at once: it leaves the gate's queue, or its
   slot is freed and its HTTP stream to the engine closed (which aborts it in vLLM).
 * ``GET /health``: 200 and the gate's state as JSON (limit, in flight, waiting, counts, the
-  engine's latest metrics); 503 once the gate is closing.
+  engine's latest metrics); 503 once the gate is closing. With an ``engine``, the engine's own
+  health route is asked too (:class:`~adaptive_batcher.gateway.health.UpstreamCheck`, at most
+  once a second): 503 ``upstream_unavailable`` while it does not answer, so a load balancer
+  stops sending to a gateway whose engine is gone.
 * ``GET /metrics``: the gate's Prometheus metrics (and, with ``process_metrics``, the
   process's).
 * ``GET /v1/models``: passed through to the engine when an ``engine`` is given.
@@ -44,12 +47,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher._validate import check_bool, check_int
+from adaptive_batcher._validate import check_bool, check_int, check_str
 from adaptive_batcher.asgi import BodyLimit, Message, Receive, Scope, Send
 from adaptive_batcher.errors import BatcherClosedError, DeadlineExceededError
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.gateway.assemble import ResponseAssembler
 from adaptive_batcher.gateway.errors import UpstreamError, UpstreamHTTPError
+from adaptive_batcher.gateway.health import UpstreamCheck
 from adaptive_batcher.gateway.openai import (
     OpenAIEngine,
     estimate_prompt_tokens,
@@ -98,6 +102,7 @@ def gateway_app(
     registry: CollectorRegistry | None = None,
     process_metrics: bool = False,
     manage_gate: bool = False,
+    upstream_health_path: str | None = "/health",
 ) -> ASGIApp:
     """The gateway as an ASGI app (see the module for its routes and answers).
 
@@ -114,6 +119,8 @@ def gateway_app(
         manage_gate: start the gate on the ASGI lifespan's startup and close it (draining) on
             its shutdown, for ``uvicorn module:app``; by default lifespan events are only
             acknowledged (a mounted app never receives them).
+        upstream_health_path: the engine's health route ``/health`` asks (with an
+            ``engine``); None: ``/health`` reports the gate alone.
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range (named).
@@ -132,7 +139,10 @@ def gateway_app(
             ProcessCollector(registry=registry)
     elif not isinstance(registry, CollectorRegistry):
         raise TypeError(f"registry must be a CollectorRegistry, got {type(registry).__name__}")
-    return _OpenAIBodyLimit(_Gateway(gate, engine, registry, manage_gate), max_body_bytes)
+    check = None
+    if engine is not None and upstream_health_path is not None:
+        check = UpstreamCheck(engine, path=check_str("upstream_health_path", upstream_health_path))
+    return _OpenAIBodyLimit(_Gateway(gate, engine, registry, manage_gate, check), max_body_bytes)
 
 
 @contextlib.asynccontextmanager
@@ -165,8 +175,10 @@ class _Gateway:
         engine: OpenAIEngine | None,
         registry: CollectorRegistry,
         manage_gate: bool,
+        check: UpstreamCheck | None,
     ) -> None:
         self.gate = gate
+        self.check = check
         self.manage_gate = manage_gate
         self.engine = engine
         self.registry = registry
@@ -186,7 +198,7 @@ class _Gateway:
             await self._complete(path, scope, receive, send)
         elif path in ("/health", "/metrics", "/v1/models") and method in ("GET", "HEAD"):
             if path == "/health":
-                await _send_json(send, *_health(self.gate))
+                await _send_json(send, *await _health(self.gate, self.check))
             elif path == "/metrics":
                 body = generate_latest(self.registry)
                 await _send(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
@@ -462,12 +474,19 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _health(gate: LLMGate) -> tuple[int, dict[str, Any]]:
-    """200 and the gate's state while it takes requests, 503 once it is closing."""
+async def _health(gate: LLMGate, check: UpstreamCheck | None) -> tuple[int, dict[str, Any]]:
+    """200 and the gate's state while it takes requests and its engine answers (or is not
+    asked); 503 once it is closing, or while the engine does not answer."""
+    upstream = None if check is None else await check.state()
     stats = gate.stats()
     engine = stats.engine
-    body = {
-        "status": "closed" if stats.closed else "ok",
+    status = "ok"
+    if stats.closed:
+        status = "closed"
+    elif upstream is not None and not upstream.up:
+        status = "upstream_unavailable"
+    body: dict[str, Any] = {
+        "status": status,
         "gate": {
             "name": stats.name,
             "closed": stats.closed,
@@ -478,7 +497,9 @@ def _health(gate: LLMGate) -> tuple[int, dict[str, Any]]:
             "engine": None if engine is None else dataclasses.asdict(engine),
         },
     }
-    return (503 if stats.closed else 200), body
+    if check is not None and upstream is not None:
+        body["upstream"] = upstream.as_json(check.clock())
+    return (200 if status == "ok" else 503), body
 
 
 async def _send_json(

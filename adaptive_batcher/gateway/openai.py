@@ -125,16 +125,23 @@ class OpenAIEngine:
         """
         return self._events(request)
 
-    async def get(self, path: str, headers: Mapping[str, str] | None = None) -> httpx.Response:
+    async def get(
+        self,
+        path: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
         """``GET path`` on the server (e.g. ``/v1/models``, passed through by the gateway), read
-        whole within the first-chunk timeout.
+        whole within ``timeout_s`` seconds (None: the first-chunk timeout).
 
         Raises:
             UpstreamError: no connection, no answer in time (an error status is returned, not
                 raised).
         """
+        limit_s = self.first_chunk_timeout_s if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(self.first_chunk_timeout_s):
+            async with asyncio.timeout(limit_s):
                 return await self._client.get(
                     self.base_url + path,
                     headers=self._headers(headers or {}),

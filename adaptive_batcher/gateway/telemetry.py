@@ -28,6 +28,7 @@ from typing import Final
 from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_number, check_str
 from adaptive_batcher.gateway._extra import missing_extra
+from adaptive_batcher.gateway.outage import OutageLog
 from adaptive_batcher.llm.signals import EngineMetrics
 
 try:
@@ -156,22 +157,23 @@ class PrometheusEngineTelemetry:
             raise TypeError(f"client must be an httpx.AsyncClient, got {type(client).__name__}")
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(trust_env=False)
+        self._outage = OutageLog(_log, "engine_telemetry.failed", "engine_telemetry.recovered")
 
     async def read(self) -> EngineMetrics | None:
-        """One reading; None (and an ``engine_telemetry.failed`` warning event) when the page
-        cannot be read or parsed, None when it holds no engine's metrics. Never raises but
-        for cancellation."""
+        """One reading; None when the page cannot be read or parsed, or holds no engine's
+        metrics. Never raises but for cancellation. Failures are logged as an outage
+        (:class:`~adaptive_batcher.gateway.outage.OutageLog`): an ``engine_telemetry.failed``
+        warning when they begin and, spaced out, while they last; ``engine_telemetry.recovered``
+        when a read works again."""
         try:
             response = await self._client.get(self.metrics_url, timeout=self.timeout_s)
             response.raise_for_status()
-            return parse_engine_metrics(response.text)
+            metrics = parse_engine_metrics(response.text)
         except Exception as exc:  # a failed read is a missing reading, never an error
-            _log.warning(
-                "engine_telemetry.failed",
-                url=self.metrics_url,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            self._outage.failed(url=self.metrics_url, error=f"{type(exc).__name__}: {exc}")
             return None
+        self._outage.succeeded(url=self.metrics_url)
+        return metrics
 
     async def aclose(self) -> None:
         """Close the client the source made (a client given stays open)."""

@@ -9,7 +9,13 @@ vLLM does, told what to do by fields of each request's JSON body (the gateway fo
 * ``fake_invalid_json``: send an event that is not JSON;
 * ``fake_error_event``: send an error event, as vLLM does for an error mid-stream;
 * ``fake_hold``: wait for :attr:`FakeOpenAI.release` (an event, in process) before the first
-  token.
+  token;
+* ``fake_interval_ms`` (0): sleep that long before each token event;
+* ``fake_stamp``: each token's text is the ``time.monotonic_ns()`` at which it is sent (one
+  clock for every process on the machine), for timing a chunk from the engine to a client.
+
+``GET /health`` answers :attr:`FakeOpenAI.health_status` (200), or nothing while
+:attr:`FakeOpenAI.health_hold` is set, and counts the checks (:attr:`health_checks`).
 
 It records every body received (:attr:`FakeOpenAI.bodies`) and its ``authorization``, counts
 the streams active and the clients that disconnected mid-stream (:attr:`disconnects`, with an
@@ -30,6 +36,7 @@ import contextlib
 import json
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -50,6 +57,9 @@ class FakeOpenAI:
         self.completed = 0
         self.release = asyncio.Event()
         self.started = asyncio.Event()  # set when a stream sent its first token event
+        self.health_status = 200  # what GET /health answers
+        self.health_hold = False  # GET /health never answers while set
+        self.health_checks = 0
         self._changed = asyncio.Condition()
 
     async def wait_disconnects(self, count: int) -> None:
@@ -88,6 +98,11 @@ class FakeOpenAI:
         elif path == "/v1/models":
             body = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
             await _answer(send, 200, json.dumps(body).encode(), b"application/json")
+        elif path == "/health":
+            self.health_checks += 1
+            if self.health_hold:
+                await asyncio.Event().wait()  # until the client goes away (cancelled)
+            await _answer(send, self.health_status, b"", b"text/plain")
         elif path == "/fake/wait":
             await self._wait(scope, send)
         elif path in ("/v1/completions", "/v1/chat/completions"):
@@ -155,7 +170,10 @@ class FakeOpenAI:
             await _event(send, _chat_event(body, {"role": "assistant", "content": ""}, None))
         if body.get("fake_hold"):
             await self.release.wait()
+        interval_s = float(body.get("fake_interval_ms", 0)) / 1e3
         for i in range(tokens):
+            if interval_s > 0:
+                await asyncio.sleep(interval_s)
             if body.get("fake_break_after") == i:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
@@ -173,10 +191,11 @@ class FakeOpenAI:
                 )
                 return
             finish = "length" if i == tokens - 1 else None
+            text = str(time.monotonic_ns()) if body.get("fake_stamp") else f"t{i}"
             if chat:
-                await _event(send, _chat_event(body, {"content": f"t{i}"}, finish))
+                await _event(send, _chat_event(body, {"content": text}, finish))
             else:
-                await _event(send, _completion_event(body, f"t{i}", finish))
+                await _event(send, _completion_event(body, text, finish))
             self.started.set()
         options = body.get("stream_options") or {}
         if options.get("include_usage"):

@@ -33,6 +33,10 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--max-in-flight", "0"], "--max-in-flight"),
         (["--upstream", "http://h", "--max-queue", "-1"], "--max-queue"),
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
+        (
+            ["--upstream", "http://h", "--upstream-health-path", "health"],
+            "--upstream-health-path must start with '/'",
+        ),
     ],
 )
 def test_bad_arguments_are_clear_errors(
@@ -50,6 +54,7 @@ def test_the_defaults() -> None:
     assert (args.ttft_ms, args.tpot_ms, args.host, args.port) == (300.0, 50.0, "127.0.0.1", 9000)
     assert (args.max_in_flight, args.max_queue, args.max_body_bytes) == (256, None, 1 << 20)
     assert args.metrics_url is None and not args.no_engine_metrics
+    assert args.upstream_health_path == "/health" and not args.no_upstream_health
 
 
 def test_metrics_url_and_no_engine_metrics_exclude_each_other(
@@ -107,7 +112,7 @@ async def test_the_command_serves_and_stops_on_sigterm() -> None:
                 health = await client.get("/health")
                 metrics = await client.get("/metrics")
             assert answer.status_code == 200 and answer.content.endswith(b"data: [DONE]\n\n")
-            assert health.status_code == 200
+            assert health.status_code == 200 and health.json()["upstream"]["up"] is True
             assert "process_cpu_seconds_total" in metrics.text
             os.kill(process.pid, signal.SIGTERM)
             async with asyncio.timeout(BOUND_S):
