@@ -213,17 +213,10 @@ def _stop(signum: int, frame: object) -> None:
 
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (bound here, so the port is known before
-    serving and a busy port is a clear error)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-        listener.listen(2048)
-    except OSError:
-        listener.close()
-        raise
-    return listener
+    serving and a busy port is a clear error), with Nagle off on its connections."""
+    from adaptive_batcher.gateway.listener import tcp_listener
+
+    return tcp_listener(host, port)
 
 
 async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:

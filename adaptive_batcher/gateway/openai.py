@@ -57,6 +57,15 @@ CHARS_PER_TOKEN = 4.0
 MAX_ERROR_BODY = 2048
 """Bytes of an error answer kept for the error's message."""
 
+DRAIN_TIMEOUT_S = 0.5
+"""After ``data: [DONE]``, how long the rest of the body (the chunked encoding's end) may take
+to arrive, seconds. A body read to its end returns its connection to the pool; one cut off
+closes it, so every request would open a new connection (a handshake on both sides, and a port
+left in TIME_WAIT for a minute: a few hundred requests a second use up the ephemeral ports)."""
+
+MAX_DRAIN_BYTES = 4096
+"""Bytes after ``data: [DONE]`` read to reach the body's end before giving up on it."""
+
 
 class OpenAIEngine:
     """The :class:`~adaptive_batcher.gateway.types.Engine` of an OpenAI-compatible server.
@@ -188,6 +197,7 @@ class OpenAIEngine:
                         chunk, done = _chunk(event)
                         yield chunk
                         if done:
+                            await _drain(raw)
                             return
                     if not first:
                         deadline = loop.time() + self.chunk_timeout_s
@@ -224,6 +234,20 @@ class OpenAIEngine:
             raise UpstreamTimeoutError(f"no {what} from the engine within {wait} s") from exc
         except httpx.HTTPError as exc:
             raise _mapped(exc, answered=True) from exc
+
+
+async def _drain(raw: AsyncIterator[bytes]) -> None:
+    """Read what follows ``[DONE]`` to the body's end (at most :data:`MAX_DRAIN_BYTES` within
+    :data:`DRAIN_TIMEOUT_S`), so that the connection can be kept; a failure only costs it."""
+    received = 0
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for data in raw:
+                received += len(data)
+                if received > MAX_DRAIN_BYTES:
+                    return
+    except (TimeoutError, httpx.HTTPError):
+        pass
 
 
 def _raw(response: httpx.Response) -> AsyncGenerator[bytes, None]:

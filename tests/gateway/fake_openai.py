@@ -34,11 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from adaptive_batcher.gateway.listener import tcp_listener
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,6 +61,7 @@ class FakeOpenAI:
         self.health_status = 200  # what GET /health answers
         self.health_hold = False  # GET /health never answers while set
         self.health_checks = 0
+        self.clients: list[object] = []  # the (host, port) each completion came from
         self._changed = asyncio.Condition()
 
     async def wait_disconnects(self, count: int) -> None:
@@ -122,6 +124,7 @@ class FakeOpenAI:
         await _answer(send, 200, json.dumps(counts).encode(), b"application/json")
 
     async def _complete(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        self.clients.append(scope.get("client"))
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization")
         self.authorizations.append(None if authorization is None else authorization.decode())
@@ -258,10 +261,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     port = parser.parse_args().port
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", port))
-    listener.listen(128)
+    listener = tcp_listener("127.0.0.1", port, backlog=128)
     print(f"fake engine on port {listener.getsockname()[1]}", flush=True)
     config = uvicorn.Config(FakeOpenAI(), lifespan="off", log_level="warning", access_log=False)
     asyncio.run(uvicorn.Server(config).serve(sockets=[listener]))

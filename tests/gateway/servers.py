@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from adaptive_batcher.gateway.listener import tcp_listener
 
 ROOT = Path(__file__).parents[2]
 STOP_TIMEOUT_S = 10.0
@@ -24,9 +25,7 @@ STOP_TIMEOUT_S = 10.0
 async def serving(app: Any) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn in this loop; yields its base URL. The socket listens before
     the URL is yielded, so connections wait in its backlog until uvicorn accepts them."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
+    listener = tcp_listener("127.0.0.1", 0, backlog=128)
     port = listener.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)

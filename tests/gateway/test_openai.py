@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adaptive_batcher.gateway import openai as openai_module
 from adaptive_batcher.gateway.errors import (
     UpstreamHTTPError,
     UpstreamProtocolError,
@@ -28,6 +29,7 @@ from adaptive_batcher.gateway.openai import (
 from adaptive_batcher.gateway.sse import SSESplitter, event_data
 from adaptive_batcher.gateway.types import Chunk, Engine, LLMRequest, Usage
 from tests.gateway.fake_openai import FakeOpenAI
+from tests.gateway.servers import serving
 
 
 def fake_engine(fake: FakeOpenAI, **kwargs: Any) -> OpenAIEngine:
@@ -266,3 +268,60 @@ def test_the_splitter_keeps_events_whole_and_reads_data() -> None:
     assert splitter.feed(b"data: c\r\n\r\n") == [b"data: b\r\ndata: c\r\n\r\n"]
     assert event_data(b"data: b\r\ndata:c\r\n\r\n") == "b\nc"
     assert event_data(b": keep-alive\n\n") is None
+
+
+class EndedBody(ControlledBody):
+    """A :class:`ControlledBody` that records whether its end was read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for piece in super().__aiter__():
+            yield piece
+        self.ended = True
+
+
+async def test_the_body_after_done_is_read_to_its_end() -> None:
+    body = EndedBody()
+    stream = controlled_engine(body).stream(LLMRequest({"prompt": "x"}))
+    for piece in (TOKEN, b"data: [DONE]\n\n", b"", None):
+        body.pieces.put_nowait(piece)
+    chunks = [c async for c in stream]
+    assert [c.data for c in chunks] == [TOKEN, b"data: [DONE]\n\n"]
+    assert body.ended and body.closed.is_set()
+
+
+async def test_a_body_that_never_ends_after_done_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(openai_module, "DRAIN_TIMEOUT_S", 0.05)
+    body = EndedBody()
+    stream = controlled_engine(body).stream(LLMRequest({"prompt": "x"}))
+    body.pieces.put_nowait(b"data: [DONE]\n\n")  # and nothing more, ever
+    async with asyncio.timeout(5):
+        chunks = [c async for c in stream]
+    assert len(chunks) == 1 and not body.ended and body.closed.is_set()
+
+
+async def test_a_body_that_goes_on_after_done_is_cut_off() -> None:
+    body = EndedBody()
+    stream = controlled_engine(body).stream(LLMRequest({"prompt": "x"}))
+    body.pieces.put_nowait(b"data: [DONE]\n\n")
+    for _ in range(openai_module.MAX_DRAIN_BYTES // len(TOKEN) + 2):
+        body.pieces.put_nowait(TOKEN)  # never read as chunks: the stream ended at [DONE]
+    async with asyncio.timeout(5):
+        chunks = [c async for c in stream]
+    assert len(chunks) == 1 and not body.ended and body.closed.is_set()
+
+
+async def test_streams_one_after_another_share_one_connection() -> None:
+    fake = FakeOpenAI()
+    async with serving(fake) as url:
+        engine = OpenAIEngine(url)
+        for _ in range(5):
+            chunks = await collect(engine, LLMRequest({"prompt": "x", "fake_tokens": 2}))
+            assert event_data(chunks[-1].data) == "[DONE]"
+        await engine.aclose()
+    assert len(fake.clients) == 5 and len(set(fake.clients)) == 1, fake.clients
