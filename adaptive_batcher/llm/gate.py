@@ -202,7 +202,8 @@ class GateLimits:
             guard holds.
         flood_ttft_s: the flood guard, seconds (> 0), or None: an arrival that finds a free
             slot is refused when the prefill already admitted (the backlog) would put even an
-            empty prompt's first token beyond this (a burst flooded the engine).
+            empty prompt's first token beyond this (a burst flooded the engine); not while the
+            engine's TTFT alone is forecast beyond it.
 
     Raises:
         TypeError, ValueError: a field of the wrong type or out of range (named).
@@ -511,9 +512,13 @@ class AdmissionGate(Generic[H]):
     def _flooded(self, limits: GateLimits) -> BatcherError | None:
         """The refusal of an arrival that finds a free slot when the prefill already admitted
         would make even an empty prompt's first token miss (a burst flooded the engine), else
-        None."""
+        None. Never while the engine's own TTFT, with nothing ahead, is forecast past the
+        limit: the backlog is then not what makes it late."""
         forecast, limit = self._forecast, limits.flood_ttft_s
-        if forecast is None or limit is None:
+        if forecast is None or limit is None or forecast.engine_ttft_s > limit:
+            # the engine alone is forecast late: that is no flood to guard against, refusing
+            # makes no one faster, and only admitted requests can show that it is faster now
+            # (refusing on that forecast kept an idle engine's gate refusing for good)
             return None
         ahead = forecast.engine_ttft_s + forecast.per_prompt_token_s * self._backlog
         if ahead <= limit:

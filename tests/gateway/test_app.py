@@ -18,6 +18,7 @@ from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
 from adaptive_batcher.gateway.openai import OpenAIEngine
 from adaptive_batcher.gateway.shell import LLMGate
 from adaptive_batcher.gateway.sse import SSESplitter, event_data
+from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
 from adaptive_batcher.gateway.types import LLMRequest
 from adaptive_batcher.llm.errors import TTFTUnreachableError
 from adaptive_batcher.llm.slo import TokenSLO
@@ -380,3 +381,31 @@ async def test_an_engine_killed_mid_run_fails_its_streams_and_the_gateway_recove
             assert back.status_code == 200 and back.content.endswith(b"data: [DONE]\n\n")
     finally:
         await fake.stop()
+
+
+async def test_slow_first_tokens_do_not_leave_an_idle_gate_refusing() -> None:
+    # a fresh user's find: after a few slow first tokens, every later request was refused
+    # with 503 ttft_unreachable on an idle engine, for good (nothing admitted, nothing learned)
+    fake = FakeProcess()
+    url = await fake.start()
+    engine = OpenAIEngine(url)
+    telemetry = PrometheusEngineTelemetry(f"{url}/metrics", interval_s=0.2)
+    gate = LLMGate(engine, TokenSLO(ttft_ms=300.0, tpot_ms=50.0), telemetry=telemetry)
+    slow = {"prompt": "x", "fake_tokens": 1, "fake_interval_ms": 1000}
+    fast = {"prompt": "x", "fake_tokens": 2}
+    try:
+        async with gateway_lifespan(gate), asgi_client(gateway_app(gate, engine=engine)) as client:
+            for _ in range(3):
+                assert (await client.post("/v1/completions", json=slow)).status_code == 200
+                for _ in range(3):
+                    await client.post("/v1/completions", json=fast)
+            await asyncio.sleep(3.0)  # the engine idle: the controller's forecast goes stale
+            statuses = [
+                (await client.post("/v1/completions", json=fast)).status_code for _ in range(5)
+            ]
+            stats = gate.stats()
+    finally:
+        await engine.aclose()
+        await fake.kill()
+    assert statuses == [200] * 5, statuses
+    assert stats.in_flight == 0 and stats.waiting == 0

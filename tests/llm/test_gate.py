@@ -106,6 +106,15 @@ def test_the_flood_guard_refuses_a_free_slot_while_the_prefill_backlog_alone_mis
     assert gate.in_flight == 2 < gate.limits.max_in_flight  # a free slot, yet refused
 
 
+def test_the_flood_guard_never_refuses_because_the_engine_alone_is_forecast_late() -> None:
+    # a stale forecast from slow first tokens (0.8 s) must not refuse at an idle engine: no
+    # request would then ever be admitted to show that the engine is fast again
+    forecast = TTFTForecast(10.0, 0.8, per_prompt_token_s=1e-4)
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(8, flood_ttft_s=0.3), forecast)
+    assert handles(arrive(gate, "idle", 0.0, prompt_tokens=2000)[1], Admit) == ["idle"]
+    assert handles(arrive(gate, "behind", 0.0, prompt_tokens=10)[1], Admit) == ["behind"]
+
+
 def test_the_bounded_queue_refuses_with_429_only_when_no_slot_is_free() -> None:
     gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_queue=1))
     arrive(gate, "a", 0.0)
