@@ -103,9 +103,18 @@ class StreamBufferFullError(BatcherError):
     this error after the elements it had buffered; the batch goes on for the other callers."""
 
 
+DESCRIBE_MAX_CHARS = 1000
+"""The longest :func:`describe` text: an exception may carry a whole request (a prompt that
+failed to encode), and a log line must not."""
+
+
 def describe(exc: BaseException) -> str:
-    """``repr(exc)``, or a stand-in when the exception's own ``__repr__`` raises."""
+    """``repr(exc)``, cut to :data:`DESCRIBE_MAX_CHARS` characters (then ending ``... (N more
+    characters)``), or a stand-in when the exception's own ``__repr__`` raises."""
     try:
-        return repr(exc)
+        text = repr(exc)
     except Exception:
         return f"<{type(exc).__name__}: repr() failed>"
+    if len(text) <= DESCRIBE_MAX_CHARS:
+        return text
+    return f"{text[:DESCRIBE_MAX_CHARS]}... ({len(text) - DESCRIBE_MAX_CHARS} more characters)"

@@ -35,3 +35,20 @@ def test_a_configured_application_gets_every_event() -> None:
     out = run("import structlog; structlog.configure()")
     assert out.count("batch.dispatched") == 10
     assert "test.warning_still_shown" in out
+
+
+def test_describe_bounds_what_an_exception_puts_in_a_log_line() -> None:
+    from adaptive_batcher.errors import DESCRIBE_MAX_CHARS, describe
+
+    short = ValueError("short")
+    assert describe(short) == "ValueError('short')"
+    long = ValueError("SECRET-" + "a" * 100_000)
+    text = describe(long)
+    assert len(text) < DESCRIBE_MAX_CHARS + 40
+    assert text.startswith("ValueError('SECRET-aaa") and text.endswith("more characters)")
+
+    class BadReprError(Exception):
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    assert describe(BadReprError()) == "<BadReprError: repr() failed>"

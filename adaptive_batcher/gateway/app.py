@@ -233,8 +233,12 @@ class _Gateway:
                 send, 404, _error("no engine to list models of", "invalid_request_error")
             )
             return
+        headers = _passed_headers(scope)
+        if isinstance(headers, str):
+            await _send_json(send, 400, _error(headers, "invalid_request_error"))
+            return
         try:
-            response = await self.engine.get("/v1/models", _passed_headers(scope))
+            response = await self.engine.get("/v1/models", headers)
         except UpstreamError as exc:
             await _send_json(send, exc.http_status, _upstream_error(exc))
             return
@@ -245,23 +249,19 @@ class _Gateway:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away, or the body limit answered 413
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:
-            await _send_json(
-                send, 400, _error(f"the body is not JSON: {exc}", "invalid_request_error")
-            )
-            return
-        if not isinstance(payload, dict):
-            message = f"the body must be a JSON object, got {type(payload).__name__}"
-            await _send_json(send, 400, _error(message, "invalid_request_error"))
+        payload = _request_payload(body)
+        headers = _passed_headers(scope)
+        if isinstance(headers, str) or isinstance(payload, str):
+            # what is wrong, in words that do not echo the request
+            problem = headers if isinstance(headers, str) else payload
+            await _send_json(send, 400, _error(str(problem), "invalid_request_error"))
             return
         request = LLMRequest(
             payload=payload,
             prompt_tokens=estimate_prompt_tokens(payload),
             max_tokens=requested_max_tokens(payload),
             path=path,
-            headers=_passed_headers(scope),
+            headers=headers,
         )
         exchange = _Exchange(self.gate, request, send, streamed=payload.get("stream") is True)
         await _until_disconnect(exchange.run(), receive)
@@ -340,7 +340,8 @@ class _Exchange:
     async def _fail(self, exc: Exception) -> None:
         """Answer with the error; after the headers, as the stream's last event."""
         status, body = _failure(exc)
-        _log.info("gateway.request_failed", status=status, error=f"{type(exc).__name__}: {exc}")
+        error = _bounded(f"{type(exc).__name__}: {exc}", 500)
+        _log.info("gateway.request_failed", status=status, error=error)
         if self.started:
             event = b"data: " + json.dumps(body).encode() + b"\n\n"
             with contextlib.suppress(OSError):  # the client is gone: nobody to tell
@@ -408,13 +409,45 @@ def _route(scope: Scope) -> str:
     return path
 
 
-def _passed_headers(scope: Scope) -> dict[str, str]:
-    """The client's headers passed upstream: ``authorization``."""
-    return {
-        name.decode("latin-1").lower(): value.decode("latin-1")
-        for name, value in scope.get("headers", ())
-        if name.lower() == b"authorization"
-    }
+def _passed_headers(scope: Scope) -> dict[str, str] | str:
+    """The client's headers passed upstream (``authorization``), or why they cannot be: a
+    value that is not ASCII (an HTTP client could not send it on)."""
+    passed = {}
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            if not value.isascii():
+                return "the authorization header must be ASCII"
+            passed["authorization"] = value.decode("ascii")
+    return passed
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _request_payload(body: bytes) -> dict[str, Any] | str:
+    """The request's JSON object, or why it is refused (400), without echoing the body: not
+    JSON (NaN and infinities included), nested beyond the parser's depth, not an object, or
+    holding what cannot be sent on as JSON (a number out of range, a lone surrogate)."""
+    try:
+        payload = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        return "the body is nested too deeply"
+    except ValueError as exc:
+        return f"the body is not JSON: {_bounded(str(exc))}"
+    if not isinstance(payload, dict):
+        return f"the body must be a JSON object, got {type(payload).__name__}"
+    try:
+        json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        return "the body is nested too deeply"
+    except ValueError:  # UnicodeEncodeError is one
+        return "the body holds a number out of range or a string that is not valid Unicode"
+    return payload
+
+
+def _bounded(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _chunk_bytes(chunk: Chunk) -> bytes:
@@ -434,8 +467,9 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]]:
             return cause.http_status, _upstream_error(cause)
         if isinstance(cause, DeadlineExceededError):
             exc = cause
-        else:
-            return 502, _error(str(exc), "upstream_error", "engine_failed")
+        else:  # the exception's own text stays in the log: it may hold the request
+            message = f"the engine failed the request ({type(cause).__name__})"
+            return 502, _error(message, "upstream_error", "engine_failed")
     if isinstance(exc, DeadlineExceededError):
         return 504, _error(
             str(exc) or "the request's deadline passed", "timeout_error", "deadline_exceeded"

@@ -408,13 +408,21 @@ def estimate_prompt_tokens(payload: object) -> int:
 
 
 def _prompt_tokens(prompt: object) -> int:
-    if isinstance(prompt, str):
-        return math.ceil(len(prompt) / CHARS_PER_TOKEN)
+    """A completion prompt's tokens: a string, token ids, or a list of either (OpenAI's
+    shapes); anything nested deeper counts 0 (the engine refuses it)."""
     if not isinstance(prompt, list):
-        return 0
+        return _one_prompt_tokens(prompt)
     if all(isinstance(t, int) for t in prompt):
         return len(prompt)  # token ids
-    return sum(_prompt_tokens(p) for p in prompt)
+    return sum(_one_prompt_tokens(p) for p in prompt)
+
+
+def _one_prompt_tokens(prompt: object) -> int:
+    if isinstance(prompt, str):
+        return math.ceil(len(prompt) / CHARS_PER_TOKEN)
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return 0
 
 
 def _content_chars(content: object) -> int:

@@ -409,3 +409,51 @@ async def test_slow_first_tokens_do_not_leave_an_idle_gate_refusing() -> None:
         await fake.kill()
     assert statuses == [200] * 5, statuses
     assert stats.in_flight == 0 and stats.waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b'{"prompt": "x", "temperature": NaN}', "not JSON"),
+        (b'{"prompt": "x", "temperature": Infinity}', "not JSON"),
+        (b'{"prompt": "x", "max_tokens": 1e400}', "out of range"),
+        (b'{"prompt": "SECRET-\\ud800"}', "not valid Unicode"),
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    ],
+    ids=["nan", "infinity", "huge-number", "lone-surrogate", "deep-body"],
+)
+async def test_bodies_the_engine_cannot_take_get_400_without_an_echo(
+    body: bytes, said: str
+) -> None:
+    fake = FakeOpenAI()
+    async with gateway(fake, max_body_bytes=1 << 20) as (client, gate):
+        response = await client.post(
+            "/v1/completions", content=body, headers={"content-type": "application/json"}
+        )
+        counts = gate.stats().counts
+    error = assert_openai_error(response, 400)
+    assert said in error["message"] and "SECRET" not in response.text
+    assert fake.bodies == [] and counts.failed == 0
+
+
+async def test_a_deeply_nested_prompt_is_estimated_not_recursed_into() -> None:
+    fake = FakeOpenAI()
+    prompt: Any = "a"
+    for _ in range(500):
+        prompt = [prompt]
+    async with gateway(fake) as (client, _):
+        response = await client.post("/v1/completions", json={"prompt": prompt})
+    assert response.status_code == 200  # the engine judges the prompt; the gate estimated 0
+    assert len(fake.bodies) == 1
+
+
+async def test_a_non_ascii_authorization_gets_400_and_is_not_echoed() -> None:
+    fake = FakeOpenAI()
+    headers = {"authorization": "Bearer café-secret".encode()}
+    async with gateway(fake) as (client, _):
+        completion = await client.post("/v1/completions", json={"prompt": "x"}, headers=headers)
+        models = await client.get("/v1/models", headers=headers)
+    for response in (completion, models):
+        assert "ASCII" in assert_openai_error(response, 400)["message"]
+        assert "secret" not in response.text
+    assert fake.bodies == []
