@@ -263,18 +263,27 @@ class _Gateway:
             path=path,
             headers=headers,
         )
-        exchange = _Exchange(self.gate, request, send, streamed=payload.get("stream") is True)
+        exchange = _Exchange(
+            self.gate,
+            request,
+            send,
+            streamed=payload.get("stream") is True,
+            usage=_asks_for_usage(payload),
+        )
         await _until_disconnect(exchange.run(), receive)
 
 
 class _Exchange:
     """One request through the gate, answered on ``send``."""
 
-    def __init__(self, gate: LLMGate, request: LLMRequest, send: Send, *, streamed: bool) -> None:
+    def __init__(
+        self, gate: LLMGate, request: LLMRequest, send: Send, *, streamed: bool, usage: bool
+    ) -> None:
         self.gate = gate
         self.request = request
         self.send = send
         self.streamed = streamed
+        self.usage = usage  # the client asked for the usage event
         self.started = False  # response headers sent
 
     async def run(self) -> None:
@@ -309,6 +318,8 @@ class _Exchange:
         try:
             async for chunk in stream:
                 data = _chunk_bytes(chunk)
+                if not self.usage and _usage_only(chunk, data):
+                    continue  # asked for upstream for the gate's counts, not by the client
                 if not self.started:
                     self.started = True
                     await self.send(
@@ -419,6 +430,26 @@ def _passed_headers(scope: Scope) -> dict[str, str] | str:
                 return "the authorization header must be ASCII"
             passed["authorization"] = value.decode("ascii")
     return passed
+
+
+def _asks_for_usage(payload: dict[str, Any]) -> bool:
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _usage_only(chunk: Chunk, data: bytes) -> bool:
+    """Whether ``chunk`` is the usage event alone (``"choices": []``), which the gateway asks
+    the engine for whatever the client asked."""
+    if chunk.usage is None or chunk.tokens:
+        return False
+    text = event_data(data)
+    if text is None:
+        return False
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("choices") == []
 
 
 def _no_constant(name: str) -> object:

@@ -64,7 +64,13 @@ def events(body: bytes) -> list[bytes]:
 async def test_a_stream_is_forwarded_byte_for_byte() -> None:
     fake = FakeOpenAI()
     async with gateway(fake) as (client, _):
-        payload = {"model": "fake", "prompt": "hello", "max_tokens": 3, "stream": True}
+        payload = {
+            "model": "fake",
+            "prompt": "hello",
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         response = await client.post("/v1/completions", json=payload)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -74,6 +80,25 @@ async def test_a_stream_is_forwarded_byte_for_byte() -> None:
     assert response.content == expected.content
     assert fake.bodies[0]["stream_options"] == {"include_usage": True}
     assert [event_data(e) for e in events(response.content)][-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}])
+async def test_the_usage_event_reaches_only_a_client_that_asked_for_it(
+    options: dict[str, bool] | None,
+) -> None:
+    fake = FakeOpenAI()
+    payload: dict[str, Any] = {"model": "fake", "prompt": "hello", "stream": True}
+    if options is not None:
+        payload["stream_options"] = options
+    async with gateway(fake) as (client, gate):
+        response = await client.post("/v1/chat/completions", json=payload)
+        usage = gate.stats()  # the gate still read it
+    datas = [event_data(e) for e in events(response.content)]
+    decoded = [json.loads(d) for d in datas[:-1]]
+    assert datas[-1] == "[DONE]" and len(decoded) == 4  # the role, three tokens
+    assert all(event["choices"] and "usage" not in event for event in decoded)
+    assert fake.bodies[0]["stream_options"]["include_usage"] is True  # asked upstream
+    assert usage.counts.completed == 1
 
 
 async def test_a_request_without_stream_gets_one_json_answer() -> None:
