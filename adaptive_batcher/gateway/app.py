@@ -49,7 +49,11 @@ from typing import Any, Final
 from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_bool, check_int, check_str
 from adaptive_batcher.asgi import BodyLimit, Message, Receive, Scope, Send
-from adaptive_batcher.errors import BatcherClosedError, DeadlineExceededError
+from adaptive_batcher.errors import (
+    BatcherClosedError,
+    DeadlineExceededError,
+    StreamBufferFullError,
+)
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.gateway.assemble import ResponseAssembler
 from adaptive_batcher.gateway.errors import UpstreamError, UpstreamHTTPError
@@ -511,8 +515,11 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, UpstreamError):
         return exc.http_status, _upstream_error(exc)
+    if isinstance(exc, StreamBufferFullError):  # the client stopped reading its stream
+        return 408, _error(str(exc), "timeout_error", "reader_behind")
+    # the exception's own text stays in the log: it may hold the request
     return 500, _error(
-        f"the gateway failed: {type(exc).__name__}: {exc}", "internal_error", "internal_error"
+        f"the gateway failed ({type(exc).__name__})", "internal_error", "internal_error"
     )
 
 

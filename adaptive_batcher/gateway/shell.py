@@ -43,6 +43,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
+    StreamBufferFullError,
     describe,
 )
 from adaptive_batcher.gateway.stats import GateTimings, LLMGateStats, tpot_s
@@ -121,6 +122,11 @@ class LLMGate:
         name: the gate's name in logs and metrics.
         abort_timeout_s: the longest wait for an adapter to abort a request or to close
             (> 0), seconds: a stuck adapter cannot hang a caller or :meth:`aclose`.
+        max_buffered_chunks: the most chunks a stream may hold unread (>= 1), or None: no
+            bound. One more fails the stream with
+            :class:`~adaptive_batcher.errors.StreamBufferFullError` (its caller reads the
+            chunks it holds first), aborts it upstream and frees its slot: a reader that stopped
+            reading neither grows the gate's memory nor keeps an engine slot.
         clock: the clock, seconds (default ``time.monotonic``; a virtual clock for tests).
 
     Raises:
@@ -138,6 +144,7 @@ class LLMGate:
         max_queue: int | None = None,
         name: str = "llm",
         abort_timeout_s: float = 5.0,
+        max_buffered_chunks: int | None = 8192,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
@@ -155,6 +162,7 @@ class LLMGate:
             check_number("telemetry.interval_s", telemetry.interval_s, 0.0, strict=True)
         max_in_flight = check_int("max_in_flight", max_in_flight, 1)
         max_queue = check_optional_int("max_queue", max_queue, 0)
+        self.max_buffered_chunks = check_optional_int("max_buffered_chunks", max_buffered_chunks, 1)
         if controller is None:
             controller = TokenController(
                 slo,
@@ -520,6 +528,12 @@ class LLMGate:
         if not stream._closed:
             stream._chunks.append(chunk)
             stream._wake()
+            bound = self.max_buffered_chunks
+            if bound is not None and len(stream._chunks) > bound:
+                _log.warning("llm_gate.reader_behind", gate=self._name, unread_chunks=bound + 1)
+                behind = StreamBufferFullError(f"the reader fell {bound + 1} chunks behind")
+                self._fail(stream, behind)
+                return False
         return True
 
     def _on_end(self, stream: GateStream) -> None:

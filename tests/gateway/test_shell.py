@@ -12,6 +12,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     ConcurrentReadError,
     DeadlineExceededError,
+    StreamBufferFullError,
 )
 from adaptive_batcher.gateway import (
     Chunk,
@@ -217,6 +218,26 @@ async def test_closing_mid_stream_aborts_upstream_once_and_frees_the_slot() -> N
     assert fake.aborted == ["a"]
 
 
+async def test_a_reader_that_stops_reading_fails_its_stream_and_frees_the_slot() -> None:
+    fake = FakeEngine()
+    gate = LLMGate(fake.engine, SLO, controller=fixed(1), max_buffered_chunks=3)
+    async with gate:
+        slow = gate.submit(request("slow"))
+        waiting = gate.submit(request("next"))
+        await fake.started("slow")
+        fake.feed("slow", "a", "b", "c", "d", "e")  # never read while it streams
+        await fake.started("next")  # the slot was freed
+        assert fake.aborted == ["slow"] and slow.outcome == "failed"
+        held = [(await anext(slow)).data for _ in range(4)]  # what it held, then the error
+        assert held == ["a", "b", "c", "d"]
+        with pytest.raises(StreamBufferFullError, match="4 chunks behind"):
+            await anext(slow)
+        fake.feed("next", END)
+        await read_all(waiting)
+        counts = gate.stats().counts
+    assert (counts.failed, counts.completed) == (1, 1)
+
+
 async def test_closing_after_the_end_aborts_nothing() -> None:
     fake = FakeEngine()
     async with make_gate(fake) as gate:
@@ -378,6 +399,7 @@ def test_submit_needs_a_running_loop() -> None:
         ({"name": 3}, TypeError, "name must be a str"),
         ({"abort_timeout_s": 0}, ValueError, "abort_timeout_s must be"),
         ({"telemetry": object()}, TypeError, "telemetry must be an EngineTelemetry"),
+        ({"max_buffered_chunks": 0}, ValueError, "max_buffered_chunks must be >= 1"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str) -> None:
