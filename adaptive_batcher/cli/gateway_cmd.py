@@ -48,6 +48,16 @@ def _url(name: str, text: str) -> str:
     return text.rstrip("/")
 
 
+def _server_root(name: str, text: str) -> str:
+    url = _url(name, text)
+    if urlsplit(url).path.endswith("/v1"):
+        raise ValueError(
+            f"{name} is the server's root, without /v1 (the gateway adds the OpenAI paths), "
+            f"got {text!r}"
+        )
+    return url
+
+
 def _port(name: str, text: str) -> int:
     port = check_int(name, parse_int(name, text), 0)
     if port > 65535:
@@ -72,7 +82,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--upstream",
         required=True,
-        type=argument_type("--upstream", _url),
+        type=argument_type("--upstream", _server_root),
         metavar="URL",
         help="the engine's OpenAI-compatible server, e.g. http://127.0.0.1:8000",
     )
@@ -131,9 +141,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--metrics-interval-s",
-        type=number_argument("--metrics-interval-s", 0.0, strict=True),
+        type=number_argument("--metrics-interval-s", 0.1),
         default=1.0,
-        help="seconds between reads of the engine's metrics (default 1)",
+        help="seconds between reads of the engine's metrics (>= 0.1; default 1)",
     )
     parser.add_argument(
         "--upstream-health-path",

@@ -33,6 +33,8 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--max-in-flight", "0"], "--max-in-flight"),
         (["--upstream", "http://h", "--max-queue", "-1"], "--max-queue"),
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
+        (["--upstream", "http://h:8000/v1"], "--upstream is the server's root, without /v1"),
+        (["--upstream", "http://h", "--metrics-interval-s", "0.001"], "--metrics-interval-s"),
         (
             ["--upstream", "http://h", "--upstream-health-path", "health"],
             "--upstream-health-path must start with '/'",
