@@ -137,7 +137,12 @@ def test_a_model_failure_is_a_500_naming_the_error_and_spares_the_neighbours() -
         )
 
     first, failed, last = serve(namespace, exchange)
-    assert (first.status_code, last.status_code) == (200, 200)  # bisect_on_error
+    for neighbour in (first, last):  # bisect_on_error: the model's failure is not theirs
+        # (on a loaded machine the example's shed_late may answer one 503 as too late for its
+        # 50 ms SLO: seen once in a full run beside load tests; that is not the model's error)
+        if neighbour.status_code != 200:
+            assert neighbour.status_code == 503, neighbour.text
+            assert neighbour.json()["error"] == "DeadlineExceededError"
     assert failed.status_code == 500
     assert failed.json() == {"error": "BatchFailedError", "cause": "RuntimeError"}
 
