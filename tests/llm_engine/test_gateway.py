@@ -38,7 +38,9 @@ from tests.llm_engine.vllm_server import MODEL_NAME, VLLMServer
 
 async def test_a_stream_passes_through_with_the_engines_own_counts(vllm: VLLMServer) -> None:
     async with gateway(vllm.url) as (client, gate):
-        streamed = await client.post("/v1/completions", json=completion(16, stream=True))
+        asked = {"stream_options": {"include_usage": True}}
+        streamed = await client.post("/v1/completions", json=completion(16, stream=True, **asked))
+        unasked = await client.post("/v1/completions", json=completion(4, stream=True))
         answer = await client.post(
             "/v1/chat/completions",
             json={
@@ -54,17 +56,20 @@ async def test_a_stream_passes_through_with_the_engines_own_counts(vllm: VLLMSer
     sent = events(streamed.content)
     assert sent[-1] == "[DONE]"
     usage = sent[-2]
-    assert isinstance(usage, dict) and usage["choices"] == []  # include_usage, added upstream
+    assert isinstance(usage, dict) and usage["choices"] == []  # the client asked for it
     assert usage["usage"]["completion_tokens"] == 16
     assert usage["usage"]["prompt_tokens"] >= 32
+    plain = events(unasked.content)  # the gate asked for usage upstream; it is not passed on
+    assert plain[-1] == "[DONE]" and len(plain) > 1
+    assert all(e["choices"] for e in plain[:-1] if isinstance(e, dict))
     assert "".join(text_of(event) for event in sent).split()  # words of the vocabulary
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["object"] == "chat.completion"
     assert body["usage"]["completion_tokens"] == 8
     assert isinstance(body["choices"][0]["message"]["content"], str)
-    assert stats.counts.completed == 2 and stats.counts.ended == stats.counts.submitted == 2
-    assert stats.ttft.count == 2 and stats.tpot.count == 2
+    assert stats.counts.completed == 3 and stats.counts.ended == stats.counts.submitted == 3
+    assert stats.ttft.count == 3 and stats.tpot.count == 3
 
 
 async def test_the_gate_counts_the_tokens_the_engine_reports(vllm: VLLMServer) -> None:
@@ -129,7 +134,12 @@ async def test_a_flood_is_limited_to_the_gates_in_flight_cap(vllm: VLLMServer) -
             async with asyncio.timeout(4 * BOUND_S):
                 responses = await asyncio.gather(
                     *(
-                        client.post("/v1/completions", json=completion(48, stream=True))
+                        client.post(
+                            "/v1/completions",
+                            json=completion(
+                                48, stream=True, stream_options={"include_usage": True}
+                            ),
+                        )
                         for _ in range(clients)
                     )
                 )
