@@ -28,7 +28,7 @@ from adaptive_batcher._validate import check_callable, check_number, check_str
 from adaptive_batcher.errors import describe
 from adaptive_batcher.gateway.errors import UpstreamError
 from adaptive_batcher.gateway.openai import OpenAIEngine
-from adaptive_batcher.gateway.outage import OutageLog
+from adaptive_batcher.gateway.outage import OutageLog, loggable_url
 
 __all__ = ["UpstreamCheck", "UpstreamState"]
 
@@ -134,7 +134,7 @@ class UpstreamCheck:
             error = f"the check failed: {describe(exc)}"
         now = self.clock()
         state = UpstreamState(error is None, status, error, (now - start) * 1e3, now)
-        url = self._engine.base_url + self.path
+        url = loggable_url(self._engine.base_url + self.path)
         if state.up:
             self._outage.succeeded(url=url, status=status)
         else:

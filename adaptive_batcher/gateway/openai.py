@@ -34,6 +34,7 @@ from adaptive_batcher.gateway.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from adaptive_batcher.gateway.outage import loggable_url
 from adaptive_batcher.gateway.sse import DONE, SSESplitter, event_data
 from adaptive_batcher.gateway.types import Chunk, LLMRequest, Usage
 
@@ -210,7 +211,8 @@ class OpenAIEngine:
                 return await self._client.send(http_request, stream=True)
         except TimeoutError as exc:
             raise UpstreamTimeoutError(
-                f"no answer from {self.base_url} within {self.first_chunk_timeout_s} s"
+                f"no answer from {loggable_url(self.base_url)} within "
+                f"{self.first_chunk_timeout_s} s"
             ) from exc
         except httpx.HTTPError as exc:
             raise _mapped(exc, answered=False) from exc

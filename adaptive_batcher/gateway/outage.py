@@ -13,11 +13,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from adaptive_batcher._log import SafeLogger
 from adaptive_batcher._validate import check_callable, check_number
 
-__all__ = ["OutageLog"]
+__all__ = ["OutageLog", "loggable_url"]
+
+
+def loggable_url(url: str) -> str:
+    """``url`` without its user and password (``http://user:pw@host/x`` ->
+    ``http://host/x``), for a log line."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class OutageLog:

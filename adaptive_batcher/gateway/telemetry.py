@@ -28,7 +28,7 @@ from typing import Final
 from adaptive_batcher._log import get_logger
 from adaptive_batcher._validate import check_number, check_str
 from adaptive_batcher.gateway._extra import missing_extra
-from adaptive_batcher.gateway.outage import OutageLog
+from adaptive_batcher.gateway.outage import OutageLog, loggable_url
 from adaptive_batcher.llm.signals import EngineMetrics
 
 try:
@@ -170,9 +170,10 @@ class PrometheusEngineTelemetry:
             response.raise_for_status()
             metrics = parse_engine_metrics(response.text)
         except Exception as exc:  # a failed read is a missing reading, never an error
-            self._outage.failed(url=self.metrics_url, error=f"{type(exc).__name__}: {exc}")
+            url = loggable_url(self.metrics_url)
+            self._outage.failed(url=url, error=f"{type(exc).__name__}: {exc}")
             return None
-        self._outage.succeeded(url=self.metrics_url)
+        self._outage.succeeded(url=loggable_url(self.metrics_url))
         return metrics
 
     async def aclose(self) -> None:

@@ -8,7 +8,7 @@ import pytest
 import structlog
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.gateway.outage import OutageLog
+from adaptive_batcher.gateway.outage import OutageLog, loggable_url
 from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
 from tests.gateway.fake_openai import FakeOpenAI
 
@@ -89,4 +89,29 @@ async def test_telemetry_of_the_fake_engine_logs_nothing_while_it_works() -> Non
         for _ in range(3):
             assert await telemetry.read() is not None
     assert logs == []
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pw@127.0.0.1:8000/metrics", "http://127.0.0.1:8000/metrics"),
+        ("https://token@engine.local/health", "https://engine.local/health"),
+        ("http://u:p@[::1]:9/x", "http://[::1]:9/x"),
+        ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:8000/metrics"),
+    ],
+)
+def test_logged_urls_carry_no_credentials(url: str, shown: str) -> None:
+    assert loggable_url(url) == shown
+
+
+async def test_telemetry_logs_its_url_without_credentials() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    telemetry = PrometheusEngineTelemetry("http://user:secret@engine/metrics", client=client)
+    with structlog.testing.capture_logs() as logs:
+        assert await telemetry.read() is None
+    assert logs[0]["url"] == "http://engine/metrics" and "secret" not in str(logs)
     await client.aclose()
