@@ -53,6 +53,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     DeadlineExceededError,
     StreamBufferFullError,
+    describe,
 )
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.gateway.assemble import ResponseAssembler
@@ -355,8 +356,7 @@ class _Exchange:
     async def _fail(self, exc: Exception) -> None:
         """Answer with the error; after the headers, as the stream's last event."""
         status, body = _failure(exc)
-        error = _bounded(f"{type(exc).__name__}: {exc}", 500)
-        _log.info("gateway.request_failed", status=status, error=error)
+        _log.info("gateway.request_failed", status=status, error=describe(exc))
         if self.started:
             event = b"data: " + json.dumps(body).encode() + b"\n\n"
             with contextlib.suppress(OSError):  # the client is gone: nobody to tell
@@ -469,7 +469,7 @@ def _request_payload(body: bytes) -> dict[str, Any] | str:
     except RecursionError:
         return "the body is nested too deeply"
     except ValueError as exc:
-        return f"the body is not JSON: {_bounded(str(exc))}"
+        return f"the body is not JSON: {exc}"  # the parser's own words: short, no body
     if not isinstance(payload, dict):
         return f"the body must be a JSON object, got {type(payload).__name__}"
     try:
@@ -479,10 +479,6 @@ def _request_payload(body: bytes) -> dict[str, Any] | str:
     except ValueError:  # UnicodeEncodeError is one
         return "the body holds a number out of range or a string that is not valid Unicode"
     return payload
-
-
-def _bounded(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _chunk_bytes(chunk: Chunk) -> bytes:
