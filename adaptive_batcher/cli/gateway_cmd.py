@@ -234,6 +234,7 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
 
     from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
     from adaptive_batcher.gateway.openai import OpenAIEngine
+    from adaptive_batcher.gateway.server import WRITE_GRACE_S, DrainingServer
     from adaptive_batcher.gateway.shell import LLMGate
     from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
     from adaptive_batcher.llm.slo import TokenSLO
@@ -267,9 +268,11 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         lifespan="off",
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=math.ceil(args.drain_timeout_s),
+        # the gate's drain ends every stream first; this bounds a client too slow to take the
+        # last event
+        timeout_graceful_shutdown=math.ceil(args.drain_timeout_s) + WRITE_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, gate, drain_timeout_s=args.drain_timeout_s)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     try:

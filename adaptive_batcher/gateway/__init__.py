@@ -11,10 +11,11 @@ process), engine telemetry, and an OpenAI-compatible gateway (ASGI app and comma
 * :mod:`~adaptive_batcher.gateway.prometheus` and :mod:`~adaptive_batcher.gateway.otel`: the
   gate's exporters (imported on their own: they need their metrics library).
 
-The HTTP parts, ``OpenAIEngine``, ``PrometheusEngineTelemetry``, ``gateway_app`` and
-``gateway_lifespan``, need the ``gateway`` extra; they are importable from here too, loaded on
-first use, so ``import adaptive_batcher.gateway`` works without the extra and reading one of
-those names without it raises an ``ImportError`` naming the extra.
+The HTTP parts, ``OpenAIEngine``, ``PrometheusEngineTelemetry``, ``gateway_app``,
+``gateway_lifespan`` and ``DrainingServer`` (uvicorn's server, draining the gate first), need
+the ``gateway`` extra; they are importable from here too, loaded on first use, so
+``import adaptive_batcher.gateway`` works without the extra and reading one of those names
+without it raises an ``ImportError`` naming the extra.
 
 The guide is docs/llm.md.
 """
@@ -37,9 +38,11 @@ from adaptive_batcher.gateway.types import Chunk, Engine, EngineTelemetry, LLMRe
 if TYPE_CHECKING:
     from adaptive_batcher.gateway.app import gateway_app, gateway_lifespan
     from adaptive_batcher.gateway.openai import OpenAIEngine
+    from adaptive_batcher.gateway.server import DrainingServer
     from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
 
 _HTTP_PARTS = {
+    "DrainingServer": "adaptive_batcher.gateway.server",
     "OpenAIEngine": "adaptive_batcher.gateway.openai",
     "PrometheusEngineTelemetry": "adaptive_batcher.gateway.telemetry",
     "gateway_app": "adaptive_batcher.gateway.app",
@@ -61,6 +64,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Chunk",
+    "DrainingServer",
     "Engine",
     "EngineTelemetry",
     "GateStream",

@@ -175,3 +175,56 @@ def test_without_the_gateway_extra_the_modules_name_it(tmp_path: Path) -> None:
     assert (
         result.stderr == f"adaptive-batcher gateway needs uvicorn (the gateway extra): {install}\n"
     )
+
+
+async def test_sigterm_drains_then_ends_the_rest_with_an_error_event() -> None:
+    """A stream that finishes within --drain-timeout-s ends with [DONE]; one still running then
+    gets the gateway's error event and a complete body (not a cut connection)."""
+    fake = FakeOpenAI()
+    async with serving(fake) as upstream:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "adaptive_batcher.cli.main",
+            "gateway",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--no-engine-metrics",
+            "--drain-timeout-s",
+            "1.5",
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            async with asyncio.timeout(BOUND_S):
+                url = (await process.stderr.readline()).decode().split()[-1]
+            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+                short = asyncio.ensure_future(_read_stream(client, tokens=6))
+                long = asyncio.ensure_future(_read_stream(client, tokens=200))
+                await fake.wait_active(2)
+                os.kill(process.pid, signal.SIGTERM)
+                short_body, long_body = await asyncio.gather(short, long)
+            assert short_body.endswith(b"data: [DONE]\n\n"), short_body[-200:]
+            last = long_body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+            assert last.startswith(b"data: {"), long_body[-300:]
+            assert b'"code": "gateway_closed"' in last, last
+            async with asyncio.timeout(BOUND_S):
+                status = await process.wait()
+            rest = (await process.stderr.read()).decode()
+            assert status == 0, rest
+            assert "Traceback" not in rest
+        finally:
+            if process.returncode is None:
+                os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def _read_stream(client: httpx.AsyncClient, tokens: int) -> bytes:
+    payload = {"prompt": "x", "stream": True, "fake_tokens": tokens, "fake_interval_ms": 100}
+    async with client.stream("POST", "/v1/completions", json=payload) as response:
+        assert response.status_code == 200
+        return b"".join([part async for part in response.aiter_raw()])
