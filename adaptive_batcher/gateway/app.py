@@ -238,12 +238,15 @@ class _Gateway:
                 send, 404, _error("no engine to list models of", "invalid_request_error")
             )
             return
-        headers = _passed_headers(scope)
-        if isinstance(headers, str):
-            await _send_json(send, 400, _error(headers, "invalid_request_error"))
+        headers, query = _passed_headers(scope), _query(scope)
+        if isinstance(headers, str) or query is None:
+            problem = headers if isinstance(headers, str) else _BAD_QUERY
+            await _send_json(send, 400, _error(problem, "invalid_request_error"))
             return
         try:
-            response = await self.engine.get("/v1/models", headers)
+            response = await self.engine.get(
+                f"/v1/models?{query}" if query else "/v1/models", headers
+            )
         except UpstreamError as exc:
             await _send_json(send, exc.http_status, _upstream_error(exc))
             return
@@ -256,10 +259,11 @@ class _Gateway:
             return  # the client went away, or the body limit answered 413
         payload = _request_payload(body)
         headers = _passed_headers(scope)
-        if isinstance(headers, str) or isinstance(payload, str):
+        query = _query(scope)
+        if isinstance(headers, str) or isinstance(payload, str) or query is None:
             # what is wrong, in words that do not echo the request
-            problem = headers if isinstance(headers, str) else payload
-            await _send_json(send, 400, _error(str(problem), "invalid_request_error"))
+            problem = next((p for p in (headers, payload) if isinstance(p, str)), _BAD_QUERY)
+            await _send_json(send, 400, _error(problem, "invalid_request_error"))
             return
         request = LLMRequest(
             payload=payload,
@@ -267,6 +271,7 @@ class _Gateway:
             max_tokens=requested_max_tokens(payload),
             path=path,
             headers=headers,
+            query=query,
         )
         exchange = _Exchange(
             self.gate,
@@ -424,6 +429,16 @@ def _route(scope: Scope) -> str:
     return path
 
 
+_BAD_QUERY = "the query string is not ASCII"
+
+
+def _query(scope: Scope) -> str | None:
+    """The request's query string, passed upstream as it came (percent-encoded), or None when
+    it is not ASCII (an HTTP client could not send it on)."""
+    raw: bytes = scope.get("query_string", b"")
+    return raw.decode("ascii") if raw.isascii() else None
+
+
 def _passed_headers(scope: Scope) -> dict[str, str] | str:
     """The client's headers passed upstream (``authorization``), or why they cannot be: a
     value that is not ASCII (an HTTP client could not send it on)."""
@@ -460,14 +475,34 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
+#: the longest integer the body may hold, in digits (Python's own bound on int(str))
+MAX_INT_DIGITS = 4300
+
+#: the largest output budget a request may ask for (an int32, as the engines' APIs take)
+MAX_TOKENS_BOUND = 2**31 - 1
+
+
+class _TooManyDigitsError(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _TooManyDigitsError
+    return int(text)
+
+
 def _request_payload(body: bytes) -> dict[str, Any] | str:
     """The request's JSON object, or why it is refused (400), without echoing the body: not
-    JSON (NaN and infinities included), nested beyond the parser's depth, not an object, or
-    holding what cannot be sent on as JSON (a number out of range, a lone surrogate)."""
+    JSON (NaN and infinities included), nested beyond the parser's depth, not an object,
+    holding what cannot be sent on as JSON (a number out of range, a lone surrogate), or a
+    field of the OpenAI API of the wrong type (:func:`_field_problem`)."""
     try:
-        payload = json.loads(body, parse_constant=_no_constant)
+        payload = json.loads(body, parse_constant=_no_constant, parse_int=_parse_int)
     except RecursionError:
         return "the body is nested too deeply"
+    except _TooManyDigitsError:
+        return f"the body holds an integer of more than {MAX_INT_DIGITS} digits"
     except ValueError as exc:
         return f"the body is not JSON: {exc}"  # the parser's own words: short, no body
     if not isinstance(payload, dict):
@@ -478,7 +513,48 @@ def _request_payload(body: bytes) -> dict[str, Any] | str:
         return "the body is nested too deeply"
     except ValueError:  # UnicodeEncodeError is one
         return "the body holds a number out of range or a string that is not valid Unicode"
-    return payload
+    return _field_problem(payload) or payload
+
+
+def _field_problem(payload: dict[str, Any]) -> str | None:
+    """What is wrong with the fields the gateway reads itself, in OpenAI's terms, or None:
+    ``max_tokens`` and ``max_completion_tokens`` an integer in [1, 2**31 - 1] or null,
+    ``stream`` and ``stream_options.include_usage`` a boolean or null, ``stream_options`` an
+    object or null (the engine judges every other field)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = payload.get(key)
+        if value is None:
+            continue
+        if type(value) is not int:
+            return f"{key} must be an integer or null, got {_json_type(value)}"
+        if not 1 <= value <= MAX_TOKENS_BOUND:
+            return f"{key} must be in [1, {MAX_TOKENS_BOUND}]"
+    if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
+        return f"stream must be a boolean or null, got {_json_type(payload['stream'])}"
+    options = payload.get("stream_options")
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return f"stream_options must be an object or null, got {_json_type(options)}"
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        return f"stream_options.include_usage must be a boolean or null, got {_json_type(usage)}"
+    return None
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of ``value``'s type (what an OpenAI error says it got)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
 
 
 def _chunk_bytes(chunk: Chunk) -> bytes:

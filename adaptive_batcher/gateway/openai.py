@@ -180,7 +180,11 @@ class OpenAIEngine:
         headers = self._headers(request.headers)
         headers["accept"] = "text/event-stream"
         http_request = self._client.build_request(
-            "POST", self.base_url + request.path, json=body, headers=headers, timeout=self._timeout
+            "POST",
+            self.base_url + _with_query(request.path, request.query),
+            json=body,
+            headers=headers,
+            timeout=self._timeout,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.first_chunk_timeout_s
@@ -437,6 +441,10 @@ def _content_chars(content: object) -> int:
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return 0
+
+
+def _with_query(path: str, query: str) -> str:
+    return f"{path}?{query}" if query else path
 
 
 def requested_max_tokens(payload: object) -> int | None:

@@ -46,6 +46,8 @@ class LLMRequest:
         path: the HTTP route it came in on (``/v1/completions`` or ``/v1/chat/completions``);
             ignored by in-process adapters.
         headers: headers to send upstream with it (``authorization``), lower-case names.
+        query: the URL's query string, percent-encoded, without the ``?`` (``""``: none),
+            sent upstream with ``path``; ignored by in-process adapters.
     """
 
     payload: Any
@@ -54,6 +56,7 @@ class LLMRequest:
     timeout_s: float | None = None
     path: str = "/v1/completions"
     headers: dict[str, str] = field(default_factory=dict)
+    query: str = ""
 
 
 @dataclass(frozen=True, slots=True)

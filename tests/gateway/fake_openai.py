@@ -17,7 +17,8 @@ vLLM does, told what to do by fields of each request's JSON body (the gateway fo
 ``GET /health`` answers :attr:`FakeOpenAI.health_status` (200), or nothing while
 :attr:`FakeOpenAI.health_hold` is set, and counts the checks (:attr:`health_checks`).
 
-It records every body received (:attr:`FakeOpenAI.bodies`) and its ``authorization``, counts
+It records every body received (:attr:`FakeOpenAI.bodies`), its ``authorization`` and query
+string, counts
 the streams active and the clients that disconnected mid-stream (:attr:`disconnects`, with an
 event per count reached: :meth:`wait_disconnects`), and serves
 ``/metrics`` (vLLM names) and ``/v1/models``. Out of
@@ -62,6 +63,7 @@ class FakeOpenAI:
         self.health_hold = False  # GET /health never answers while set
         self.health_checks = 0
         self.clients: list[object] = []  # the (host, port) each completion came from
+        self.queries: list[bytes] = []  # each completion's and model list's query string
         self._changed = asyncio.Condition()
 
     async def wait_disconnects(self, count: int) -> None:
@@ -98,6 +100,7 @@ class FakeOpenAI:
             )
             await _answer(send, 200, text.encode(), b"text/plain; version=0.0.4")
         elif path == "/v1/models":
+            self.queries.append(scope["query_string"])
             body = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
             await _answer(send, 200, json.dumps(body).encode(), b"application/json")
         elif path == "/health":
@@ -125,6 +128,7 @@ class FakeOpenAI:
 
     async def _complete(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
         self.clients.append(scope.get("client"))
+        self.queries.append(scope["query_string"])
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization")
         self.authorizations.append(None if authorization is None else authorization.decode())

@@ -444,8 +444,35 @@ async def test_slow_first_tokens_do_not_leave_an_idle_gate_refusing() -> None:
         (b'{"prompt": "x", "max_tokens": 1e400}', "out of range"),
         (b'{"prompt": "SECRET-\\ud800"}', "not valid Unicode"),
         (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"prompt": "SECRET", "n": ' + b"9" * 5000 + b"}", "more than 4300 digits"),
+        (b'{"prompt": "SECRET", "max_tokens": 0}', "max_tokens must be in [1, 2147483647]"),
+        (b'{"prompt": "SECRET", "max_tokens": 2147483648}', "max_tokens must be in [1, "),
+        (b'{"prompt": "SECRET", "max_tokens": "5"}', "max_tokens must be an integer or null"),
+        (b'{"prompt": "SECRET", "max_tokens": true}', "got a boolean"),
+        (b'{"prompt": "SECRET", "max_completion_tokens": 2.5}', "got a number"),
+        (b'{"prompt": "SECRET", "stream": "true"}', "stream must be a boolean or null"),
+        (b'{"prompt": "SECRET", "stream_options": [1]}', "stream_options must be an object"),
+        (
+            b'{"prompt": "SECRET", "stream": true, "stream_options": {"include_usage": 1}}',
+            "include_usage must be a boolean or null, got an integer",
+        ),
     ],
-    ids=["nan", "infinity", "huge-number", "lone-surrogate", "deep-body"],
+    ids=[
+        "nan",
+        "infinity",
+        "huge-number",
+        "lone-surrogate",
+        "deep-body",
+        "4301-digits",
+        "max-tokens-0",
+        "max-tokens-over-int32",
+        "max-tokens-string",
+        "max-tokens-bool",
+        "max-completion-tokens-float",
+        "stream-string",
+        "stream-options-array",
+        "include-usage-int",
+    ],
 )
 async def test_bodies_the_engine_cannot_take_get_400_without_an_echo(
     body: bytes, said: str
@@ -459,6 +486,62 @@ async def test_bodies_the_engine_cannot_take_get_400_without_an_echo(
     error = assert_openai_error(response, 400)
     assert said in error["message"] and "SECRET" not in response.text
     assert fake.bodies == [] and counts.failed == 0
+
+
+async def test_the_query_string_goes_upstream_as_it_came() -> None:
+    fake = FakeOpenAI()
+    async with gateway(fake) as (client, _):
+        completion = await client.post(
+            "/v1/completions?api-version=2024-10-21&x=a%20b", json={"prompt": "x"}
+        )
+        chat = await client.post(
+            "/v1/chat/completions?k=v", json={"messages": [{"role": "user", "content": "x"}]}
+        )
+        plain = await client.post("/v1/completions", json={"prompt": "x"})
+        models = await client.get("/v1/models?limit=5")
+    assert [r.status_code for r in (completion, chat, plain, models)] == [200] * 4
+    assert fake.queries == [b"api-version=2024-10-21&x=a%20b", b"k=v", b"", b"limit=5"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/models"])
+async def test_a_query_string_that_is_not_ascii_gets_400(path: str) -> None:
+    fake = FakeOpenAI()
+    async with gateway(fake) as (_, gate):
+        app = gateway_app(gate, engine=OpenAIEngine("http://127.0.0.1:9"))
+        scope = {
+            "type": "http",
+            "method": "POST" if path == "/v1/completions" else "GET",
+            "path": path,
+            "root_path": "",
+            "query_string": b"k=\xff",
+            "headers": [(b"content-type", b"application/json")],
+        }
+        request = {"type": "http.request", "body": b'{"prompt": "x"}', "more_body": False}
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return request
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"]["message"] == "the query string is not ASCII"
+    assert fake.bodies == []
+
+
+async def test_null_and_in_range_fields_pass() -> None:
+    fake = FakeOpenAI()
+    bodies = [
+        {"prompt": "x", "max_tokens": None, "stream": None, "stream_options": None},
+        {"prompt": "x", "max_tokens": 1, "max_completion_tokens": 2147483647, "stream": False},
+        {"prompt": "x", "stream": True, "stream_options": {"include_usage": None}},
+    ]
+    async with gateway(fake) as (client, _):
+        statuses = [(await client.post("/v1/completions", json=b)).status_code for b in bodies]
+    assert statuses == [200, 200, 200]
+    assert len(fake.bodies) == 3
 
 
 async def test_a_deeply_nested_prompt_is_estimated_not_recursed_into() -> None:
