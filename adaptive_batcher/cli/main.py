@@ -32,17 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="A dynamic batcher for ML inference whose window and batch cap tune "
         "themselves. Run a sub-command with --help for its options.",
     )
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="show library log events at this level and above (default: warning)",
-    )
+    _add_log_level(parser, "warning")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         module = importlib.import_module(f"adaptive_batcher.cli.{name}_cmd")
         module.register(subparsers)
+    for command in subparsers.choices.values():  # also after the command: it wins when given
+        _add_log_level(command, argparse.SUPPRESS)
     return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=["debug", "info", "warning", "error"],
+        help="show library log events at this level and above (default: warning)",
+    )
 
 
 REPORTED_BY_THE_COMMANDS = frozenset({"profile.noisy"})

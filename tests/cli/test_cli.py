@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptive_batcher.cli.main import main
+from adaptive_batcher.cli.main import build_parser, main
 from adaptive_batcher.sim.traces import load_trace
 
 FIXTURE = Path(__file__).parents[1] / "sim" / "fixtures" / "tiny_trace.csv"
@@ -22,6 +22,19 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("demo", "profile", "replay"):
         assert command in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["gateway", "--upstream", "http://h"], "warning"),
+        (["--log-level", "info", "gateway", "--upstream", "http://h"], "info"),
+        (["gateway", "--upstream", "http://h", "--log-level", "debug"], "debug"),
+        (["--log-level", "error", "replay", "--log-level", "info"], "info"),
+    ],
+)
+def test_log_level_goes_before_or_after_the_command(argv: list[str], level: str) -> None:
+    assert build_parser().parse_args(argv).log_level == level
 
 
 def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
