@@ -114,6 +114,14 @@ def register(subparsers: Any) -> None:
         help="most requests inside the engine at once, whatever the controller says (default 256)",
     )
     parser.add_argument(
+        "--fixed-limit",
+        type=int_argument("--fixed-limit", 1),
+        default=None,
+        metavar="N",
+        help="hold the in-flight limit at N instead of letting the controller move it (a "
+        "hand-tuned setting, or a fallback); the TTFT forecast still refuses early",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int_argument("--max-queue", 0),
         default=None,
@@ -237,6 +245,7 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
     from adaptive_batcher.gateway.server import WRITE_GRACE_S, DrainingServer
     from adaptive_batcher.gateway.shell import LLMGate
     from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
+    from adaptive_batcher.llm import StaticLimit, TokenController
     from adaptive_batcher.llm.slo import TokenSLO
 
     engine = OpenAIEngine(
@@ -248,9 +257,17 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
     if not args.no_engine_metrics:
         metrics_url = args.metrics_url or f"{args.upstream}/metrics"
         telemetry = PrometheusEngineTelemetry(metrics_url, interval_s=args.metrics_interval_s)
+    slo = TokenSLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
+    controller = None
+    if args.fixed_limit is not None:
+        limit = args.fixed_limit
+        controller = TokenController(
+            slo, StaticLimit(limit), initial_limit=limit, max_limit=limit, max_queue=args.max_queue
+        )
     gate = LLMGate(
         engine,
-        TokenSLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
+        slo,
+        controller=controller,
         telemetry=telemetry,
         max_in_flight=args.max_in_flight,
         max_queue=args.max_queue,

@@ -32,6 +32,7 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--port", "70000"], "--port must be a port in [0, 65535]"),
         (["--upstream", "http://h", "--max-in-flight", "0"], "--max-in-flight"),
         (["--upstream", "http://h", "--max-queue", "-1"], "--max-queue"),
+        (["--upstream", "http://h", "--fixed-limit", "0"], "--fixed-limit"),
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
         (["--upstream", "http://h:8000/v1"], "--upstream is the server's root, without /v1"),
         (["--upstream", "http://h", "--metrics-interval-s", "0.001"], "--metrics-interval-s"),
@@ -57,6 +58,7 @@ def test_the_defaults() -> None:
     assert (args.max_in_flight, args.max_queue, args.max_body_bytes) == (256, None, 1 << 20)
     assert args.metrics_url is None and not args.no_engine_metrics
     assert args.upstream_health_path == "/health" and not args.no_upstream_health
+    assert args.fixed_limit is None
 
 
 def test_metrics_url_and_no_engine_metrics_exclude_each_other(
@@ -99,6 +101,8 @@ async def test_the_command_serves_and_stops_on_sigterm() -> None:
             "0",
             "--metrics-interval-s",
             "0.2",
+            "--fixed-limit",
+            "3",
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stderr=asyncio.subprocess.PIPE,
@@ -116,6 +120,7 @@ async def test_the_command_serves_and_stops_on_sigterm() -> None:
             assert answer.status_code == 200 and answer.content.endswith(b"data: [DONE]\n\n")
             assert health.status_code == 200 and health.json()["upstream"]["up"] is True
             assert "process_cpu_seconds_total" in metrics.text
+            assert 'adaptive_batcher_llm_in_flight_limit{gate="gateway"} 3.0' in metrics.text
             os.kill(process.pid, signal.SIGTERM)
             async with asyncio.timeout(BOUND_S):
                 status = await process.wait()
