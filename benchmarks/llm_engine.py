@@ -13,19 +13,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import random
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from adaptive_batcher.gateway.sse import SSESplitter
 from adaptive_batcher.llm.slo import TokenSLO
 from tests.llm_engine.harness import token_events
 
 UNANSWERED = 0  # the status of a request cancelled at the end of its phase
+GATEWAY_START_S = 60.0
+GATEWAY_STOP_S = 40.0  # its drain (30 s by default) and a margin
 
 
 @dataclass(frozen=True)
@@ -174,3 +181,67 @@ async def poll_engine(
         with contextlib.suppress(httpx.HTTPError):
             into.append(await read())
         await asyncio.sleep(0.5)
+
+
+class GatewayProcess:
+    """``adaptive-batcher gateway`` in a child process, as it is deployed (its own
+    interpreter, so its CPU is not the load generator's); its stderr goes to ``log``.
+
+    :meth:`metrics` reads its Prometheus page: the gate's counts, limit and queue."""
+
+    def __init__(self, arguments: list[str], log: Path) -> None:
+        self.arguments = arguments
+        self.log = log
+        self.url = ""
+        self._process: asyncio.subprocess.Process | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> str:
+        """Start it on a free port; its URL once it listens."""
+        root = Path(__file__).parents[1]
+        with self.log.open("wb") as log:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "adaptive_batcher.cli.main", "gateway",
+                *self.arguments, "--port", "0",
+                cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stderr=log,
+            )  # fmt: skip
+        async with asyncio.timeout(GATEWAY_START_S):
+            while not self.url:
+                if self._process.returncode is not None:
+                    raise RuntimeError(f"the gateway exited: {self.log.read_text()[-2000:]}")
+                for line in self.log.read_text().splitlines():
+                    if "serving on http://" in line:
+                        self.url = line.split()[-1]
+                await asyncio.sleep(0.05)
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=10.0, trust_env=False)
+        return self.url
+
+    async def metrics(self) -> dict[str, float]:
+        """The gate's samples, ``{name: value}``, less the ``adaptive_batcher_llm_`` prefix; a
+        labelled one as ``name:<label values>`` (``requests_total:completed``)."""
+        assert self._client is not None
+        text = (await self._client.get("/metrics")).text
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not sample.name.startswith("adaptive_batcher_llm_"):
+                    continue
+                name = sample.name.removeprefix("adaptive_batcher_llm_")
+                labels = ",".join(v for k, v in sample.labels.items() if k != "gate")
+                samples[f"{name}:{labels}" if labels else name] = sample.value
+        return samples
+
+    async def stop(self) -> None:
+        """SIGTERM (it drains), SIGKILL after a bound; reaped."""
+        if self._client is not None:
+            await self._client.aclose()
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(GATEWAY_STOP_S):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -7,8 +7,11 @@ straight to vLLM, whose own admission is ``--max-num-seqs``), our gateway with a
 limit (each of a small grid; the best in hindsight is the reference) and our gateway with its
 controller. The SLOs come from the engine's unloaded TTFT and TPOT (5x and 3x); the loads are
 multiples of the engine's sustainable rate, which the benchmark measures first (completed
-requests per second with ``--max-num-seqs`` clients back to back). The load generator and the
-gateway share one Python process, so the gateway's cost is in its contenders' figures.
+requests per second with ``--max-num-seqs`` clients back to back). Each gated contender is
+``adaptive-batcher gateway`` in its own process, as deployed (``--fixed-limit N`` for the
+static ones), started once and serving the whole run (so ours carries what it learned from
+one load to the next, as a deployed gateway does), so the load generator's CPU is not the
+gateway's; the gateway's own cost is in its contenders' figures.
 
 Run: ``ADAPTIVE_BATCHER_VLLM_PYTHON=.ci/vllm/bin/python python -m pytest
 benchmarks/test_llm_engine.py -s`` (about 8 minutes on 2 cores); the table goes to
@@ -30,9 +33,10 @@ from typing import Any
 import httpx
 import pytest
 
-from adaptive_batcher.llm import StaticLimit, TokenController, TokenSLO
+from adaptive_batcher.llm import TokenSLO
 from benchmarks.conftest import report_lines
 from benchmarks.llm_engine import (
+    GatewayProcess,
     Summary,
     closed_loop_rate,
     open_loop,
@@ -40,8 +44,7 @@ from benchmarks.llm_engine import (
     stream_one,
     summarize,
 )
-from tests.gateway.fakes import eventually
-from tests.llm_engine.harness import completion, gateway
+from tests.llm_engine.harness import completion
 from tests.llm_engine.vllm_server import VLLMServer, write_tiny_model
 
 ENGINE_PYTHON = os.environ.get("ADAPTIVE_BATCHER_VLLM_PYTHON", "")
@@ -72,6 +75,7 @@ class Phase:
     kv_usage_max_pct: float
     preemptions: float
     gate_ended: bool  # the gate's counts add up (every request it took has ended)
+    limits: tuple[float, ...]  # the gate's in-flight limit, read every 0.5 s (none: bare)
 
 
 def test_llm_engine(benchmark: Any, tmp_path: Path) -> None:
@@ -100,11 +104,23 @@ async def _run(tmp_path: Path, phases: list[Phase], setup: dict[str, float]) -> 
         setup["sustainable_rps"] = rate
         await _until_idle(server)
         contenders = ["bare", *(f"static_{n}" for n in STATIC_GRID), "ours"]
-        for index, load in enumerate(LOADS):
-            shift = index % len(contenders)
-            for name in contenders[shift:] + contenders[:shift]:
-                phases.append(await _phase(server, name, slo, load, load * rate, seed=index))
-                await _until_idle(server)
+        async with contextlib.AsyncExitStack() as stack:
+            # each gateway serves the whole run, as deployed: "ours" carries what it learned
+            # from one load to the next
+            gates = {
+                name: await stack.enter_async_context(
+                    _contender(server.url, name, slo, tmp_path / f"gateway_{name}.log")
+                )
+                for name in contenders
+            }
+            for index, load in enumerate(LOADS):
+                shift = index % len(contenders)
+                for name in contenders[shift:] + contenders[:shift]:
+                    url, gate = gates[name]
+                    phases.append(
+                        await _phase(server, url, gate, name, slo, load, load * rate, index)
+                    )
+                    await _until_idle(server)
     finally:
         await server.stop()
     setup["load_avg_end"] = os.getloadavg()[0]
@@ -122,27 +138,35 @@ async def _slo_from_unloaded(
 
 
 async def _phase(
-    server: VLLMServer, name: str, slo: TokenSLO, load: float, rate_rps: float, seed: int
+    server: VLLMServer,
+    url: str,
+    gate: GatewayProcess | None,
+    name: str,
+    slo: TokenSLO,
+    load: float,
+    rate_rps: float,
+    seed: int,
 ) -> Phase:
     readings: list[dict[str, float]] = []
+    gate_readings: list[dict[str, float]] = []
     before = await server.metrics()
-    poller = asyncio.ensure_future(poll_engine(server.metrics, readings))
     gate_ended = True
+    pollers = [asyncio.ensure_future(poll_engine(server.metrics, readings))]
+    if gate is not None:
+        pollers.append(asyncio.ensure_future(poll_engine(gate.metrics, gate_readings)))
     try:
-        async with _contender(server.url, name, slo) as (url, gate):
-            async with _client(url) as client:
-                samples = await open_loop(
-                    client, completion(OUTPUT_TOKENS, stream=True), rate_rps, PHASE_S,
-                    seed=seed, drain_s=DRAIN_S,
-                )  # fmt: skip
-            if gate is not None:
-                await eventually(lambda: gate.stats().in_flight == 0, IDLE_BOUND_S)
-                counts = gate.stats().counts
-                gate_ended = counts.ended == counts.submitted
+        async with _client(url) as client:
+            samples = await open_loop(
+                client, completion(OUTPUT_TOKENS, stream=True), rate_rps, PHASE_S,
+                seed=seed, drain_s=DRAIN_S,
+            )  # fmt: skip
     finally:
-        poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await poller
+        for task in pollers:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if gate is not None:
+        gate_ended = await _gate_ended(gate)
     after = await server.metrics()
     return Phase(
         load,
@@ -153,25 +177,42 @@ async def _phase(
         100 * max((r["vllm:kv_cache_usage_perc"] for r in readings), default=math.nan),
         after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"],
         gate_ended,
+        tuple(r["in_flight_limit"] for r in gate_readings if "in_flight_limit" in r),
     )
 
 
+async def _gate_ended(gate: GatewayProcess) -> bool:
+    """Whether every request the gateway took has ended, by its own counts (waiting at most
+    IDLE_BOUND_S for the last ones to end)."""
+    async with asyncio.timeout(IDLE_BOUND_S):
+        while True:
+            m = await gate.metrics()
+            if m["in_flight"] == 0 and m["waiting"] == 0:
+                break
+            await asyncio.sleep(0.2)
+    ended = sum(v for k, v in m.items() if k.startswith("requests_total:"))
+    return ended == m["requests_submitted_total"]
+
+
 @contextlib.asynccontextmanager
-async def _contender(engine_url: str, name: str, slo: TokenSLO) -> AsyncIterator[tuple[str, Any]]:
+async def _contender(
+    engine_url: str, name: str, slo: TokenSLO, log: Path
+) -> AsyncIterator[tuple[str, GatewayProcess | None]]:
     if name == "bare":
         yield engine_url, None
         return
-    if name == "ours":
-        options: dict[str, Any] = {"max_in_flight": MAX_NUM_SEQS}
-    else:
-        limit = int(name.removeprefix("static_"))
-        law = StaticLimit(limit)
-        options = {
-            "max_in_flight": limit,
-            "controller": TokenController(slo, law, initial_limit=limit, max_limit=limit),
-        }
-    async with gateway(engine_url, slo, **options) as (client, gate):
-        yield str(client.base_url), gate
+    arguments = [
+        "--upstream", engine_url,
+        "--ttft-ms", f"{slo.ttft_ms:.3f}", "--tpot-ms", f"{slo.tpot_ms:.3f}",
+        "--max-in-flight", str(MAX_NUM_SEQS), "--metrics-interval-s", "0.25",
+    ]  # fmt: skip
+    if name != "ours":
+        arguments += ["--fixed-limit", name.removeprefix("static_")]
+    gate = GatewayProcess(arguments, log)
+    try:
+        yield await gate.start(), gate
+    finally:
+        await gate.stop()
 
 
 @contextlib.asynccontextmanager
@@ -208,8 +249,8 @@ def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], lis
         "",
         "| load | contender | sent | goodput req/s | attainment | TTFT p50 / p99 ms "
         "| TPOT p50 / p99 ms | refused % | expired | unanswered | vLLM running max "
-        "| vLLM waiting max | KV max % | preemptions |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vLLM waiting max | KV max % | preemptions | gate limit min / median / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         s = p.summary
@@ -218,7 +259,8 @@ def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], lis
             f"{s.attainment:.3f} | {s.ttft_p50_ms:.0f} / {s.ttft_p99_ms:.0f} | "
             f"{s.tpot_p50_ms:.1f} / {s.tpot_p99_ms:.1f} | {s.refused_pct:.1f} | "
             f"{s.expired} | {s.unanswered} | {p.engine_running_max:.0f} | "
-            f"{p.engine_waiting_max:.0f} | {p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} |"
+            f"{p.engine_waiting_max:.0f} | {p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} | "
+            f"{_spread(p.limits)} |"
         )
     verdicts = [_verdict(phases, load) for load in LOADS]
     return [*lines, "", *(f"- {v}" for v in verdicts), ""], verdicts
@@ -237,6 +279,12 @@ def _verdict(phases: list[Phase], load: float) -> str:
         f"({_ratio(ours.goodput_rps, best.goodput_rps)}); ours refused {ours.refused_pct:.1f} %; "
         f"ours' TTFT p50 {_ratio(ours.ttft_p50_ms, bare.ttft_p50_ms)} the bare engine's"
     )
+
+
+def _spread(values: tuple[float, ...]) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
 
 
 def _ratio(value: float, reference: float) -> str:
