@@ -58,7 +58,7 @@ def test_the_defaults() -> None:
     assert (args.max_in_flight, args.max_queue, args.max_body_bytes) == (256, None, 1 << 20)
     assert args.metrics_url is None and not args.no_engine_metrics
     assert args.upstream_health_path == "/health" and not args.no_upstream_health
-    assert args.fixed_limit is None
+    assert args.fixed_limit is None and args.loop == "auto"
 
 
 def test_metrics_url_and_no_engine_metrics_exclude_each_other(
@@ -74,6 +74,18 @@ def test_metrics_url_and_no_engine_metrics_exclude_each_other(
     ]
     assert main(argv) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_loop_uvloop_without_uvloop_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adaptive_batcher.cli import gateway_cmd
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert main(["gateway", "--upstream", "http://h", "--loop", "uvloop"]) == 2
+    assert "--loop uvloop needs uvloop installed" in capsys.readouterr().err
+    assert gateway_cmd._loop_factory("auto") is None  # auto falls back to asyncio's loop
+    assert gateway_cmd._loop_factory("asyncio") is None
 
 
 def test_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -182,7 +194,8 @@ def test_without_the_gateway_extra_the_modules_name_it(tmp_path: Path) -> None:
     )
 
 
-async def test_sigterm_drains_then_ends_the_rest_with_an_error_event() -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_sigterm_drains_then_ends_the_rest_with_an_error_event(loop: str) -> None:
     """A stream that finishes within --drain-timeout-s ends with [DONE]; one still running then
     gets the gateway's error event and a complete body (not a cut connection)."""
     fake = FakeOpenAI()
@@ -199,6 +212,8 @@ async def test_sigterm_drains_then_ends_the_rest_with_an_error_event() -> None:
             "--no-engine-metrics",
             "--drain-timeout-s",
             "1.5",
+            "--loop",
+            loop,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stderr=asyncio.subprocess.PIPE,
