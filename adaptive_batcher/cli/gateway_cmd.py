@@ -189,8 +189,8 @@ def register(subparsers: Any) -> None:
         "--loop",
         choices=("auto", "uvloop", "asyncio"),
         default="auto",
-        help="the event loop: uvloop (faster; installed with the gateway extra except on "
-        "Windows), asyncio, or auto (uvloop where it is installed; default)",
+        help="the event loop: uvloop (where installed, e.g. with uvicorn[standard]), asyncio, "
+        "or auto (uvloop where it is installed, as uvicorn does; default)",
     )
     parser.set_defaults(func=run_command)
 
