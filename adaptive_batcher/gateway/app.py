@@ -299,10 +299,7 @@ class _Exchange:
     async def run(self) -> None:
         try:
             stream = self.gate.submit(self.request)
-        except (TypeError, ValueError) as exc:  # a field out of range (named)
-            await _send_json(self.send, 400, _error(str(exc), "invalid_request_error"))
-            return
-        except Exception as exc:
+        except Exception as exc:  # the request's fields were checked: the gateway failed
             await self._fail(exc)
             return
         try:

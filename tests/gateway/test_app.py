@@ -531,6 +531,25 @@ async def test_a_query_string_that_is_not_ascii_gets_400(path: str) -> None:
     assert fake.bodies == []
 
 
+async def test_a_failing_law_is_the_gateways_500_not_the_clients_400() -> None:
+    from adaptive_batcher.llm import TokenController
+
+    class BrokenLaw:
+        name = "broken"
+
+        def decide(self, observation: object) -> int:
+            raise TypeError("internal detail of the law")
+
+    controller = TokenController(SLO, BrokenLaw(), interval_s=0.001)
+    fake = FakeOpenAI()
+    async with gateway(fake, controller=controller) as (client, _):
+        await client.post("/v1/completions", json={"prompt": "x"})  # starts the tick clock
+        await asyncio.sleep(0.01)
+        response = await client.post("/v1/completions", json={"prompt": "x"})  # ticks: raises
+    error = assert_openai_error(response, 500)
+    assert error["code"] == "internal_error" and "internal detail" not in response.text
+
+
 async def test_null_and_in_range_fields_pass() -> None:
     fake = FakeOpenAI()
     bodies = [
