@@ -436,15 +436,23 @@ def _query(scope: Scope) -> str | None:
     return raw.decode("ascii") if raw.isascii() else None
 
 
+#: the client's headers the gateway sends upstream: credentials (OpenAI's bearer token,
+#: Azure's api-key), OpenAI's organization and project, and a request id for tracing
+PASSED_HEADERS = frozenset(
+    {b"authorization", b"api-key", b"openai-organization", b"openai-project", b"x-request-id"}
+)
+
+
 def _passed_headers(scope: Scope) -> dict[str, str] | str:
-    """The client's headers passed upstream (``authorization``), or why they cannot be: a
-    value that is not ASCII (an HTTP client could not send it on)."""
+    """The client's headers passed upstream (:data:`PASSED_HEADERS`), or why they cannot be:
+    a value that is not ASCII (an HTTP client could not send it on)."""
     passed = {}
     for name, value in scope.get("headers", ()):
-        if name.lower() == b"authorization":
+        name = name.lower()
+        if name in PASSED_HEADERS:
             if not value.isascii():
-                return "the authorization header must be ASCII"
-            passed["authorization"] = value.decode("ascii")
+                return f"the {name.decode()} header must be ASCII"
+            passed[name.decode()] = value.decode("ascii")
     return passed
 
 

@@ -11,7 +11,8 @@ SGLang, TGI and llama.cpp's ``llama-server`` serve it) and reads the answer as:
 Readings are kept for ``max_age_s``, and callers that ask while a check is under way share it,
 so a load balancer polling often costs the engine at most one request per ``max_age_s``.
 An outage is logged when it begins and, spaced out, while it lasts (``gateway.upstream_down``
-warning), and once when it ends (``gateway.upstream_up`` info), never per check
+warning), and once when it ends (``gateway.upstream_up``, a warning too, so that it shows
+wherever the outage did), never per check
 (:class:`~adaptive_batcher.gateway.outage.OutageLog`).
 """
 

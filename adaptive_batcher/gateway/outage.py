@@ -40,7 +40,7 @@ class OutageLog:
     Args:
         logger: where the events go.
         down_event: the warning's name, e.g. ``engine_telemetry.failed``.
-        up_event: the info's name when a success follows failures, e.g.
+        up_event: the warning's name when a success follows failures, e.g.
             ``engine_telemetry.recovered``.
         first_repeat_s: seconds from the first warning of a run to its first repeat (> 0).
         max_repeat_s: the longest spacing of repeats, seconds (>= ``first_repeat_s``).
@@ -96,9 +96,10 @@ class OutageLog:
         self._spacing_s = min(self._spacing_s * 2.0, self._max_repeat_s)
 
     def succeeded(self, **fields: Any) -> None:
-        """One success: the info if it ends a run of failures, else nothing."""
+        """One success: the warning that the run of failures ended, if one did, else nothing."""
         if self._failures == 0:
             return
         down_for_s = round(self._clock() - self._started_s, 3)
-        self._log.info(self._up_event, failures=self._failures, down_for_s=down_for_s, **fields)
+        # a warning too: whoever saw the outage at the default level must see its end
+        self._log.warning(self._up_event, failures=self._failures, down_for_s=down_for_s, **fields)
         self._failures = 0

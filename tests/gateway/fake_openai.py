@@ -63,6 +63,7 @@ class FakeOpenAI:
         self.health_hold = False  # GET /health never answers while set
         self.health_checks = 0
         self.clients: list[object] = []  # the (host, port) each completion came from
+        self.headers: list[dict[bytes, bytes]] = []  # each completion's request headers
         self.queries: list[bytes] = []  # each completion's and model list's query string
         self._changed = asyncio.Condition()
 
@@ -130,6 +131,7 @@ class FakeOpenAI:
         self.clients.append(scope.get("client"))
         self.queries.append(scope["query_string"])
         headers = dict(scope["headers"])
+        self.headers.append(headers)
         authorization = headers.get(b"authorization")
         self.authorizations.append(None if authorization is None else authorization.decode())
         raw = b""

@@ -531,6 +531,29 @@ async def test_a_query_string_that_is_not_ascii_gets_400(path: str) -> None:
     assert fake.bodies == []
 
 
+async def test_credentials_and_ids_go_upstream_other_headers_do_not() -> None:
+    fake = FakeOpenAI()
+    headers = {
+        "api-key": "azure-key",
+        "openai-organization": "org-1",
+        "openai-project": "proj-1",
+        "x-request-id": "req-7",
+        "x-internal": "secret-routing",
+    }
+    async with gateway(fake) as (client, _):
+        ok = await client.post("/v1/completions", json={"prompt": "x"}, headers=headers)
+        bad = await client.post(
+            "/v1/completions", json={"prompt": "x"}, headers={"api-key": "clé".encode()}
+        )
+    assert ok.status_code == 200
+    sent = fake.headers[0]
+    assert sent[b"api-key"] == b"azure-key" and sent[b"openai-organization"] == b"org-1"
+    assert sent[b"openai-project"] == b"proj-1" and sent[b"x-request-id"] == b"req-7"
+    assert b"x-internal" not in sent
+    assert assert_openai_error(bad, 400)["message"] == "the api-key header must be ASCII"
+    assert "clé" not in bad.text and len(fake.headers) == 1
+
+
 async def test_a_failing_law_is_the_gateways_500_not_the_clients_400() -> None:
     from adaptive_batcher.llm import TokenController
 

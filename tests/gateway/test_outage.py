@@ -35,7 +35,7 @@ def test_failures_every_second_for_an_hour_log_a_dozen_lines() -> None:
     assert len(downs) == 16 and downs[-1]["down_for_s"] == 3310
     assert [entry["failures"] for entry in downs[:3]] == [1, 11, 31]
     assert downs[0]["error"] == "refused" and downs[0]["log_level"] == "warning"
-    assert logs[-1] == logs[-1] | {"event": "thing.up", "failures": 3600, "log_level": "info"}
+    assert logs[-1] == logs[-1] | {"event": "thing.up", "failures": 3600, "log_level": "warning"}
     assert outage.failures == 0
 
 
@@ -78,6 +78,7 @@ async def test_telemetry_logs_an_outage_once_and_its_end() -> None:
         assert await telemetry.read() is not None
     events = [entry["event"] for entry in logs]
     assert events == ["engine_telemetry.failed", "engine_telemetry.recovered"]
+    assert [entry["log_level"] for entry in logs] == ["warning", "warning"]  # both at the default
     assert logs[1]["failures"] == 5
     await client.aclose()
 
