@@ -198,6 +198,14 @@ def register(subparsers: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; 0 after a clean stop, 2 without the gateway extra or when the
     address cannot be bound."""
+    if args.fixed_limit is not None and args.fixed_limit > args.max_in_flight:
+        print(
+            f"adaptive-batcher gateway: --fixed-limit {args.fixed_limit} is above "
+            f"--max-in-flight {args.max_in_flight} (the most inside the engine whatever the "
+            "limit); raise --max-in-flight",
+            file=sys.stderr,
+        )
+        return 2
     if args.no_engine_metrics and args.metrics_url is not None:
         print(
             "adaptive-batcher gateway: --metrics-url and --no-engine-metrics exclude each other",

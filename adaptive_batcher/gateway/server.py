@@ -6,7 +6,9 @@ client sees a broken connection, not an error. :class:`DrainingServer` starts th
 (:meth:`~adaptive_batcher.gateway.shell.LLMGate.aclose`) as uvicorn's shutdown begins, so a
 stream still running when the drain ends gets the gateway's error event (503
 ``gateway_closed``) and a complete body; uvicorn's own bound should exceed the drain by
-:data:`WRITE_GRACE_S` so those last events reach their clients.
+:data:`WRITE_GRACE_S` so those last events reach their clients. A second Ctrl-C (uvicorn's
+``force_exit``) cuts the drain short: the running streams end with that error event
+at once.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise missing_extra(__name__, exc) from exc
 
-__all__ = ["WRITE_GRACE_S", "DrainingServer"]
+__all__ = ["FORCE_POLL_S", "WRITE_GRACE_S", "DrainingServer"]
+
+#: how often the shutdown looks for a second signal, seconds
+FORCE_POLL_S = 0.1
 
 #: seconds after the drain for the last events to reach their clients (the margin of uvicorn's
 #: ``timeout_graceful_shutdown`` over the drain)
@@ -51,11 +56,21 @@ class DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Drain the gate and shut uvicorn down, together."""
+        """Drain the gate and shut uvicorn down, together; a second signal (uvicorn's
+        ``force_exit``) cuts the drain short."""
         drain = asyncio.ensure_future(
             self._gate.aclose(drain=True, timeout_s=self._drain_timeout_s)
         )
+        forced = asyncio.ensure_future(self._cut_when_forced(drain))
         try:
             await super().shutdown(sockets)
         finally:
             await drain
+            forced.cancel()
+
+    async def _cut_when_forced(self, drain: asyncio.Future[None]) -> None:
+        while not drain.done():
+            if self.force_exit:
+                await self._gate.aclose(drain=False)
+                return
+            await asyncio.sleep(FORCE_POLL_S)

@@ -88,6 +88,13 @@ def test_loop_uvloop_without_uvloop_is_a_clear_error(
     assert gateway_cmd._loop_factory("asyncio") is None
 
 
+def test_a_fixed_limit_above_max_in_flight_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["gateway", "--upstream", "http://h", "--fixed-limit", "300"]) == 2
+    assert "--fixed-limit 300 is above --max-in-flight 256" in capsys.readouterr().err
+
+
 def test_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 
@@ -248,3 +255,34 @@ async def _read_stream(client: httpx.AsyncClient, tokens: int) -> bytes:
     async with client.stream("POST", "/v1/completions", json=payload) as response:
         assert response.status_code == 200
         return b"".join([part async for part in response.aiter_raw()])
+
+
+async def test_a_second_ctrl_c_cuts_the_drain_short() -> None:
+    fake = FakeOpenAI()
+    async with serving(fake) as upstream:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "adaptive_batcher.cli.main", "gateway",
+            "--upstream", upstream, "--port", "0", "--no-engine-metrics",
+            "--drain-timeout-s", "60",
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert process.stderr is not None
+            async with asyncio.timeout(BOUND_S):
+                url = (await process.stderr.readline()).decode().split()[-1]
+            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+                long = asyncio.ensure_future(_read_stream(client, tokens=600))  # 60 s
+                await fake.wait_active(1)
+                os.kill(process.pid, signal.SIGINT)
+                await asyncio.sleep(0.5)
+                os.kill(process.pid, signal.SIGINT)
+                async with asyncio.timeout(15):  # not the 60 s drain
+                    body = await long
+                    await process.wait()
+            last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+            assert b'"code": "gateway_closed"' in last, body[-300:]
+            assert "Traceback" not in (await process.stderr.read()).decode()
+        finally:
+            if process.returncode is None:
+                os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
