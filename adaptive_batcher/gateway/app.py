@@ -263,7 +263,9 @@ class _Gateway:
         if isinstance(headers, str) or isinstance(payload, str) or query is None:
             # what is wrong, in words that do not echo the request
             problem = next((p for p in (headers, payload) if isinstance(p, str)), _BAD_QUERY)
-            await _send_json(send, 400, _error(problem, "invalid_request_error"))
+            answer = _error(problem, "invalid_request_error")
+            answer["error"]["param"] = _param_of(problem)
+            await _send_json(send, 400, answer)
             return
         request = LLMRequest(
             payload=payload,
@@ -609,6 +611,17 @@ def _code(exc: Exception) -> str:
     ``_error``."""
     name = type(exc).__name__.removesuffix("Error")
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+_FIELD_PROBLEM = re.compile(
+    r"^(max_tokens|max_completion_tokens|stream|stream_options(?:\.include_usage)?) must "
+)
+
+
+def _param_of(problem: str) -> str | None:
+    """The field a :func:`_field_problem` message names (OpenAI's ``param``), or None."""
+    match = _FIELD_PROBLEM.match(problem)
+    return match.group(1) if match else None
 
 
 def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:

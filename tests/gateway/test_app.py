@@ -486,6 +486,8 @@ async def test_bodies_the_engine_cannot_take_get_400_without_an_echo(
     error = assert_openai_error(response, 400)
     assert said in error["message"] and "SECRET" not in response.text
     assert fake.bodies == [] and counts.failed == 0
+    field = error["message"].partition(" must ")[0] if " must " in error["message"] else None
+    assert error["param"] == field  # OpenAI's param: the field at fault, where there is one
 
 
 async def test_the_query_string_goes_upstream_as_it_came() -> None:
