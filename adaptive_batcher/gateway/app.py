@@ -238,11 +238,11 @@ class _Gateway:
                 send, 404, _error("no engine to list models of", "invalid_request_error")
             )
             return
-        headers, query = _passed_headers(scope), _query(scope)
-        if isinstance(headers, str) or query is None:
-            problem = headers if isinstance(headers, str) else _BAD_QUERY
-            await _send_json(send, 400, _error(problem, "invalid_request_error"))
+        forwarded = _forwarded(scope)
+        if isinstance(forwarded, str):
+            await _send_json(send, 400, _error(forwarded, "invalid_request_error"))
             return
+        headers, query = forwarded
         try:
             response = await self.engine.get(
                 f"/v1/models?{query}" if query else "/v1/models", headers
@@ -258,15 +258,15 @@ class _Gateway:
         if body is None:
             return  # the client went away, or the body limit answered 413
         payload = _request_payload(body)
-        headers = _passed_headers(scope)
-        query = _query(scope)
-        if isinstance(headers, str) or isinstance(payload, str) or query is None:
+        forwarded = _forwarded(scope)
+        if isinstance(forwarded, str) or isinstance(payload, str):
             # what is wrong, in words that do not echo the request
-            problem = next((p for p in (headers, payload) if isinstance(p, str)), _BAD_QUERY)
+            problem = forwarded if isinstance(forwarded, str) else str(payload)
             answer = _error(problem, "invalid_request_error")
             answer["error"]["param"] = _param_of(problem)
             await _send_json(send, 400, answer)
             return
+        headers, query = forwarded
         request = LLMRequest(
             payload=payload,
             prompt_tokens=estimate_prompt_tokens(payload),
@@ -428,14 +428,17 @@ def _route(scope: Scope) -> str:
     return path
 
 
-_BAD_QUERY = "the query string is not ASCII"
-
-
-def _query(scope: Scope) -> str | None:
-    """The request's query string, passed upstream as it came (percent-encoded), or None when
-    it is not ASCII (an HTTP client could not send it on)."""
-    raw: bytes = scope.get("query_string", b"")
-    return raw.decode("ascii") if raw.isascii() else None
+def _forwarded(scope: Scope) -> tuple[dict[str, str], str] | str:
+    """What goes upstream with the request besides its body: the headers of
+    :data:`PASSED_HEADERS` and the query string as it came (percent-encoded); or why they
+    cannot go, a value that is not ASCII (an HTTP client could not send it on)."""
+    headers = _passed_headers(scope)
+    if isinstance(headers, str):
+        return headers
+    query: bytes = scope.get("query_string", b"")
+    if not query.isascii():
+        return "the query string is not ASCII"
+    return headers, query.decode("ascii")
 
 
 #: the client's headers the gateway sends upstream: credentials (OpenAI's bearer token,
@@ -446,8 +449,7 @@ PASSED_HEADERS = frozenset(
 
 
 def _passed_headers(scope: Scope) -> dict[str, str] | str:
-    """The client's headers passed upstream (:data:`PASSED_HEADERS`), or why they cannot be:
-    a value that is not ASCII (an HTTP client could not send it on)."""
+    """The client's headers of :data:`PASSED_HEADERS`, or why they cannot be passed on."""
     passed = {}
     for name, value in scope.get("headers", ()):
         name = name.lower()
