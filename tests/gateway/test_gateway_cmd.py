@@ -4,11 +4,13 @@ fake engine (stopped by SIGTERM to its PID), and the extra it needs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -201,53 +203,53 @@ def test_without_the_gateway_extra_the_modules_name_it(tmp_path: Path) -> None:
     )
 
 
+@contextlib.asynccontextmanager
+async def _gateway_command(
+    upstream: str, *options: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``adaptive-batcher gateway`` in a child process in front of ``upstream``: the process
+    and its URL once it serves; SIGKILLed and reaped if still running at the end."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adaptive_batcher.cli.main", "gateway",
+        "--upstream", upstream, "--port", "0", "--no-engine-metrics", *options,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        async with asyncio.timeout(BOUND_S):
+            url = (await process.stderr.readline()).decode().split()[-1]
+        yield process, url
+    finally:
+        if process.returncode is None:
+            os.kill(process.pid, signal.SIGKILL)
+            await process.wait()
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_sigterm_drains_then_ends_the_rest_with_an_error_event(loop: str) -> None:
     """A stream that finishes within --drain-timeout-s ends with [DONE]; one still running then
     gets the gateway's error event and a complete body (not a cut connection)."""
     fake = FakeOpenAI()
-    async with serving(fake) as upstream:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "adaptive_batcher.cli.main",
-            "gateway",
-            "--upstream",
-            upstream,
-            "--port",
-            "0",
-            "--no-engine-metrics",
-            "--drain-timeout-s",
-            "1.5",
-            "--loop",
-            loop,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            assert process.stderr is not None
-            async with asyncio.timeout(BOUND_S):
-                url = (await process.stderr.readline()).decode().split()[-1]
-            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
-                short = asyncio.ensure_future(_read_stream(client, tokens=6))
-                long = asyncio.ensure_future(_read_stream(client, tokens=200))
-                await fake.wait_active(2)
-                os.kill(process.pid, signal.SIGTERM)
-                short_body, long_body = await asyncio.gather(short, long)
-            assert short_body.endswith(b"data: [DONE]\n\n"), short_body[-200:]
-            last = long_body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
-            assert last.startswith(b"data: {"), long_body[-300:]
-            assert b'"code": "gateway_closed"' in last, last
-            async with asyncio.timeout(BOUND_S):
-                status = await process.wait()
-            rest = (await process.stderr.read()).decode()
-            assert status == 0, rest
-            assert "Traceback" not in rest
-        finally:
-            if process.returncode is None:
-                os.kill(process.pid, signal.SIGKILL)
-                await process.wait()
+    async with (
+        serving(fake) as upstream,
+        _gateway_command(upstream, "--drain-timeout-s", "1.5", "--loop", loop) as (process, url),
+    ):
+        async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+            short = asyncio.ensure_future(_read_stream(client, tokens=6))
+            long = asyncio.ensure_future(_read_stream(client, tokens=200))
+            await fake.wait_active(2)
+            os.kill(process.pid, signal.SIGTERM)
+            short_body, long_body = await asyncio.gather(short, long)
+        assert short_body.endswith(b"data: [DONE]\n\n"), short_body[-200:]
+        last = long_body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        assert last.startswith(b"data: {"), long_body[-300:]
+        assert b'"code": "gateway_closed"' in last, last
+        async with asyncio.timeout(BOUND_S):
+            status = await process.wait()
+        assert process.stderr is not None
+        rest = (await process.stderr.read()).decode()
+        assert status == 0, rest
+        assert "Traceback" not in rest
 
 
 async def _read_stream(client: httpx.AsyncClient, tokens: int) -> bytes:
@@ -259,30 +261,20 @@ async def _read_stream(client: httpx.AsyncClient, tokens: int) -> bytes:
 
 async def test_a_second_ctrl_c_cuts_the_drain_short() -> None:
     fake = FakeOpenAI()
-    async with serving(fake) as upstream:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "adaptive_batcher.cli.main", "gateway",
-            "--upstream", upstream, "--port", "0", "--no-engine-metrics",
-            "--drain-timeout-s", "60",
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            assert process.stderr is not None
-            async with asyncio.timeout(BOUND_S):
-                url = (await process.stderr.readline()).decode().split()[-1]
-            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
-                long = asyncio.ensure_future(_read_stream(client, tokens=600))  # 60 s
-                await fake.wait_active(1)
-                os.kill(process.pid, signal.SIGINT)
-                await asyncio.sleep(0.5)
-                os.kill(process.pid, signal.SIGINT)
-                async with asyncio.timeout(15):  # not the 60 s drain
-                    body = await long
-                    await process.wait()
-            last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
-            assert b'"code": "gateway_closed"' in last, body[-300:]
-            assert "Traceback" not in (await process.stderr.read()).decode()
-        finally:
-            if process.returncode is None:
-                os.kill(process.pid, signal.SIGKILL)
+    async with (
+        serving(fake) as upstream,
+        _gateway_command(upstream, "--drain-timeout-s", "60") as (process, url),
+    ):
+        async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+            long = asyncio.ensure_future(_read_stream(client, tokens=600))  # 60 s
+            await fake.wait_active(1)
+            os.kill(process.pid, signal.SIGINT)
+            await asyncio.sleep(0.5)
+            os.kill(process.pid, signal.SIGINT)
+            async with asyncio.timeout(15):  # not the 60 s drain
+                body = await long
                 await process.wait()
+        last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        assert b'"code": "gateway_closed"' in last, body[-300:]
+        assert process.stderr is not None
+        assert "Traceback" not in (await process.stderr.read()).decode()
