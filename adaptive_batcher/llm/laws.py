@@ -135,7 +135,8 @@ class ModelLimit:
     misses decides from the limit in force (TTFT misses are the admission's business: a lower
     limit does not shorten a long prompt's prefill), and while the streams' mean gap now is
     above ``margin * tpot`` the limit is cut at once to the in-flight count times their ratio
-    (finished requests come too late to stop a flood at start).
+    (finished requests come too late to stop a flood at start). Nothing is learned from the
+    streams' last gap while none runs: neither this cut nor the fit's correction.
 
     Args:
         slo: the objective.
@@ -202,7 +203,7 @@ class ModelLimit:
             wanted = self._fallback.decide(obs)
             target = self.margin * self.slo.tpot_s
             gap = obs.mean_gap_s
-            if not math.isnan(gap) and gap > target:  # the streams are slow now: cut at once
+            if obs.in_flight > 0 and gap > target:  # the streams are slow now: cut at once
                 wanted = min(wanted, int(obs.in_flight * target / gap))
                 self._fallback.limit = max(wanted, self.minimum)
         else:
@@ -238,7 +239,8 @@ class ModelLimit:
         target = self.margin * self.slo.tpot_s
         now = self.predicted_gap_s(obs, max(obs.in_flight, 1))
         measured = obs.mean_gap_s
-        if not math.isnan(measured) and 0 < now < math.inf:  # the fit's error, smoothed
+        running = obs.in_flight > 0  # the last gap is stale once nothing streams
+        if running and not math.isnan(measured) and 0 < now < math.inf:  # the fit's error
             ratio = min(max(measured / now, 1.0 / self.max_bias), self.max_bias)
             self.bias += self.spread_gain * (ratio - self.bias)
         low, high = 0, self.maximum

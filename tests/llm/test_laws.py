@@ -141,3 +141,32 @@ def test_the_kv_guard_acts_on_usage_and_preemptions_and_holds_the_limit() -> Non
     assert held <= 81  # no rise within kv_hold_s of a preemption
     later = law.decide(observation(now_s=20.0, limit=81, arrival_rps=0.1, engine=calm))
     assert later > 81
+
+
+def idle(now_s: float, limit: int) -> GateObservation:
+    """A tick with nothing in flight, waiting or arriving, and no finished request left in
+    the window; the streams' last gap (60 ms) is stale."""
+    return observation(
+        now_s=now_s,
+        limit=limit,
+        in_flight=0,
+        waiting=0,
+        arrivals=0,
+        admitted=0,
+        recent_finished=0,
+        mean_gap_s=0.060,
+        tpot_p_s=math.nan,
+        tpot_mean_s=math.nan,
+    )
+
+
+def test_an_idle_spell_moves_neither_the_limit_nor_the_fit_correction() -> None:
+    young = ModelLimit(SLO, maximum=1024)  # no model yet: the fallback decides
+    for tick in range(20):
+        assert young.decide(idle(10.0 + 0.5 * tick, 100)) == 100  # a stale gap cuts nothing
+    warm = ModelLimit(SLO, maximum=1024)
+    warm.decide(observation(limit=100, mean_gap_s=0.02))
+    bias = warm.bias
+    for tick in range(40):
+        warm.decide(idle(11.0 + 0.5 * tick, 100))
+    assert warm.bias == bias  # the stale gap against one sequence's fit taught nothing
