@@ -28,14 +28,17 @@ from urllib.parse import urlsplit
 
 from adaptive_batcher._validate import (
     argument_type,
+    check_in_range,
     check_int,
     int_argument,
     number_argument,
     parse_int,
+    parse_number,
 )
 from adaptive_batcher.gateway._extra import missing_extra
+from adaptive_batcher.llm.slo import TokenSLO
 
-__all__ = ["register"]
+__all__ = ["register", "slo_of"]
 
 
 def _url(name: str, text: str) -> str:
@@ -98,6 +101,19 @@ def register(subparsers: Any) -> None:
         type=number_argument("--tpot-ms", 0.0, strict=True),
         default=50.0,
         help="time-per-output-token target, ms (default 50)",
+    )
+    parser.add_argument(
+        "--percentile",
+        type=argument_type("--percentile", _percentile),
+        default=99.0,
+        help="the percentile both targets apply to, in [1, 100) (default 99)",
+    )
+    parser.add_argument(
+        "--slo-margin",
+        type=argument_type("--slo-margin", _share),
+        default=0.9,
+        help="the share of the TPOT target the controller steers its percentile to, in (0, 1] "
+        "(default 0.9; higher admits more, with less headroom for noise)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
@@ -195,6 +211,24 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_command)
 
 
+def slo_of(args: argparse.Namespace) -> TokenSLO:
+    """The objective the parsed arguments set."""
+    return TokenSLO(
+        ttft_ms=args.ttft_ms,
+        tpot_ms=args.tpot_ms,
+        percentile=args.percentile,
+        margin=args.slo_margin,
+    )
+
+
+def _percentile(name: str, text: str) -> float:
+    return check_in_range(name, parse_number(name, text), 1.0, 100.0, open_high=True)
+
+
+def _share(name: str, text: str) -> float:
+    return check_in_range(name, parse_number(name, text), 0.0, 1.0, open_low=True)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; 0 after a clean stop, 2 without the gateway extra or when the
     address cannot be bound."""
@@ -286,7 +320,6 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
     from adaptive_batcher.gateway.shell import LLMGate
     from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
     from adaptive_batcher.llm import StaticLimit, TokenController
-    from adaptive_batcher.llm.slo import TokenSLO
 
     engine = OpenAIEngine(
         args.upstream,
@@ -297,7 +330,7 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
     if not args.no_engine_metrics:
         metrics_url = args.metrics_url or f"{args.upstream}/metrics"
         telemetry = PrometheusEngineTelemetry(metrics_url, interval_s=args.metrics_interval_s)
-    slo = TokenSLO(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
+    slo = slo_of(args)
     controller = None
     if args.fixed_limit is not None:
         limit = args.fixed_limit

@@ -145,7 +145,7 @@ class ModelLimit:
         kv_high: KV usage above which the guard acts, in (0, 1].
         kv_hold_s: how long after a preemption the limit may not rise, seconds (>= 0).
         aim: where the TPOT at the SLO's percentile is steered, a share of the target, in
-            (0, 1].
+            (0, 1] (default: the SLO's ``margin``, 0.9 unless set).
         gain: the share of the way to the model's limit taken per tick, in (0, 1].
         spread_gain: the smoothing of ``margin`` and ``bias`` per tick, in (0, 1].
         min_margin: the lowest ``margin``, in (0, 1].
@@ -163,7 +163,7 @@ class ModelLimit:
         maximum: int = 1024,
         kv_high: float = 0.92,
         kv_hold_s: float = 10.0,
-        aim: float = 0.9,
+        aim: float | None = None,
         gain: float = 0.3,
         spread_gain: float = 0.1,
         min_margin: float = 0.6,
@@ -176,6 +176,7 @@ class ModelLimit:
         self.maximum = check_int("maximum", maximum, self.minimum)
         self.kv_high = check_in_range("kv_high", kv_high, 0.0, 1.0, open_low=True)
         self.kv_hold_s = check_number("kv_hold_s", kv_hold_s, 0.0)
+        aim = slo.margin if aim is None else aim
         self.aim = check_in_range("aim", aim, 0.0, 1.0, open_low=True)
         self.gain = check_in_range("gain", gain, 0.0, 1.0, open_low=True)
         self.spread_gain = check_in_range("spread_gain", spread_gain, 0.0, 1.0, open_low=True)

@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adaptive_batcher.cli.gateway_cmd import slo_of
 from adaptive_batcher.cli.main import build_parser, main
+from adaptive_batcher.llm import ModelLimit, TokenSLO
 from tests.gateway.fake_openai import FakeOpenAI
 from tests.gateway.servers import ROOT, serving
 
@@ -38,6 +40,9 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
         (["--upstream", "http://h:8000/v1"], "--upstream is the server's root, without /v1"),
         (["--upstream", "http://h", "--metrics-interval-s", "0.001"], "--metrics-interval-s"),
+        (["--upstream", "http://h", "--percentile", "100"], "--percentile must be a number in"),
+        (["--upstream", "http://h", "--slo-margin", "0"], "--slo-margin must be a number in"),
+        (["--upstream", "http://h", "--slo-margin", "1.5"], "--slo-margin must be a number in"),
         (
             ["--upstream", "http://h", "--upstream-health-path", "health"],
             "--upstream-health-path must start with '/'",
@@ -61,6 +66,15 @@ def test_the_defaults() -> None:
     assert args.metrics_url is None and not args.no_engine_metrics
     assert args.upstream_health_path == "/health" and not args.no_upstream_health
     assert args.fixed_limit is None and args.loop == "auto"
+    assert slo_of(args) == TokenSLO(ttft_ms=300, tpot_ms=50, percentile=99, margin=0.9)
+
+
+def test_the_slo_flags_reach_the_objective_and_the_controllers_aim() -> None:
+    arguments = ["gateway", "--upstream", "http://h", "--ttft-ms", "200", "--tpot-ms", "40"]
+    args = build_parser().parse_args([*arguments, "--percentile", "90", "--slo-margin", "0.95"])
+    slo = slo_of(args)
+    assert slo == TokenSLO(ttft_ms=200, tpot_ms=40, percentile=90, margin=0.95)
+    assert ModelLimit(slo).aim == 0.95  # the law steers the TPOT percentile to the margin
 
 
 def test_metrics_url_and_no_engine_metrics_exclude_each_other(
