@@ -259,12 +259,11 @@ class _Gateway:
             return  # the client went away, or the body limit answered 413
         payload = _request_payload(body)
         forwarded = _forwarded(scope)
-        if isinstance(forwarded, str) or isinstance(payload, str):
-            # what is wrong, in words that do not echo the request
-            problem = forwarded if isinstance(forwarded, str) else str(payload)
-            answer = _error(problem, "invalid_request_error")
-            answer["error"]["param"] = _param_of(problem)
-            await _send_json(send, 400, answer)
+        if isinstance(forwarded, str):
+            await _refuse(send, _Refusal(forwarded))
+            return
+        if isinstance(payload, _Refusal):
+            await _refuse(send, payload)
             return
         headers, query = forwarded
         request = LLMRequest(
@@ -501,7 +500,22 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-def _request_payload(body: bytes) -> dict[str, Any] | str:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Refusal:
+    """Why a request is refused with a 400, and the field at fault (OpenAI's ``param``)."""
+
+    message: str
+    param: str | None = None
+
+
+async def _refuse(send: Send, refusal: _Refusal) -> None:
+    """A 400 in OpenAI's error format: what is wrong, in words that do not echo the request."""
+    answer = _error(refusal.message, "invalid_request_error")
+    answer["error"]["param"] = refusal.param
+    await _send_json(send, 400, answer)
+
+
+def _request_payload(body: bytes) -> dict[str, Any] | _Refusal:
     """The request's JSON object, or why it is refused (400), without echoing the body: not
     JSON (NaN and infinities included), nested beyond the parser's depth, not an object,
     holding what cannot be sent on as JSON (a number out of range, a lone surrogate), or a
@@ -509,23 +523,25 @@ def _request_payload(body: bytes) -> dict[str, Any] | str:
     try:
         payload = json.loads(body, parse_constant=_no_constant, parse_int=_parse_int)
     except RecursionError:
-        return "the body is nested too deeply"
+        return _Refusal("the body is nested too deeply")
     except _TooManyDigitsError:
-        return f"the body holds an integer of more than {MAX_INT_DIGITS} digits"
+        return _Refusal(f"the body holds an integer of more than {MAX_INT_DIGITS} digits")
     except ValueError as exc:
-        return f"the body is not JSON: {exc}"  # the parser's own words: short, no body
+        return _Refusal(f"the body is not JSON: {exc}")  # the parser's words: short, no body
     if not isinstance(payload, dict):
-        return f"the body must be a JSON object, got {type(payload).__name__}"
+        return _Refusal(f"the body must be a JSON object, got {type(payload).__name__}")
     try:
         json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
     except RecursionError:
-        return "the body is nested too deeply"
+        return _Refusal("the body is nested too deeply")
     except ValueError:  # UnicodeEncodeError is one
-        return "the body holds a number out of range or a string that is not valid Unicode"
+        return _Refusal(
+            "the body holds a number out of range or a string that is not valid Unicode"
+        )
     return _field_problem(payload) or payload
 
 
-def _field_problem(payload: dict[str, Any]) -> str | None:
+def _field_problem(payload: dict[str, Any]) -> _Refusal | None:
     """What is wrong with the fields the gateway reads itself, in OpenAI's terms, or None:
     ``max_tokens`` and ``max_completion_tokens`` an integer in [1, 2**31 - 1] or null,
     ``stream`` and ``stream_options.include_usage`` a boolean or null, ``stream_options`` an
@@ -535,20 +551,24 @@ def _field_problem(payload: dict[str, Any]) -> str | None:
         if value is None:
             continue
         if type(value) is not int:
-            return f"{key} must be an integer or null, got {_json_type(value)}"
+            return _wrong_type(key, "an integer", value)
         if not 1 <= value <= MAX_TOKENS_BOUND:
-            return f"{key} must be in [1, {MAX_TOKENS_BOUND}]"
+            return _Refusal(f"{key} must be in [1, {MAX_TOKENS_BOUND}]", key)
     if payload.get("stream") is not None and not isinstance(payload["stream"], bool):
-        return f"stream must be a boolean or null, got {_json_type(payload['stream'])}"
+        return _wrong_type("stream", "a boolean", payload["stream"])
     options = payload.get("stream_options")
     if options is None:
         return None
     if not isinstance(options, dict):
-        return f"stream_options must be an object or null, got {_json_type(options)}"
+        return _wrong_type("stream_options", "an object", options)
     usage = options.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
-        return f"stream_options.include_usage must be a boolean or null, got {_json_type(usage)}"
+        return _wrong_type("stream_options.include_usage", "a boolean", usage)
     return None
+
+
+def _wrong_type(field: str, wanted: str, value: object) -> _Refusal:
+    return _Refusal(f"{field} must be {wanted} or null, got {_json_type(value)}", field)
 
 
 def _json_type(value: object) -> str:
@@ -613,17 +633,6 @@ def _code(exc: Exception) -> str:
     ``_error``."""
     name = type(exc).__name__.removesuffix("Error")
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
-
-
-_FIELD_PROBLEM = re.compile(
-    r"^(max_tokens|max_completion_tokens|stream|stream_options(?:\.include_usage)?) must "
-)
-
-
-def _param_of(problem: str) -> str | None:
-    """The field a :func:`_field_problem` message names (OpenAI's ``param``), or None."""
-    match = _FIELD_PROBLEM.match(problem)
-    return match.group(1) if match else None
 
 
 def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
