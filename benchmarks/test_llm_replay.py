@@ -288,8 +288,7 @@ KNOWN_MISSES = frozenset(
     {
         "vs_vllm:azure_code@1.5x",
         "vs_vllm:azure_code@2x",
-        f"vs_static:{FIT}:azure_conv@1.5x",
-        f"vs_static:{FIT}:azure_conv@2x",
+        "vs_static:steps@1x",
         "vs_static:bursts@1x",
         "light:poisson@0.5x",
         "light:azure_code@0.5x",

@@ -277,7 +277,7 @@ class TokenController:
             finished_tpot_misses=tuple(self._tpot_misses),
             in_flight_at_finish=tuple(self._in_flight_at_finish),
             ttft_p_s=ttft_p,
-            tpot_p_s=tpot.p99_ms / 1e3 if q == 0.99 else self._tpot.quantile_ms(q, now) / 1e3,
+            tpot_p_s=self._tpot_tail_s(now, tpot.p99_ms),
             tpot_mean_s=tpot.mean_ms / 1e3,
             mean_gap_s=self._gaps.value,
             engine_ttft_p50_s=self._engine_ttft.quantile_ms(0.5, now) / 1e3,
@@ -305,6 +305,16 @@ class TokenController:
         self._pressed = waiting > 0 or (in_flight >= busy and demand >= busy)
         self._decision = self._decide_knobs(now, in_flight, observation)
         return self._decision
+
+    def _tpot_tail_s(self, now: float, p99_ms: float) -> float:
+        """The finished requests' TPOT at the SLO's percentile, never their largest alone:
+        with fewer requests than the percentile needs (``n < 1 / (1 - q)``), the second
+        largest (one slow request does not set the tail it cannot estimate)."""
+        q, n = self.slo.quantile, self._tpot.count(now)
+        level = min(q, (n - 1) / n) if n >= 2 else q
+        if level == 0.99:
+            return p99_ms / 1e3
+        return self._tpot.quantile_ms(level, now) / 1e3
 
     def _departure_rps(self, in_flight: int) -> float:
         residence = float(self._residence.value)

@@ -91,7 +91,8 @@ class GateObservation:
         finished_tpot_misses: the same for the TPOT target alone.
         in_flight_at_finish: the in-flight count when each of them finished.
         ttft_p_s, tpot_p_s: TTFT and TPOT of recently finished requests at the SLO's
-            percentile, seconds.
+            percentile, seconds (the TPOT's never their largest alone: with fewer requests
+            than the percentile needs, the second largest).
         engine_ttft_p50_s, engine_ttft_p90_s: the median and 90th percentile of their time
             from admission to first token (the engine's part of the TTFT), seconds.
         recent_finished: how many finished requests those quantiles cover.

@@ -91,6 +91,24 @@ def test_a_tick_reports_what_happened_since_the_last_and_forms_a_forecast() -> N
     assert not second.limits.predict_free
 
 
+def tpot_tail_after(tpots_s: list[float]) -> float:
+    law = Recording(4)
+    controller = TokenController(SLO, law, initial_limit=4)
+    for i, tpot in enumerate(tpots_s):
+        controller.record_finish(0.001 * i, 0.1, tpot, 100, 2.0, 3)
+    controller.tick(0.5, in_flight=4, waiting=0, context_tokens=0.0)
+    return law.seen[0].tpot_p_s
+
+
+def test_one_slow_request_does_not_set_a_tail_the_window_cannot_estimate() -> None:
+    # 50 requests cannot tell a p99: one stall (80 ms) is the largest, the tail is the next
+    few = tpot_tail_after([0.020] * 48 + [0.030, 0.080])
+    assert 0.029 <= few <= 0.031
+    # 200 requests can: their p99 as before (the 198th of 200)
+    many = tpot_tail_after([0.020] * 197 + [0.080] * 3)
+    assert many >= 0.079
+
+
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match=r"^slo must be a TokenSLO, got float$"):
         TokenController(0.3, StaticLimit(1))  # type: ignore[arg-type]
