@@ -41,15 +41,19 @@ class UpstreamTimeoutError(UpstreamError):
 
 
 class UpstreamHTTPError(UpstreamError):
-    """The engine answered with an HTTP error.
+    """The engine answered with an HTTP error, or sent an error event in a stream it had
+    begun with 200 (``mid_stream``: the status is the one the event names, else 500).
 
     Attributes:
         status: the engine's status code.
-        body: the start of its body (at most 2 KiB), for the message.
+        body: the start of its body, or the event's data (at most 2 KiB), for the message.
+        mid_stream: whether the error came as an event of a begun stream.
     """
 
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"the engine answered HTTP {status}: {body[:200]}")
+    def __init__(self, status: int, body: str, *, mid_stream: bool = False) -> None:
+        what = "sent an error event mid-stream" if mid_stream else f"answered HTTP {status}"
+        super().__init__(f"the engine {what}: {body[:200]}")
+        self.mid_stream = mid_stream
         self.status = status
         self.body = body[:2048]
         self.http_status = status if 400 <= status < 600 else 502

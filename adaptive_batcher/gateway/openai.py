@@ -288,7 +288,7 @@ def _chunk(event: bytes) -> tuple[Chunk, bool]:
             f"the engine sent an event that is not an object: {data[:200]!r}"
         )
     if "error" in parsed or parsed.get("object") == "error":
-        raise UpstreamHTTPError(_error_status(parsed), data)
+        raise UpstreamHTTPError(_error_status(parsed), data, mid_stream=True)
     return Chunk(event, tokens=event_tokens(parsed), usage=event_usage(parsed)), False
 
 

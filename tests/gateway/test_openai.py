@@ -74,6 +74,8 @@ async def test_an_error_status_is_an_upstream_http_error() -> None:
     with pytest.raises(UpstreamHTTPError) as caught:
         await collect(engine, LLMRequest({"prompt": "x", "fake_status": 500}))
     assert caught.value.status == 500 and caught.value.http_status == 500
+    assert not caught.value.mid_stream
+    assert str(caught.value).startswith("the engine answered HTTP 500: ")
     assert json.loads(caught.value.body)["error"]["message"] == "fake failure"
 
 
@@ -81,8 +83,10 @@ async def test_an_error_event_mid_stream_is_an_upstream_http_error() -> None:
     engine = fake_engine(FakeOpenAI())
     with pytest.raises(UpstreamHTTPError) as caught:
         await collect(engine, LLMRequest({"prompt": "x", "fake_error_event": True}))
-    assert caught.value.status == 400
+    assert caught.value.status == 400 and caught.value.mid_stream
     assert "fake engine error" in caught.value.body
+    # no HTTP error was answered: the message says what happened
+    assert str(caught.value).startswith("the engine sent an error event mid-stream: ")
 
 
 async def test_a_stream_broken_off_before_done_is_a_protocol_error() -> None:
