@@ -29,6 +29,7 @@ from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
 from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._threads import use_torch_threads
 from adaptive_batcher._validate import int_argument, number_argument
+from adaptive_batcher.cli._help import plain
 
 try:
     from rich.console import Console
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
         help="serve a small torch model on CPU under Poisson-then-burst traffic",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(

@@ -35,6 +35,7 @@ from adaptive_batcher._validate import (
     parse_int,
     parse_number,
 )
+from adaptive_batcher.cli._help import plain
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.llm.slo import TokenSLO
 
@@ -80,7 +81,7 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "gateway",
         help="serve an OpenAI-compatible proxy that admits requests to an LLM engine by SLO",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -113,7 +114,8 @@ def register(subparsers: Any) -> None:
         type=argument_type("--slo-margin", _share),
         default=0.9,
         help="the share of the TPOT target the controller steers its percentile to, in (0, 1] "
-        "(default 0.9; higher admits more, with less headroom for noise)",
+        "(default 0.9; higher admits more, with less headroom for noise; the TTFT target is "
+        "applied as it is, by refusing arrivals whose forecast first token misses it)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
@@ -128,6 +130,7 @@ def register(subparsers: Any) -> None:
         "--max-in-flight",
         type=int_argument("--max-in-flight", 1),
         default=256,
+        metavar="N",
         help="most requests inside the engine at once, whatever the controller says (default 256)",
     )
     parser.add_argument(
@@ -143,12 +146,13 @@ def register(subparsers: Any) -> None:
         type=int_argument("--max-queue", 0),
         default=None,
         metavar="N",
-        help="most requests waiting in front of the engine; more get 429 (default: no bound "
-        "but the TTFT forecast's)",
+        help="most requests waiting in front of the engine; more get 429 (0: none waits, an "
+        "arrival that finds the limit full is refused; default: no bound but the TTFT "
+        "forecast's)",
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=int_argument("--max-body-bytes", 0),
+        type=int_argument("--max-body-bytes", 1),
         default=1 << 20,
         metavar="N",
         help="largest request body, bytes; larger ones get 413 (default 1 MiB)",

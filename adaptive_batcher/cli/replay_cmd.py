@@ -18,6 +18,7 @@ from typing import Any
 
 from adaptive_batcher._optional import INSTALL_CLI
 from adaptive_batcher._validate import int_argument, number_argument
+from adaptive_batcher.cli._help import plain
 from adaptive_batcher.sim.report import (
     BEST_STATIC,
     BEST_STATIC_SHED,
@@ -78,7 +79,7 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="replay traffic against policies and baselines; print and plot the comparison",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"{_epilog()}\n\n{_EXIT_STATUS}",
     )

@@ -227,3 +227,13 @@ def test_replay_reports_an_unwritable_output_folder(
     )
     assert status == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["demo", "replay", "gateway"])
+def test_a_sub_commands_help_is_plain_text(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = capsys.readouterr().out
+    assert f"adaptive-batcher {command}" in shown and "``" not in shown

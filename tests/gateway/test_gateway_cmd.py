@@ -40,6 +40,7 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
         (["--upstream", "http://h:8000/v1"], "--upstream is the server's root, without /v1"),
         (["--upstream", "http://h", "--metrics-interval-s", "0.001"], "--metrics-interval-s"),
+        (["--upstream", "http://h", "--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
         (["--upstream", "http://h", "--percentile", "100"], "--percentile must be a number in"),
         (["--upstream", "http://h", "--slo-margin", "0"], "--slo-margin must be a number in"),
         (["--upstream", "http://h", "--slo-margin", "1.5"], "--slo-margin must be a number in"),
