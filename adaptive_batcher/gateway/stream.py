@@ -97,8 +97,11 @@ class GateStream:
 
     @property
     def tokens(self) -> int:
-        """Output tokens streamed so far (the chunks' ``tokens``)."""
-        return self._tokens
+        """Output tokens: the usage's completion tokens once the engine sent them (exact),
+        else those the chunks counted so far (an engine that packs several tokens in one
+        event, as vLLM does when its API server falls behind, is undercounted until then)."""
+        usage = self.usage
+        return self._tokens if usage is None else usage.completion_tokens
 
     async def admitted(self) -> None:
         """Wait until the request is forwarded to the engine (returns at once if it was).

@@ -45,6 +45,17 @@ from tests.gateway.fakes import (
 )
 
 
+async def test_the_token_count_is_the_usage_once_the_engine_sent_it() -> None:
+    fake = FakeEngine()
+    async with make_gate(fake) as gate:
+        stream = gate.submit(request("a"))
+        await stream.admitted()
+        # two events of two tokens each, counted as one each: the usage at the end is exact
+        fake.feed("a", "He", Chunk("llo", tokens=1, usage=Usage(10, 4)), END)
+        await read_all(stream)
+        assert stream.tokens == 4
+
+
 async def test_a_request_streams_through_and_completes() -> None:
     fake = FakeEngine()
     async with make_gate(fake) as gate:
