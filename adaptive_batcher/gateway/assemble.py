@@ -4,7 +4,8 @@ the first token).
 
 Text (``text``, ``delta.content``, ``delta.reasoning_content``) is joined per choice, tool-call
 deltas are merged by their ``index`` (``function.arguments`` joined), the last
-``finish_reason`` and the ``usage`` are kept. Log probabilities are not merged (``logprobs`` is
+``finish_reason``, the last ``stop_reason`` (vLLM's; only where the engine sends one) and the
+``usage`` are kept. Log probabilities are not merged (``logprobs`` is
 null in the answer).
 """
 
@@ -64,6 +65,10 @@ class ResponseAssembler:
         )
         if choice.get("finish_reason") is not None:
             state["finish_reason"] = choice["finish_reason"]
+        if "stop_reason" in choice and (
+            choice["stop_reason"] is not None or "stop_reason" not in state
+        ):
+            state["stop_reason"] = choice["stop_reason"]
         if isinstance(choice.get("text"), str):
             state["text"].append(choice["text"])
         delta = choice.get("delta")
@@ -81,12 +86,14 @@ class ResponseAssembler:
 
     def _finish(self, index: int, state: dict[str, Any]) -> dict[str, Any]:
         text = "".join(state["text"])
+        stop = {"stop_reason": state["stop_reason"]} if "stop_reason" in state else {}
         if not self.chat:
             return {
                 "index": index,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": state["finish_reason"],
+                **stop,
             }
         message: dict[str, Any] = {"role": state["role"] or "assistant", "content": text}
         if state["reasoning"]:
@@ -98,6 +105,7 @@ class ResponseAssembler:
             "message": message,
             "logprobs": None,
             "finish_reason": state["finish_reason"],
+            **stop,
         }
 
 
