@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from adaptive_batcher.gateway.errors import (
     UpstreamError,
+    UpstreamEventError,
     UpstreamHTTPError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -76,6 +77,7 @@ __all__ = [
     "PrometheusEngineTelemetry",
     "TimeQuantiles",
     "UpstreamError",
+    "UpstreamEventError",
     "UpstreamHTTPError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",

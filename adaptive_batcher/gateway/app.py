@@ -366,7 +366,7 @@ class _Exchange:
                 await self.send({"type": "http.response.body", "body": event, "more_body": False})
         elif (
             isinstance(exc, RequestFailedError)
-            and isinstance(exc.cause, UpstreamHTTPError)
+            and type(exc.cause) is UpstreamHTTPError  # not an error event mid-stream
             and _is_json(exc.cause.body)
         ):
             await _send(

@@ -8,15 +8,19 @@ Hierarchy::
     ├── UpstreamUnavailableError  no connection (refused, reset before any answer)  -> 502
     ├── UpstreamTimeoutError      no answer, or no next chunk, in time              -> 504
     ├── UpstreamHTTPError         the engine answered with an HTTP error status     -> its status
+    │   └── UpstreamEventError    ... or sent an error event in a begun stream      -> 502
     └── UpstreamProtocolError     the stream broke off or was not valid SSE/JSON    -> 502
 """
 
 from __future__ import annotations
 
+import json
+
 from adaptive_batcher.errors import BatcherError
 
 __all__ = [
     "UpstreamError",
+    "UpstreamEventError",
     "UpstreamHTTPError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
@@ -41,22 +45,48 @@ class UpstreamTimeoutError(UpstreamError):
 
 
 class UpstreamHTTPError(UpstreamError):
-    """The engine answered with an HTTP error, or sent an error event in a stream it had
-    begun with 200 (``mid_stream``: the status is the one the event names, else 500).
+    """The engine answered with an HTTP error.
 
     Attributes:
         status: the engine's status code.
-        body: the start of its body, or the event's data (at most 2 KiB), for the message.
-        mid_stream: whether the error came as an event of a begun stream.
+        body: the start of its body (at most 2 KiB), for the message.
     """
 
-    def __init__(self, status: int, body: str, *, mid_stream: bool = False) -> None:
-        what = "sent an error event mid-stream" if mid_stream else f"answered HTTP {status}"
-        super().__init__(f"the engine {what}: {body[:200]}")
-        self.mid_stream = mid_stream
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(self._describe(status, body))
         self.status = status
         self.body = body[:2048]
         self.http_status = status if 400 <= status < 600 else 502
+
+    @staticmethod
+    def _describe(status: int, body: str) -> str:
+        return f"the engine answered HTTP {status}: {body[:200]}"
+
+
+class UpstreamEventError(UpstreamHTTPError):
+    """The engine began a stream with 200, then sent an error event (vLLM's ``data:
+    {"error": {...}}``): it failed after accepting the request, so a gateway answers 502
+    whatever status the event names (kept in ``status``: its ``code``, else 500)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(status, body)
+        self.http_status = 502
+
+    @staticmethod
+    def _describe(status: int, body: str) -> str:
+        return f"the engine sent an error event mid-stream: {_event_message(body)}"
+
+
+def _event_message(body: str) -> str:
+    """The message an error event carries (``{"error": {"message": ...}}``, ``{"error":
+    "..."}`` or ``{"message": ...}``), else the start of its data."""
+    try:
+        event = json.loads(body)
+    except ValueError:
+        return body[:200]
+    error = event.get("error", event) if isinstance(event, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message[:200] if isinstance(message, str) and message else body[:200]
 
 
 class UpstreamProtocolError(UpstreamError):

@@ -10,7 +10,7 @@ gate needs the time of the first token); the gateway app puts the answer back to
 
 Errors (:mod:`adaptive_batcher.gateway.errors`): no connection -> ``UpstreamUnavailableError``;
 no answer or no next event in time -> ``UpstreamTimeoutError``; an HTTP error status, or an
-error event in the stream -> ``UpstreamHTTPError``; a stream that ends before ``data: [DONE]``,
+error event in the stream -> ``UpstreamEventError``; a stream that ends before ``data: [DONE]``,
 or an event that is not JSON -> ``UpstreamProtocolError``. Closing the iterator early closes
 the HTTP response, which is how the engine learns to abort (vLLM aborts a request whose client
 disconnected).
@@ -29,6 +29,7 @@ from adaptive_batcher._validate import check_number, check_str
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.gateway.errors import (
     UpstreamError,
+    UpstreamEventError,
     UpstreamHTTPError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -288,7 +289,7 @@ def _chunk(event: bytes) -> tuple[Chunk, bool]:
             f"the engine sent an event that is not an object: {data[:200]!r}"
         )
     if "error" in parsed or parsed.get("object") == "error":
-        raise UpstreamHTTPError(_error_status(parsed), data, mid_stream=True)
+        raise UpstreamEventError(_error_status(parsed), data)
     return Chunk(event, tokens=event_tokens(parsed), usage=event_usage(parsed)), False
 
 

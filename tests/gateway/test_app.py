@@ -194,6 +194,19 @@ async def test_an_engine_failure_mid_stream_ends_it_with_an_error_event() -> Non
     assert len(received) == 3
 
 
+async def test_an_engines_error_event_is_a_502_in_openais_format() -> None:
+    async with gateway(FakeOpenAI()) as (client, _):
+        for stream in (True, False):
+            response = await client.post(
+                "/v1/completions", json={"prompt": "x", "fake_error_event": True, "stream": stream}
+            )
+            # the engine accepted the request and failed it (its event says 400): not the
+            # client's fault, and not the engine's body passed on as the gateway's answer
+            assert_openai_error(response, 502, "upstream_event")
+            message = response.json()["error"]["message"]
+            assert message == "the engine sent an error event mid-stream: fake engine error"
+
+
 async def test_an_unreachable_engine_gets_502() -> None:
     async with gateway(upstream="http://127.0.0.1:9") as (client, _):  # discard port: refused
         response = await client.post("/v1/completions", json={"prompt": "x", "stream": True})

@@ -14,6 +14,7 @@ import pytest
 
 from adaptive_batcher.gateway import openai as openai_module
 from adaptive_batcher.gateway.errors import (
+    UpstreamEventError,
     UpstreamHTTPError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -74,19 +75,34 @@ async def test_an_error_status_is_an_upstream_http_error() -> None:
     with pytest.raises(UpstreamHTTPError) as caught:
         await collect(engine, LLMRequest({"prompt": "x", "fake_status": 500}))
     assert caught.value.status == 500 and caught.value.http_status == 500
-    assert not caught.value.mid_stream
+    assert not isinstance(caught.value, UpstreamEventError)
     assert str(caught.value).startswith("the engine answered HTTP 500: ")
     assert json.loads(caught.value.body)["error"]["message"] == "fake failure"
 
 
-async def test_an_error_event_mid_stream_is_an_upstream_http_error() -> None:
+async def test_an_error_event_mid_stream_is_an_upstream_event_error() -> None:
     engine = fake_engine(FakeOpenAI())
-    with pytest.raises(UpstreamHTTPError) as caught:
+    with pytest.raises(UpstreamEventError) as caught:
         await collect(engine, LLMRequest({"prompt": "x", "fake_error_event": True}))
-    assert caught.value.status == 400 and caught.value.mid_stream
+    assert caught.value.status == 400  # the event's code, kept
+    assert caught.value.http_status == 502  # the engine failed after accepting the request
     assert "fake engine error" in caught.value.body
-    # no HTTP error was answered: the message says what happened
-    assert str(caught.value).startswith("the engine sent an error event mid-stream: ")
+    # no HTTP error was answered: the message says what happened, in the engine's words
+    assert str(caught.value) == "the engine sent an error event mid-stream: fake engine error"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ('{"error": {"message": "boom", "code": 400}}', "boom"),
+        ('{"error": "boom"}', "boom"),
+        ('{"object": "error", "message": "boom"}', "boom"),
+        ('{"error": {"code": 3}}', '{"error": {"code": 3}}'),
+    ],
+)
+def test_an_error_events_message_is_the_engines_words(data: str, message: str) -> None:
+    error = UpstreamEventError(500, data)
+    assert str(error) == f"the engine sent an error event mid-stream: {message}"
 
 
 async def test_a_stream_broken_off_before_done_is_a_protocol_error() -> None:
