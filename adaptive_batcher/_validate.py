@@ -270,6 +270,19 @@ def int_argument(name: str, minimum: int) -> Callable[[str], int]:
     return argument_type(name, lambda n, text: check_int(n, parse_int(n, text), minimum))
 
 
+def range_argument(
+    name: str, low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> Callable[[str], float]:
+    """An argparse type for a number from ``low`` to ``high``, each end included unless
+    ``open_low`` / ``open_high`` (:func:`parse_number`, :func:`check_in_range`)."""
+
+    def convert(n: str, text: str) -> float:
+        value = parse_number(n, text)
+        return check_in_range(n, value, low, high, open_low=open_low, open_high=open_high)
+
+    return argument_type(name, convert)
+
+
 def number_argument(name: str, minimum: float, *, strict: bool = False) -> Callable[[str], float]:
     """An argparse type for a finite number >= ``minimum`` (> if ``strict``)
     (:func:`parse_number`, :func:`check_number`)."""

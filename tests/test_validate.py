@@ -26,6 +26,7 @@ from adaptive_batcher._validate import (
     parse_int,
     parse_ints,
     parse_number,
+    range_argument,
 )
 
 
@@ -170,7 +171,18 @@ def test_parsers_read_command_line_text_or_name_it() -> None:
 def test_argument_types_raise_argparse_errors_with_the_checks_message() -> None:
     assert int_argument("--n", 1)("3") == 3
     assert number_argument("--x", 0.0, strict=True)("0.5") == 0.5
+    assert range_argument("--q", 1.0, 100.0, open_high=True)("1") == 1.0
     for convert, text, message in (
+        (
+            range_argument("--q", 1.0, 100.0, open_high=True),
+            "100",
+            "--q must be a number in [1, 100), got 100.0",
+        ),
+        (
+            range_argument("--m", 0.0, 1.0, open_low=True),
+            "0",
+            "--m must be a number in (0, 1], got 0.0",
+        ),
         (int_argument("--n", 1), "0", "--n must be >= 1, got 0"),
         (int_argument("--n", 1), "x", "--n must be an int, got 'x'"),
         (number_argument("--x", 0.0), "-1", "--x must be a finite number >= 0, got -1.0"),

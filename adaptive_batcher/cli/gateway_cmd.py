@@ -28,12 +28,11 @@ from urllib.parse import urlsplit
 
 from adaptive_batcher._validate import (
     argument_type,
-    check_in_range,
     check_int,
     int_argument,
     number_argument,
     parse_int,
-    parse_number,
+    range_argument,
 )
 from adaptive_batcher.cli._help import plain
 from adaptive_batcher.gateway._extra import missing_extra
@@ -105,13 +104,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--percentile",
-        type=argument_type("--percentile", _percentile),
+        type=range_argument("--percentile", 1.0, 100.0, open_high=True),
         default=99.0,
         help="the percentile both targets apply to, in [1, 100) (default 99)",
     )
     parser.add_argument(
         "--slo-margin",
-        type=argument_type("--slo-margin", _share),
+        type=range_argument("--slo-margin", 0.0, 1.0, open_low=True),
         default=0.9,
         help="the share of the TPOT target the controller steers its percentile to, in (0, 1] "
         "(default 0.9; higher admits more, with less headroom for noise; the TTFT target is "
@@ -223,14 +222,6 @@ def slo_of(args: argparse.Namespace) -> TokenSLO:
         percentile=args.percentile,
         margin=args.slo_margin,
     )
-
-
-def _percentile(name: str, text: str) -> float:
-    return check_in_range(name, parse_number(name, text), 1.0, 100.0, open_high=True)
-
-
-def _share(name: str, text: str) -> float:
-    return check_in_range(name, parse_number(name, text), 0.0, 1.0, open_low=True)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from adaptive_batcher._validate import (
     argument_type,
-    check_in_range,
     check_ints,
     int_argument,
     number_argument,
     parse_ints,
-    parse_number,
+    range_argument,
 )
 from adaptive_batcher.profile.recommend import DEFAULT_WINDOW_FRACTION
 
@@ -190,7 +189,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument(
         "--window-fraction",
         metavar="F",
-        type=argument_type("--window-fraction", _fraction),
+        type=range_argument("--window-fraction", 0.0, 1.0, open_low=True),
         default=DEFAULT_WINDOW_FRACTION,
         help="share of the window that would fit (the budget left after the cap's p99 compute; "
         "without an SLO, the knee's median latency) that the recommended window takes, in "
@@ -211,10 +210,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # --- argument types: adaptive_batcher._validate's checks, through argument_type (argparse turns
 # their ArgumentTypeError into "error: argument <flag>: <message>" and exit status 2) ---
-
-
-def _fraction(name: str, text: str) -> float:
-    return check_in_range(name, parse_number(name, text), 0.0, 1.0, open_low=True)
 
 
 def _batch_sizes(name: str, text: str) -> list[int]:
