@@ -57,7 +57,11 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.gateway.assemble import ResponseAssembler
-from adaptive_batcher.gateway.errors import UpstreamError, UpstreamHTTPError
+from adaptive_batcher.gateway.errors import (
+    UpstreamError,
+    UpstreamEventError,
+    UpstreamHTTPError,
+)
 from adaptive_batcher.gateway.health import UpstreamCheck
 from adaptive_batcher.gateway.openai import (
     OpenAIEngine,
@@ -366,7 +370,8 @@ class _Exchange:
                 await self.send({"type": "http.response.body", "body": event, "more_body": False})
         elif (
             isinstance(exc, RequestFailedError)
-            and type(exc.cause) is UpstreamHTTPError  # not an error event mid-stream
+            and isinstance(exc.cause, UpstreamHTTPError)
+            and not isinstance(exc.cause, UpstreamEventError)  # an answer, not an event
             and _is_json(exc.cause.body)
         ):
             await _send(
