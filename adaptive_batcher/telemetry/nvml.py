@@ -2,8 +2,9 @@
 
 ``pynvml`` is imported when a :class:`NvmlTelemetry` is built, never when this module is
 imported, so the package imports on machines without NVIDIA's library. One NVML call costs
-4-9 us on an H200 (measured by this project from Python through nvidia-ml-py: utilization ~4 us,
-memory ~9 us), so a background sampler at 10-50 Hz is cheap.
+1-9 us on an H200 (measured by this project from Python through nvidia-ml-py: utilization 1-4 us,
+memory 6-9 us), so a background sampler at 10-50 Hz is cheap; the energy counter is the
+exception (2.4-3.3 ms a call, measured 2026-12-04) and is read at most once a second.
 
 Read ``gpu_util_pct`` with care: NVML utilization is the fraction of time any kernel ran and
 reads 100 % on an H200 from resnet50 batch 64 on while throughput still rises (measured by this
@@ -21,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher._validate import check_int
+from adaptive_batcher._validate import check_int, check_number
 from adaptive_batcher.telemetry._gpm import GpmReader, gpm_supported
 from adaptive_batcher.telemetry._util import describe_error
 from adaptive_batcher.telemetry.base import TelemetrySample
@@ -36,7 +37,10 @@ class NvmlTelemetry:
 
     Building one calls ``nvmlInit`` and looks the device up; :meth:`close` frees the GPM buffers
     and calls ``nvmlShutdown`` (NVML counts inits, so other NVML users in the process are not
-    disturbed). Each :meth:`sample` makes 2 NVML calls, plus 2 for GPM.
+    disturbed). Each :meth:`sample` makes 2 NVML calls, plus 2 for GPM, plus the energy counter
+    at most once per ``energy_interval_s``: that call costs 2.4-3.3 ms (median; p99 16 ms) on an
+    H200 where the others cost 1-9 us (measured; docs/benchmarks.md), and the counter is
+    cumulative, so reading it less often loses nothing but the edges of a span.
 
     Failures never reach the caller: a missing ``pynvml`` or NVML library, a failed init, a bad
     device index or a call that fails mid-run all turn the affected fields into None. The first
@@ -61,6 +65,9 @@ class NvmlTelemetry:
         device_index: NVML device index, an int >= 0 (TypeError / ValueError otherwise).
         gpm: set False to skip GPM even where it is supported.
         clock: monotonic clock stamping ``time_s``, in seconds (default ``time.monotonic``).
+        energy_interval_s: the least time between two reads of the energy counter, seconds,
+            a finite number >= 0 (0: every sample); the samples between have ``energy_mj``
+            None.
     """
 
     name = "nvml"
@@ -71,8 +78,11 @@ class NvmlTelemetry:
         *,
         gpm: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        energy_interval_s: float = 1.0,
     ) -> None:
         self._device_index = check_int("device_index", device_index, 0)
+        self._energy_interval_s = check_number("energy_interval_s", energy_interval_s, 0.0)
+        self._energy_read_at: float | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._warned = False
@@ -137,7 +147,7 @@ class NvmlTelemetry:
             values: dict[str, Any] = {}
             values.update(self._guarded("utilization", self._utilization))
             values.update(self._guarded("memory", self._memory))
-            if self._energy_supported:
+            if self._energy_supported and self._energy_due(now):
                 values.update(self._guarded("energy", self._energy))
             if self._gpm is not None:
                 values.update(self._guarded("gpm", self._gpm.read))
@@ -150,6 +160,14 @@ class NvmlTelemetry:
         except Exception as exc:
             self._fail(stage, exc)
             return {}
+
+    def _energy_due(self, now: float) -> bool:
+        """True when the energy counter was never read or ``energy_interval_s`` has passed."""
+        last = self._energy_read_at
+        if last is not None and now - last < self._energy_interval_s:
+            return False
+        self._energy_read_at = now
+        return True
 
     def _energy(self) -> dict[str, Any]:
         """The energy counter; a GPU without one (older than Volta, or not exposed) is not

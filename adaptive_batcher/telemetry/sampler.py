@@ -46,7 +46,9 @@ class TelemetryUsage:
 
     Attributes:
         span_s: from the first reading to the latest, seconds.
-        energy_j: energy spent, joules (NVML's energy counter; Volta and newer).
+        energy_j: energy spent, joules (NVML's energy counter; Volta and newer), between the
+            first and the latest reading that has the counter (``NvmlTelemetry`` reads it at
+            most once per ``energy_interval_s``, so that span may be up to that much shorter).
         gpu_busy_s: seconds in which any kernel ran (NVML utilization integrated): the cost
             measure on a GPU that NVML alone gives.
         sm_active_s: SM-seconds of work (GPM SM utilization integrated; Hopper and newer): how
@@ -66,12 +68,18 @@ class _Integrals:
     def __init__(self) -> None:
         self.first: TelemetrySample | None = None
         self.last: TelemetrySample | None = None
+        self.first_energy_mj: int | None = None
+        self.last_energy_mj: int | None = None
         self.gpu_busy_s: float | None = None
         self.sm_active_s: float | None = None
 
     def add(self, reading: TelemetrySample) -> None:
         if reading.time_s is None:
             return
+        if reading.energy_mj is not None:
+            if self.first_energy_mj is None:
+                self.first_energy_mj = reading.energy_mj
+            self.last_energy_mj = reading.energy_mj
         last = self.last
         if self.first is None:
             self.first = reading
@@ -86,8 +94,8 @@ class _Integrals:
         if first is None or last is None or first.time_s is None or last.time_s is None:
             return TelemetryUsage()
         energy = None
-        if first.energy_mj is not None and last.energy_mj is not None:
-            energy = (last.energy_mj - first.energy_mj) / 1e3
+        if self.first_energy_mj is not None and self.last_energy_mj is not None:
+            energy = (self.last_energy_mj - self.first_energy_mj) / 1e3
         return TelemetryUsage(last.time_s - first.time_s, energy, self.gpu_busy_s, self.sm_active_s)
 
 

@@ -21,10 +21,29 @@ Logs = list[MutableMapping[str, Any]]
 
 
 def test_nvml_reads_the_energy_counter(fake_nvml: FakePynvml) -> None:
-    nvml = NvmlTelemetry(clock=lambda: 1.0)
+    nvml = NvmlTelemetry(clock=lambda: 1.0, energy_interval_s=0.0)
     assert nvml.sample().energy_mj == 123_456_789
     fake_nvml.energy_mj += 2_500
     assert nvml.sample().energy_mj == 123_459_289
+
+
+def test_nvml_reads_the_energy_counter_at_most_once_an_interval(fake_nvml: FakePynvml) -> None:
+    now = [10.0]
+    nvml = NvmlTelemetry(clock=lambda: now[0])  # the default: once a second
+    readings = []
+    for _ in range(20):  # 2.5 s at 8 Hz (steps exact in binary)
+        readings.append(nvml.sample())
+        now[0] += 0.125
+    read_at = [r.time_s for r in readings if r.energy_mj is not None]
+    assert read_at == pytest.approx([10.0, 11.0, 12.0])
+    assert fake_nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 3
+    assert all(r.gpu_util_pct == 99.0 for r in readings)  # the cheap fields every time
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])
+def test_a_bad_energy_interval_is_refused(fake_nvml: FakePynvml, bad: float) -> None:
+    with pytest.raises(ValueError, match="energy_interval_s"):
+        NvmlTelemetry(energy_interval_s=bad)
 
 
 def test_a_gpu_without_an_energy_counter_is_asked_once_and_not_logged(
@@ -65,6 +84,23 @@ def test_usage_integrates_the_readings_by_trapezoids() -> None:
     assert usage.gpu_busy_s == pytest.approx(1.05)
     # GPM starts at the second reading: (30 + 50) / 2 % for 1 s
     assert usage.sm_active_s == pytest.approx(0.4)
+
+
+def test_usage_takes_the_energy_from_the_readings_that_have_the_counter() -> None:
+    source = FakeTelemetry(
+        [
+            reading(10.0, 50.0, None, 1_000_000),
+            reading(10.5, 50.0, None, None),
+            reading(11.0, 50.0, None, 1_300_000),
+            reading(11.5, 50.0, None, None),
+        ]
+    )
+    sampler = TelemetrySampler(source)
+    for _ in range(4):
+        sampler.sample_now()
+    usage = sampler.usage
+    assert usage.span_s == pytest.approx(1.5)
+    assert usage.energy_j == pytest.approx(300.0)  # 10.0 s to 11.0 s, the counter's own span
 
 
 def test_usage_is_unknown_where_the_readings_are() -> None:
