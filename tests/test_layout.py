@@ -82,6 +82,7 @@ RUNTIME = (
     "runtime.listeners",
     "runtime.executors",
     "runtime.collate",
+    "runtime.cuda_graphs",
     "runtime.batch_runner",
     "runtime.streaming",
     "runtime.driver",

@@ -1,10 +1,13 @@
-"""A stand-in for ``torch.cuda.Event`` so the CUDA executor runs and is tested without a GPU."""
+"""Stand-ins for ``torch.cuda.Event`` and CUDA graph capture, so the CUDA executor and
+:class:`~adaptive_batcher.runtime.cuda_graphs.CudaGraphs` run and are tested without a GPU."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["FakeCudaEvent"]
+__all__ = ["EagerGraphCapture", "FakeCudaEvent"]
 
 
 class FakeCudaEvent:
@@ -44,3 +47,29 @@ class FakeCudaEvent:
             self._gate.wait()
         self.synchronized = True
         type(self).synchronized_threads.append(threading.current_thread().name)
+
+
+
+class EagerGraphCapture:
+    """A stand-in for :func:`adaptive_batcher.runtime.cuda_graphs.capture_cuda_graph` on a CPU.
+
+    Called as ``capture(forward, warmup_calls)``: calls ``forward`` ``warmup_calls`` times, then
+    once for the output, and returns a replay that reruns it and writes the result into that
+    output, as a graph's replay would. ``captures`` and ``replays`` count the calls.
+    """
+
+    def __init__(self) -> None:
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, forward: Callable[[], Any], warmup_calls: int) -> tuple[Any, Any]:
+        for _ in range(warmup_calls):
+            forward()
+        output = forward()
+        self.captures += 1
+
+        def replay() -> None:
+            self.replays += 1
+            output.copy_(forward())
+
+        return replay, output
