@@ -38,6 +38,7 @@ class RunConfig:
         run_s: seconds of arrivals per serving run.
         drain_s: longest wait for a run's requests to settle once arrivals stop.
         slos_ms: the p99 SLOs of our configurations.
+        graphs: also run static window 0 and ours with the model as one CUDA graph per bucket.
         freeze_gc: ``warmup(freeze_gc=True)`` for the warmed configurations (the dry run
             leaves the test process's heap alone).
         control_interval_ms: the controller's tick.
@@ -69,6 +70,7 @@ class RunConfig:
     run_s: float = 15.0
     drain_s: float = 5.0
     slos_ms: tuple[float, ...] = (50.0, 10.0)
+    graphs: bool = True
     freeze_gc: bool = True
     control_interval_ms: float = 250.0
     telemetry_hz: float = 20.0
@@ -125,8 +127,8 @@ QUICK = RunConfig(
     control_interval_ms=20.0,
     telemetry_hz=100.0,
     cost_samples=20,
-    idle_s=0.15,
-    load_s=0.2,
+    idle_s=1.1,  # the energy counter is read once a second: two reads
+    load_s=1.1,
     load_settle_s=0.02,
     squeeze_rate_rps=300.0,
     squeeze_before_s=0.2,

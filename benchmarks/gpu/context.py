@@ -3,8 +3,9 @@ counter, the time budget, and the ResNet (built once, by the first phase that ne
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +14,10 @@ import torch
 from adaptive_batcher.telemetry import Telemetry, auto_telemetry
 from benchmarks.gpu.config import RunConfig
 from benchmarks.gpu.devices import Platform
-from benchmarks.gpu.models import build_resnet, resnet_forward
+from benchmarks.gpu.models import build_resnet, graphed_forward, resnet_forward
 from benchmarks.gpu.results import EventCounter
 
-__all__ = ["Context", "Resnet"]
+__all__ = ["Context", "Resnet", "nvml_handle"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class Resnet:
     forward: Callable[[list[Any]], Any]
     source: str
     build_s: float
+    model: Any
+    inputs: Any
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Context:
     reserve_s: float = 0.0
     _telemetry: Telemetry | None = None
     _resnet: Resnet | None = None
+    _graphed: tuple[Callable[[list[Any]], Any], float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def remaining_s(self) -> float:
@@ -78,10 +82,38 @@ class Context:
                 inputs = inputs.contiguous(memory_format=torch.channels_last)
             forward = platform.wrap_model(resnet_forward(model, inputs))
             platform.synchronize()
-            self._resnet = Resnet(forward, source, time.perf_counter() - start)
+            self._resnet = Resnet(forward, source, time.perf_counter() - start, model, inputs)
         return self._resnet
+
+    @property
+    def graph_capture_s(self) -> float | None:
+        """Seconds the CUDA graphs' capture took; None: not captured."""
+        return None if self._graphed is None else self._graphed[1]
+
+    def graphed_resnet(self) -> tuple[Callable[[list[Any]], Any], float]:
+        """The ResNet's batch function over one CUDA graph per bucket, and the seconds the
+        capture took (made on first use)."""
+        if self._graphed is None:
+            resnet, platform = self.resnet(), self.platform
+            start = time.perf_counter()
+            capture = platform.graph_capture()
+            graphed = graphed_forward(resnet.model, resnet.inputs, self.config.buckets, capture)
+            platform.synchronize()
+            self._graphed = (platform.wrap_model(graphed), time.perf_counter() - start)
+        return self._graphed
 
     def close(self) -> None:
         if self._telemetry is not None:
             self._telemetry.close()
             self._telemetry = None
+
+
+@contextlib.contextmanager
+def nvml_handle(ctx: Context) -> Iterator[tuple[Any, Any]]:
+    """``(pynvml, handle of device 0)`` between ``nvmlInit`` and ``nvmlShutdown``."""
+    nvml = ctx.platform.nvml()
+    nvml.nvmlInit()
+    try:
+        yield nvml, nvml.nvmlDeviceGetHandleByIndex(0)
+    finally:
+        nvml.nvmlShutdown()

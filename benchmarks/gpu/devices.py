@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from adaptive_batcher.testing import FakeCudaEvent, FakePynvml
+from adaptive_batcher.testing import EagerGraphCapture, FakeCudaEvent, FakePynvml
 
 __all__ = ["CudaPlatform", "DryRunPlatform", "FakeH200Nvml", "Platform"]
 
@@ -47,6 +47,10 @@ class Platform(Protocol):
 
     def event_factory(self) -> Callable[[], Any] | None:
         """The CUDA executor's completion events; None: ``torch.cuda.Event``."""
+        ...
+
+    def graph_capture(self) -> Any:
+        """How ``CudaGraphs`` captures a graph here; None: the real CUDA capture."""
         ...
 
     def nvml(self) -> Any:
@@ -106,6 +110,9 @@ class CudaPlatform:
         return contextlib.nullcontext()
 
     def event_factory(self) -> Callable[[], Any] | None:
+        return None
+
+    def graph_capture(self) -> Any:
         return None
 
     def nvml(self) -> Any:
@@ -283,6 +290,9 @@ class DryRunPlatform:
 
     def event_factory(self) -> Callable[[], Any] | None:
         return FakeCudaEvent
+
+    def graph_capture(self) -> Any:
+        return EagerGraphCapture()
 
     def nvml(self) -> Any:
         return self.fake

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from adaptive_batcher.runtime.cuda_graphs import CudaGraphs
+
 __all__ = [
     "Decoder",
     "DecoderShape",
@@ -126,6 +128,20 @@ def resnet_forward(model: nn.Module, inputs: torch.Tensor) -> Callable[[list[Any
         with torch.inference_mode():
             logits = model(inputs[: len(items)])
         return list(logits.unbind(0))
+
+    return forward
+
+
+def graphed_forward(
+    model: nn.Module, inputs: torch.Tensor, buckets: Sequence[int], capture: Any
+) -> Callable[[list[Any]], list[Any]]:
+    """:func:`resnet_forward` with the model captured as one CUDA graph per bucket
+    (:class:`~adaptive_batcher.runtime.cuda_graphs.CudaGraphs`; ``capture`` None: the real
+    capture); the batches it is given must be padded to a bucket."""
+    graphs = CudaGraphs(model, inputs[:1], buckets, capture=capture)
+
+    def forward(items: list[Any]) -> list[Any]:
+        return list(graphs(inputs[: len(items)]).unbind(0))
 
     return forward
 

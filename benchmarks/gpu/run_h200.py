@@ -53,6 +53,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, help="the whole run's budget, seconds")
     parser.add_argument("--run-s", type=float, help="seconds of arrivals per serving run")
     parser.add_argument("--rates", help="comma-separated Poisson rates of the serving runs, req/s")
+    parser.add_argument("--buckets", help="comma-separated batch sizes (the largest is the cap)")
+    parser.add_argument(
+        "--no-graphs", action="store_true", help="without the CUDA-graph contenders"
+    )
     return parser.parse_args(argv)
 
 
@@ -81,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(config, run_s=args.run_s)
     if args.rates:
         config = replace(config, rates_rps=tuple(float(r) for r in args.rates.split(",")))
+    if args.buckets:
+        config = replace(config, buckets=tuple(int(b) for b in args.buckets.split(",")))
+    if args.no_graphs:
+        config = replace(config, graphs=False)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = [p for p in phases if p not in PHASES]
     if unknown:

@@ -21,11 +21,11 @@ import gc
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adaptive_batcher import SLO, AdaptiveBatcher, BatcherStats
-from benchmarks.gpu.context import Context
+from benchmarks.gpu.context import Context, nvml_handle
 from benchmarks.gpu.load import LoadRun, poisson_times, quantile_ms
 from benchmarks.gpu.results import PhaseOutcome, Table
 
@@ -42,12 +42,13 @@ class Contender:
     buckets: bool
     window_ms: float
     slo_ms: float | None = None
+    graphs: bool = False
 
 
-def contenders(slos_ms: tuple[float, ...]) -> list[Contender]:
-    """naive, static window 0, then ours at each SLO."""
-    return [
-        Contender("naive", "thread", warmed=False, buckets=False, window_ms=5.0),
+def contenders(slos_ms: tuple[float, ...], graphs: bool = False) -> list[Contender]:
+    """naive, static window 0, then ours at each SLO; with ``graphs``, static window 0 and ours
+    again with the model as one CUDA graph per bucket (``_graphs`` after their names)."""
+    warmed = [
         Contender("static_w0", "cuda", warmed=True, buckets=True, window_ms=0.0),
         *(
             Contender(
@@ -55,6 +56,12 @@ def contenders(slos_ms: tuple[float, ...]) -> list[Contender]:
             )
             for slo in slos_ms
         ),
+    ]
+    graphed = [replace(c, name=f"{c.name}_graphs", graphs=True) for c in warmed] if graphs else []
+    return [
+        Contender("naive", "thread", warmed=False, buckets=False, window_ms=5.0),
+        *warmed,
+        *graphed,
     ]
 
 
@@ -76,7 +83,8 @@ def make_batcher(ctx: Context, contender: Contender) -> AdaptiveBatcher[int, Any
         kwargs["slo"] = SLO(latency_ms=contender.slo_ms)
     if contender.executor == "cuda":
         kwargs["cuda_event_factory"] = ctx.platform.event_factory()
-    return AdaptiveBatcher(ctx.resnet().forward, **kwargs)
+    model = ctx.graphed_resnet()[0] if contender.graphs else ctx.resnet().forward
+    return AdaptiveBatcher(model, **kwargs)
 
 
 async def warm(ctx: Context, batcher: AdaptiveBatcher[int, Any], contender: Contender) -> float:
@@ -92,9 +100,13 @@ async def warm(ctx: Context, batcher: AdaptiveBatcher[int, Any], contender: Cont
 
 
 def energy_j(ctx: Context) -> float:
-    """The NVML energy counter now, joules (NaN: unknown)."""
-    reading = ctx.telemetry.sample().energy_mj
-    return math.nan if reading is None else reading / 1e3
+    """The NVML energy counter now, joules (NaN: unknown), read directly: the run's telemetry
+    source reads it at most once a second."""
+    try:
+        with nvml_handle(ctx) as (nvml, handle):
+            return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1e3
+    except Exception:
+        return math.nan
 
 
 def _diff(after: float | None, before: float | None) -> float:
@@ -179,7 +191,7 @@ def run_serving(ctx: Context) -> PhaseOutcome:
     runs = [
         (index, rate, contender)
         for index, rate in enumerate(config.rates_rps)
-        for contender in contenders(config.slos_ms)
+        for contender in contenders(config.slos_ms, config.graphs)
     ]
     needed_s = config.run_s + config.drain_s
     for seed, rate, contender in runs:  # the same arrivals for every contender at a rate
@@ -191,6 +203,10 @@ def run_serving(ctx: Context) -> PhaseOutcome:
         except Exception as exc:
             outcome.traceback += traceback.format_exc()
             table.add(rate_rps=rate, config=contender.name, error=f"{type(exc).__name__}: {exc}")
+    if ctx.graph_capture_s is not None:
+        outcome.notes.append(
+            f"CUDA graphs: {len(config.buckets)} captured in {ctx.graph_capture_s:.1f} s"
+        )
     errors = [row for row in table.rows if row["error"]]
     if errors:
         outcome.status = (

@@ -6,22 +6,22 @@ with GPM, ``TorchCudaMemory``, the run's ``auto_telemetry()``), ``TelemetrySampl
 (the only telemetry call the event loop makes), and the raw NVML calls beneath (utilization,
 memory v2, the energy counter, the power draw), each timed call by call on this thread.
 
-Readings (``telemetry_readings``): ``TelemetrySampler.sample_now()`` at ``telemetry_hz`` for
-``idle_s`` idle, then for ``load_s`` under the platform's load (after ``load_settle_s``), with the
-power draw (``nvmlDeviceGetPowerUsage``) read beside each. ``energy_counter_j`` is the sampler's
-``usage.energy_j`` (NVML's energy counter from the first reading to the last);
-``power_integral_j`` the trapezoid of the power readings over the same span (each stamped with
-its reading's ``time_s``); ``energy_ratio`` their ratio.
+Readings (``telemetry_readings``): ``TelemetrySampler.sample_now()`` of a fresh
+``auto_telemetry()`` at ``telemetry_hz`` for ``idle_s`` idle, then for ``load_s`` under the
+platform's load (after ``load_settle_s``), with the power draw (``nvmlDeviceGetPowerUsage``)
+read beside each. ``energy_counter_j`` is the sampler's ``usage.energy_j`` (NVML's energy
+counter from the first reading that has it to the last: ``NvmlTelemetry`` reads the counter at
+most once a second); ``power_integral_j`` the trapezoid of the power readings over the same span
+(each stamped with its reading's ``time_s``); ``energy_ratio`` their ratio.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from statistics import fmean
 from typing import Any
 
@@ -33,8 +33,9 @@ from adaptive_batcher.telemetry import (
     TelemetrySample,
     TelemetrySampler,
     TorchCudaMemory,
+    auto_telemetry,
 )
-from benchmarks.gpu.context import Context
+from benchmarks.gpu.context import Context, nvml_handle
 from benchmarks.gpu.results import PhaseOutcome, Table
 
 __all__ = ["run_telemetry"]
@@ -60,17 +61,6 @@ def time_calls(fn: Callable[[], Any], calls: int) -> tuple[float, float, float]:
         spent[index] = clock() - start
     spent /= 1e3
     return float(np.median(spent)), float(np.quantile(spent, 0.99)), float(spent.mean())
-
-
-@contextlib.contextmanager
-def nvml_handle(ctx: Context) -> Iterator[tuple[Any, Any]]:
-    """``(pynvml, handle of device 0)`` between ``nvmlInit`` and ``nvmlShutdown``."""
-    nvml = ctx.platform.nvml()
-    nvml.nvmlInit()
-    try:
-        yield nvml, nvml.nvmlDeviceGetHandleByIndex(0)
-    finally:
-        nvml.nvmlShutdown()
 
 
 def _sources(ctx: Context) -> list[tuple[str, Telemetry]]:
@@ -149,9 +139,29 @@ def _trapezoid(points: list[tuple[float, float]]) -> float:
     return total
 
 
+def _counter_span(
+    readings: list[TelemetrySample], power: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The power points from the first reading with the energy counter to the last one."""
+    stamps = [r.time_s for r in readings if r.energy_mj is not None and r.time_s is not None]
+    if not stamps:
+        return power
+    return [(t, w) for t, w in power if stamps[0] <= t <= stamps[-1]]
+
+
 def readings_row(ctx: Context, state: str, duration_s: float, table: Table) -> None:
     """Readings at ``telemetry_hz`` for ``duration_s``, and the energy check, as one row."""
-    sampler = TelemetrySampler(ctx.telemetry)
+    source = auto_telemetry()  # fresh: its first reading has the energy counter
+    try:
+        _readings_row(ctx, state, duration_s, table, source)
+    finally:
+        source.close()
+
+
+def _readings_row(
+    ctx: Context, state: str, duration_s: float, table: Table, source: Telemetry
+) -> None:
+    sampler = TelemetrySampler(source)
     period_s = 1.0 / ctx.config.telemetry_hz
     readings: list[TelemetrySample] = []
     power: list[tuple[float, float]] = []
@@ -172,7 +182,7 @@ def readings_row(ctx: Context, state: str, duration_s: float, table: Table) -> N
                 break
             time.sleep(period_s)
     usage = sampler.usage
-    integral = _trapezoid(power)
+    integral = _trapezoid(_counter_span(readings, power))
     counter = math.nan if usage.energy_j is None else usage.energy_j
     table.add(
         state=state,

@@ -80,7 +80,8 @@ def test_serving_runs_every_contender_at_every_rate_and_loses_nothing(
     dry_run: tuple[int, Path],
 ) -> None:
     _, rows = read(dry_run[1] / "serving.csv")
-    configs = ["naive", "static_w0", *(f"ours_slo{slo:g}" for slo in QUICK.slos_ms)]
+    warmed = ["static_w0", *(f"ours_slo{slo:g}" for slo in QUICK.slos_ms)]
+    configs = ["naive", *warmed, *(f"{name}_graphs" for name in warmed)]
     assert [(float(r["rate_rps"]), r["config"]) for r in rows] == [
         (rate, config) for rate in QUICK.rates_rps for config in configs
     ]
@@ -93,6 +94,12 @@ def test_serving_runs_every_contender_at_every_rate_and_loses_nothing(
         assert float(row["energy_j"]) > 0 and float(row["j_per_request"]) > 0
         assert float(row["gpu_busy_s"]) >= 0  # known for the naive one too (sampler started late)
     assert sum(int(row["completed"]) for row in rows) > 0
+
+
+def test_the_graphed_contenders_are_captured_and_checked(dry_run: tuple[int, Path]) -> None:
+    text = (dry_run[1] / "summary.md").read_text(encoding="utf-8")
+    assert f"CUDA graphs: {len(QUICK.buckets)} captured in" in text
+    assert "ours (CUDA graphs) p99 <=" in text
 
 
 def test_the_squeeze_shrinks_the_cap_splits_the_oom_batches_and_loses_nothing(
