@@ -30,6 +30,7 @@ import numpy.typing as npt
 from adaptive_batcher._validate import MAX_SERVICE_S, check_int, check_number, check_str
 from adaptive_batcher.control.types import Decision
 from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.core.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
 from adaptive_batcher.errors import BatcherError
@@ -238,6 +239,7 @@ class _Replay:
         config = sim.config
         self.sim = sim
         self.config = config
+        self.buckets = config.buckets  # a batch runs padded to its bucket, as the runtime pads it
         self.rng = np.random.default_rng(sim.seed)
         self.state = _Run()
         self.core: BatcherCore[int] = BatcherCore(
@@ -503,13 +505,14 @@ class _Replay:
                 units = sum(size[i] for i in ids)
 
         model = self.sim.service
-        service = model.service_s(units, self.rng)
+        run_units = pad_target(self.buckets, units) if self.buckets else units  # padding runs too
+        service = model.service_s(run_units, self.rng)
         if type(service) is not float or not 0.0 <= service <= MAX_SERVICE_S:  # NaN fails too
-            service = check_service_time(model, units, service)
+            service = check_service_time(model, run_units, service)
         if self.faults is not None:
             service = self._with_faults(start, service)
         memory = self.sim.memory
-        if memory is not None and memory.is_oom(model, units, start):
+        if memory is not None and memory.is_oom(model, run_units, start):
             busy = OOM_DETECT_FRACTION * service
             failed_at = self._seen_end(start + busy)
             self.core.record_device_time(busy)

@@ -51,6 +51,16 @@ def test_hand_worked_schedule_with_a_window_and_a_cap() -> None:
     np.testing.assert_allclose(result.latency_ms, [5, 4, 7, 6, 8], atol=1e-9)
 
 
+def test_a_batch_runs_padded_to_its_bucket() -> None:
+    """Arrivals at 0..4 ms, service 2 ms + 1 ms/item, window 0, buckets 1, 4, 8: [0] runs
+    0-3 ms; [1, 2] run as 4 items, 3-9 ms; [3, 4] as 4 items, 9-15 ms (as the runtime pads)."""
+    service = LinearService(fixed_s=0.002, per_unit_s=0.001)
+    config = SimConfig(max_batch_size=8, window_ms=0.0, batch_sizes=(1, 4, 8))
+    result = Simulator(service, config).run(arrivals_at(0, 1, 2, 3, 4))
+    np.testing.assert_allclose(result.latency_ms, [3, 8, 7, 12, 11], atol=1e-9)
+    assert result.device_busy_s == pytest.approx(0.015)
+
+
 def test_rates_of_same_instant_arrivals_divide_by_the_time_to_the_last_answer() -> None:
     """1000 requests all at t = 0, cap 8, one slot, 8 ms per batch whatever its size.
 
