@@ -49,7 +49,6 @@ class FakeCudaEvent:
         type(self).synchronized_threads.append(threading.current_thread().name)
 
 
-
 class EagerGraphCapture:
     """A stand-in for :func:`adaptive_batcher.runtime.cuda_graphs.capture_cuda_graph` on a CPU.
 
