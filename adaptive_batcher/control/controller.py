@@ -199,7 +199,9 @@ class Controller:
         counts = recorder.counts()
         if self.decision is None or self._last is None:
             raise RuntimeError("Controller.start() must be called before tick()")
-        self.service_estimator.update(recorder.batches, counts.batches, self.loop_stall)
+        self.service_estimator.update(
+            recorder.batches, counts.batches, self.loop_stall, self.bounds.padded_size
+        )
         observation = self._observe(
             now, recorder, counts, (queue_depth, queued_units, slots), telemetry
         )

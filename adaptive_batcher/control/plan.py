@@ -15,13 +15,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["POISSON_Z", "STABILITY_HEADROOM", "Plan"]
+__all__ = ["CHEAPER_BY", "POISSON_Z", "STABILITY_HEADROOM", "Plan"]
 
 STABILITY_HEADROOM = 1.15
 """Serve 15 % more than arrives when possible, so queues drain after bursts."""
 
 POISSON_Z = 2.33
 """Standard deviations of Poisson noise added to a batch for its 99th percentile."""
+
+CHEAPER_BY = 1.1
+"""A smaller cap is chosen for its cost only when it is at least 10 % cheaper per unit: the
+arrivals are not quite Poisson, and a smaller cap gives up headroom for bursts."""
 
 _FIXED_POINT_STEPS = 6
 _BISECTION_STEPS = 14
@@ -50,6 +54,8 @@ class Plan:
             its room as an argument).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
+        padded: batches run padded to a bucket (the service functions read the bucket's time):
+            a wider window is then not always cheaper (see :meth:`cheapest_cap`).
 
     The service estimates are named as the estimator's (see
     :mod:`adaptive_batcher.control.service_estimator`). A plan is made for one tick: the
@@ -70,6 +76,7 @@ class Plan:
     service_body_p999_ms: Callable[[int], float] | None = None
     service_p99_ms: Callable[[int], float] | None = None
     room_ms: float = math.inf
+    padded: bool = False
     _body_spread_ms: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -177,6 +184,34 @@ class Plan:
         if tail is None:
             return max(stable, self.throughput_cap() or stable)
         return max(tail, stable)
+
+    def cheapest_cap(self, budget_ms: float, low: int, high: int) -> int:
+        """Among the caps from ``low`` to ``high``, the one whose batches cost the least device
+        time per unit at the widest window ``budget_ms`` allows (:meth:`padded_cost_ms_per_unit`),
+        ``high`` unless another is cheaper by ``CHEAPER_BY``. With buckets, a window-sized batch
+        between two buckets runs padded to the larger one, and a smaller cap that batches fill
+        may cost less (docs/policies.md, "The plan"). ``high`` while the model is not ready."""
+        if not self.ready:
+            return high
+        best, best_cost = high, self.padded_cost_ms_per_unit(budget_ms, high)
+        for cap in reversed([c for c in self.caps if low <= c < high]):
+            cost = self.padded_cost_ms_per_unit(budget_ms, cap)
+            if cost * CHEAPER_BY < best_cost:
+                best, best_cost = cap, cost
+        return best
+
+    def padded_cost_ms_per_unit(self, budget_ms: float, cap: int) -> float:
+        """Expected device time per unit at ``cap`` and the widest window ``budget_ms`` allows,
+        ms, the window's arrivals Poisson (one request, then Poisson for the rest of the
+        mean): ``E[s(min(N, cap))] / E[min(N, cap)]``, ``s`` the service of the padded size."""
+        window = self.widest_window_ms(budget_ms, cap)
+        mean = self.batch_units(window, self.caps[-1])  # before the cap cuts it
+        spent = served = 0.0
+        for units, weight in _poisson_batches(mean - 1.0):
+            n = min(units, cap)
+            spent += weight * self._service(n)
+            served += weight * n
+        return spent / served if served > 0 else math.inf
 
     # -- windows -----------------------------------------------------------------------------
 
@@ -310,6 +345,18 @@ class Plan:
 
     def _service_body_spread(self, units: float) -> float:
         return _memoised(self._body_spread_ms, self.service_body_spread_ms, units)
+
+
+def _poisson_batches(mean: float) -> list[tuple[int, float]]:
+    """``(1 + k, P(k))`` for ``k ~ Poisson(mean)`` over ``mean +- 5`` standard deviations."""
+    if mean <= 0:
+        return [(1, 1.0)]
+    spread = 5.0 * math.sqrt(mean)
+    first, last = max(0, math.floor(mean - spread)), math.ceil(mean + spread)
+    log_mean = math.log(mean)
+    return [
+        (1 + k, math.exp(k * log_mean - mean - math.lgamma(k + 1))) for k in range(first, last + 1)
+    ]
 
 
 def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:

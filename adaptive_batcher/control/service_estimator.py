@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from statistics import NormalDist
 
@@ -181,6 +181,7 @@ class ServiceTimeEstimator:
         batches: Sequence[BatchSample],
         total_seen: int,
         stall: tuple[float, float] = (-math.inf, -math.inf),
+        run_size: Callable[[int], int] | None = None,
     ) -> None:
         """Take in the batches recorded since the last call and refit if due.
 
@@ -189,7 +190,8 @@ class ServiceTimeEstimator:
         a small per-size reservoir (``per_size`` most recent each), so sizes seen long ago stay
         known when one size dominates for a while. A batch that ran across ``stall`` (the
         latest stall of the event loop, ``(start_s, end_s)``) is left out: it measured the
-        stall, not the model.
+        stall, not the model. ``run_size`` maps a batch's units to the size the model ran
+        (its bucket, padding included; None: the units): the service time is that size's.
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
@@ -203,9 +205,10 @@ class ServiceTimeEstimator:
             if sample.end_s >= stall_start and sample.end_s - sample.service_s <= stall_end:
                 continue  # it ran across a stall of the loop
             measured_ms = sample.service_s * 1e3
-            if sample.units > 0 and self._take(
-                sample.units, measured_ms, outlier_ratio, change_ratio
-            ):
+            units = (
+                sample.units if run_size is None or sample.units <= 0 else run_size(sample.units)
+            )
+            if units > 0 and self._take(units, measured_ms, outlier_ratio, change_ratio):
                 self.last_stall_s = sample.end_s
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:

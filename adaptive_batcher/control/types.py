@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -67,6 +68,11 @@ class Decision:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
+def pad_target(buckets: tuple[int, ...], units: int) -> int:
+    """The smallest bucket holding ``units`` (the largest bucket if none does)."""
+    return buckets[min(bisect.bisect_left(buckets, units), len(buckets) - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """Where any decision must stay; the controller clamps every decision into them.
@@ -116,6 +122,11 @@ class Bounds:
             return decision
         return decision.with_(window_ms=window, max_batch_size=cap)
 
+    def padded_size(self, units: int) -> int:
+        """The size a batch of ``units`` runs at (:func:`pad_target`; ``units`` without
+        buckets)."""
+        return pad_target(self.batch_sizes, units) if self.batch_sizes else units
+
     def bucket_at_most(self, size: int) -> int:
         """The largest allowed size <= ``size`` (the smallest allowed size if none is)."""
         if not self.batch_sizes:
@@ -134,6 +145,20 @@ class Bounds:
                 sizes.add(size)
             size *= 2
         return sorted(sizes)
+
+
+_Service = Callable[[int], float]
+
+
+def _padded(bounds: Bounds) -> Callable[[_Service], _Service]:
+    """Wraps a service-time function of the batch size so that it reads the bucket's."""
+    if not bounds.batch_sizes:
+        return lambda service: service
+    return lambda service: lambda units: service(bounds.padded_size(units))
+
+
+def _maybe(wrap: Callable[[_Service], _Service], service: _Service | None) -> _Service | None:
+    return None if service is None else wrap(service)
 
 
 def _set(instance: object, name: str, value: object) -> None:
@@ -298,21 +323,23 @@ class Observation:
 
     def _make_plan(self, rate_rps: float) -> Plan:
         bounds = self.bounds
+        pad = _padded(bounds)  # a batch's service time is its bucket's: padding runs too
         return Plan(
             rate_units_per_s=rate_rps * self.mean_request_units,
             backlog_units=self.queued_units,
             caps=tuple(bounds.cap_candidates()),
-            service_median_ms=self.service_median_ms,
-            service_body_spread_ms=self.service_body_spread_ms
-            or self.service_spread_ms
-            or self.service_median_ms,
-            service_median_bound_ms=self.service_median_bound_ms,
-            service_body_p999_ms=self.service_body_p999_ms,
-            service_p99_ms=self.service_p99_ms,
+            service_median_ms=pad(self.service_median_ms),
+            service_body_spread_ms=pad(
+                self.service_body_spread_ms or self.service_spread_ms or self.service_median_ms
+            ),
+            service_median_bound_ms=_maybe(pad, self.service_median_bound_ms),
+            service_body_p999_ms=_maybe(pad, self.service_body_p999_ms),
+            service_p99_ms=_maybe(pad, self.service_p99_ms),
             room_ms=self.room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,
             max_window_ms=bounds.max_window_ms,
+            padded=bool(bounds.batch_sizes),
         )
 
     @property

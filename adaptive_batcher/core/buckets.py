@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 
 from adaptive_batcher._validate import check_increasing_ints
+from adaptive_batcher.control.types import pad_target
 
 __all__ = ["check_buckets", "pad_target", "warmup_sizes"]
-
-
-def pad_target(buckets: tuple[int, ...], units: int) -> int:
-    """The smallest bucket holding ``units`` (the largest bucket if none does)."""
-    index = bisect.bisect_left(buckets, units)
-    return buckets[min(index, len(buckets) - 1)]
 
 
 def warmup_sizes(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:

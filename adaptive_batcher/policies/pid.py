@@ -90,7 +90,10 @@ class PID:
             return Decision(0.0, cap, "pid.overload")
         stalled = self._feedback(observation)
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
-        window = plan.widest_window_ms(budget * (1.0 + self.output), cap)
+        trimmed = budget * (1.0 + self.output)
+        if plan.padded:  # a bucket that batches fill may beat a wider, padded one
+            cap = plan.cheapest_cap(trimmed, plan.stable_cap(budget) or cap, cap)
+        window = plan.widest_window_ms(trimmed, cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
         return Decision(window, cap, _reason(stalled, self.output))

@@ -255,3 +255,40 @@ def test_the_two_batch_bound_gives_way_when_noise_puts_it_out_of_reach() -> None
     assert observation.plan().cap(40.0, 50.0) == 256
     calm = observe(service_median_ms=service, arrival_rate_rps=60.0)  # without the noise: cut to 1
     assert calm.plan().cap(40.0, 50.0) == 1
+
+
+POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize(
+    ("arrival_rps", "expected"),
+    [
+        # about 34 a window, padded to 64 (0.193 ms/unit): 32 full is 7 % cheaper, not 10 %
+        (1000.0, 256),
+        (2000.0, 64),  # about 64 filled (0.116 ms/unit) against 68 padded to 128 (0.135)
+        (3000.0, 256),  # 64 full (0.113) is only 3 % cheaper than 90 padded to 128 (0.116)
+        (5000.0, 128),  # 128 full (0.081) against 117 padded to 128 (0.097)
+    ],
+)
+def test_with_buckets_the_cheapest_cap_is_one_the_batches_fill(
+    arrival_rps: float, expected: int
+) -> None:
+    padded = plan(
+        bounds=Bounds(0.0, 50.0, 1, 256, batch_sizes=POWERS_OF_TWO), arrival_rate_rps=arrival_rps
+    )
+    assert padded.padded
+    stable = padded.stable_cap(40.0)
+    assert stable is not None
+    assert padded.cheapest_cap(40.0, stable, 256) == expected
+
+
+def test_with_buckets_a_batch_costs_its_buckets_service_time() -> None:
+    padded = plan(bounds=Bounds(0.0, 50.0, 1, 256, batch_sizes=POWERS_OF_TWO))
+    assert padded.service_median_ms(33) == pytest.approx(4.0 + 0.05 * 64)
+    assert padded.service_median_ms(64) == pytest.approx(4.0 + 0.05 * 64)
+
+
+def test_without_buckets_the_widest_batch_is_the_cheapest() -> None:
+    plain = plan(arrival_rate_rps=3000.0)
+    assert not plain.padded
+    assert plain.cheapest_cap(40.0, 32, 256) == 256

@@ -392,3 +392,12 @@ def test_batches_measured_at_zero_ms_lower_the_level_as_far_as_it_goes() -> None
     estimator.update([BatchSample(0.0, 4, 4, 0.0)] * 8, total_seen=16)
     assert estimator.level == pytest.approx(1.0 / MAX_LEVEL)
     assert estimator.median_ms(4) == pytest.approx(4.0 / MAX_LEVEL)
+
+
+def test_padded_batches_are_measured_at_the_size_that_ran() -> None:
+    """33 units padded to 64 took 64's time: the fit learns it at 64, not at 33."""
+    estimator = ServiceTimeEstimator(refit_every=1, min_samples=4)
+    ran = [BatchSample(0.0, 33, 33, 0.0072)] * 4 + [BatchSample(0.0, 3, 3, 0.0040)] * 4
+    estimator.update(ran, total_seen=8, run_size=lambda n: 64 if n > 32 else 4)
+    assert estimator.median_ms(64) == pytest.approx(7.2, rel=0.05)
+    assert estimator.median_ms(4) == pytest.approx(4.0, rel=0.05)

@@ -123,3 +123,16 @@ def test_bounds_take_numpy_scalars_and_any_sequence_of_sizes() -> None:
     assert bounds.batch_sizes == (2, 16, 64) and all(type(b) is int for b in bounds.batch_sizes)
     assert hash(bounds) == hash(Bounds(0.0, 50.0, 2, 64, (2, 16, 64)))  # a tuple, not the list
     assert Bounds(batch_sizes=range(1, 4)).batch_sizes == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("units", "expected"), [(1, 2), (2, 2), (3, 16), (16, 16), (40, 64), (99, 64)]
+)
+def test_a_batch_runs_padded_to_the_smallest_bucket_that_holds_it(
+    units: int, expected: int
+) -> None:
+    assert Bounds(0.0, 50.0, 2, 64, (2, 16, 64)).padded_size(units) == expected
+
+
+def test_without_buckets_a_batch_runs_at_its_own_size() -> None:
+    assert Bounds().padded_size(37) == 37
