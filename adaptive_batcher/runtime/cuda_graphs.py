@@ -11,6 +11,7 @@ Buckets (``batch_sizes``) make the shapes few and known, which is what graphs ne
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,14 +62,17 @@ class CudaGraphs:
     replays it and returns a copy of its output (``[n, ...]``, the caller's to keep: the next
     replay overwrites the graph's own output). Three launches whatever the model's depth. Use it
     inside the batch function, with the batcher's ``batch_sizes`` as the sizes, so that every
-    padded batch has its graph; replays must not overlap (one CUDA stream: the split executor's).
-    Gradients are off throughout (``torch.no_grad``).
+    padded batch has its graph. Calls are serialised by a lock (the graphs share their static
+    buffers), so a thread executor with several slots stays correct, one replay at a time; the
+    split executor (``executor="cuda"``) enqueues them in order on one stream. Gradients are
+    off throughout (``torch.no_grad``).
 
     Args:
         module: the model, ``module(x) -> Tensor`` for ``x`` of shape ``[n, *row_shape]``; it must
             be capturable: no host synchronisation, no shapes that depend on data.
         example: one input of shape ``[1, *row_shape]``, with the dtype, device and memory
             format (channels-last kept) of the real inputs; its values feed the warm-up only.
+            Inputs of another dtype or device are refused at the call.
         batch_sizes: the sizes to capture (each an int >= 1), captured largest first.
         warmup_calls: eager calls before each capture, an int >= 1 (default 3).
         capture: how one graph is captured (default :func:`capture_cuda_graph`, every graph
@@ -76,9 +80,10 @@ class CudaGraphs:
             tests pass :class:`~adaptive_batcher.testing.EagerGraphCapture`).
 
     Raises:
-        ValueError: no sizes, or a size or ``warmup_calls`` below 1, or (at a call) a batch
-            size that was not captured or rows of another shape.
-        TypeError: a size that is not an int.
+        ValueError: no sizes, a size or ``warmup_calls`` below 1, an example whose first
+            dimension is not 1; at a call, a batch size that was not captured, or rows of
+            another shape, dtype or device.
+        TypeError: a size that is not an int; a module that does not return one tensor.
     """
 
     def __init__(
@@ -94,11 +99,17 @@ class CudaGraphs:
         if not sizes:
             raise ValueError("batch_sizes must name at least one batch size")
         warmup_calls = check_int("warmup_calls", warmup_calls, 1)
+        if example.dim() < 1 or example.shape[0] != 1:
+            raise ValueError(
+                f"example must be one input of shape [1, *row_shape], got {tuple(example.shape)}"
+            )
         if capture is None:
             import torch
 
             capture = functools.partial(capture_cuda_graph, pool=torch.cuda.graph_pool_handle())
         self._row_shape = tuple(example.shape[1:])
+        self._dtype, self._device = example.dtype, example.device
+        self._lock = threading.Lock()
         self._graphs = {
             size: _capture(module, example, size, warmup_calls, capture) for size in sizes
         }
@@ -120,9 +131,14 @@ class CudaGraphs:
                 f"rows of shape {tuple(x.shape[1:])} given; the graphs were captured for "
                 f"{self._row_shape}"
             )
+        if x.dtype != self._dtype or x.device != self._device:
+            raise ValueError(
+                f"rows of {x.dtype} on {x.device} given; the graphs were captured for "
+                f"{self._dtype} on {self._device}"
+            )
         import torch
 
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
             graph.static_input.copy_(x)
             graph.replay()
             return graph.output.clone()
@@ -156,4 +172,8 @@ def _capture(
     with torch.no_grad():
         static_input = _static_input(example, size)
         replay, output = capture(lambda: module(static_input), warmup_calls)
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(
+            f"the module must return one tensor to capture, got {type(output).__name__}"
+        )
     return _Graph(replay, static_input, output)

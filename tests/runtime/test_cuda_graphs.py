@@ -3,6 +3,7 @@ EagerGraphCapture (the real capture runs in benchmarks/gpu on a GPU)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -126,3 +127,45 @@ async def test_behind_the_batcher_with_buckets_every_caller_gets_its_row() -> No
         expected = module(torch.stack(rows))
     assert torch.allclose(torch.stack(list(results)), expected, atol=1e-6)
     assert capture.replays >= 2  # 11 rows need two batches at least
+
+
+def test_inputs_of_another_dtype_are_refused() -> None:
+    graphed = graphs(model(), EagerGraphCapture())
+    with pytest.raises(ValueError, match=r"rows of torch.float64 on cpu given.*torch.float32"):
+        graphed(torch.zeros(2, 6, dtype=torch.float64))
+
+
+def test_an_example_of_more_than_one_row_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"shape \[1, \*row_shape\], got \(2, 6\)"):
+        CudaGraphs(model(), torch.zeros(2, 6), BUCKETS, capture=EagerGraphCapture())
+
+
+def test_a_module_that_returns_a_tuple_is_refused_when_captured() -> None:
+    def pair(x: Any) -> Any:
+        return x, x
+
+    with pytest.raises(TypeError, match="must return one tensor to capture, got tuple"):
+        CudaGraphs(pair, torch.zeros(1, 6), BUCKETS, capture=EagerGraphCapture())
+
+
+async def test_two_slots_in_threads_share_the_graphs_safely() -> None:
+    """The graphs' buffers are shared: calls from two worker threads are serialised."""
+    module = model()
+    graphed = graphs(module, EagerGraphCapture(), (1, 2, 4, 8, 16, 32))
+
+    def batch(items: list[Any]) -> list[Any]:
+        return list(graphed(torch.stack(items)).unbind(0))
+
+    rows = [torch.randn(6) for _ in range(400)]
+    async with AdaptiveBatcher(
+        batch,
+        executor="thread",
+        max_concurrent_batches=2,
+        batch_sizes=(1, 2, 4, 8, 16, 32),
+        max_batch_size=32,
+        window_ms=1,
+    ) as batcher:
+        results = await asyncio.gather(*(batcher.submit(row) for row in rows))
+    with torch.no_grad():
+        expected = module(torch.stack(rows))
+    assert torch.allclose(torch.stack(list(results)), expected, atol=1e-6)
