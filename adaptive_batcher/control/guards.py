@@ -210,7 +210,7 @@ class BudgetGuard(Guard):
         if not plan.ready:
             return self._blind(observation, decision)
         unreachable = self._note_reachability(observation, plan.caps[0], budget)
-        stable = plan.stable_cap(budget)
+        stable = plan.floor_cap(budget)  # the stability cap (with buckets, see the plan)
         if stable is None:  # overload: only throughput matters now
             cap = plan.throughput_cap() or decision.max_batch_size
             window = 0.0

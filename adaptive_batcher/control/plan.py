@@ -56,6 +56,9 @@ class Plan:
         min_window_ms, max_window_ms: the window range allowed, ms.
         padded: batches run padded to a bucket (the service functions read the bucket's time):
             a wider window is then not always cheaper (see :meth:`cheapest_cap`).
+        start_units: where the realised batch's fixed point starts, units (padded plans only:
+            a batch's time flat across a bucket can sustain a large batch as well as a small
+            one, and the batcher stays in the one it is in; default 1).
 
     The service estimates are named as the estimator's (see
     :mod:`adaptive_batcher.control.service_estimator`). A plan is made for one tick: the
@@ -77,6 +80,7 @@ class Plan:
     service_p99_ms: Callable[[int], float] | None = None
     room_ms: float = math.inf
     padded: bool = False
+    start_units: float = 1.0
     _body_spread_ms: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -200,6 +204,25 @@ class Plan:
                 best, best_cost = cap, cost
         return best
 
+    def floor_cap(self, budget_ms: float) -> int | None:
+        """The least cap a decision may take: the stability cap; with padding, a smaller one
+        that still keeps up (without headroom) when the stability cap's own batches cannot meet
+        ``budget_ms`` (:meth:`fitting_cap`). None under overload or before the model is ready."""
+        stable = self.stable_cap(budget_ms)
+        if stable is None or not self.padded:
+            return stable
+        keeps_up = self.stable_cap(budget_ms, headroom=1.0) or stable
+        return self.fitting_cap(budget_ms, keeps_up, stable)
+
+    def fitting_cap(self, budget_ms: float, low: int, high: int) -> int:
+        """The largest cap from ``low`` to ``high`` whose tail latency at the smallest window
+        fits ``budget_ms`` (``low`` if none does): with padding, a smaller bucket can break a
+        large batch's self-sustaining cycle (see ``start_units``)."""
+        for cap in reversed([c for c in self.caps if low <= c <= high]):
+            if self.latency_ms(self.min_window_ms, cap) <= budget_ms:
+                return cap
+        return low
+
     def padded_cost_ms_per_unit(self, budget_ms: float, cap: int) -> float:
         """Expected device time per unit at ``cap`` and the widest window ``budget_ms`` allows,
         ms, the window's arrivals Poisson (one request, then Poisson for the rest of the
@@ -236,9 +259,10 @@ class Plan:
             self.service_median_ms,
         )
         top = float(cap)
+        start = self.start_units if self.padded else 1.0
 
         def batch_units(window_ms: float) -> float:
-            n = min(top, 1.0 + rate_per_ms * window_ms)
+            n = min(top, max(start, 1.0 + rate_per_ms * window_ms))
             for _ in range(_FIXED_POINT_STEPS):
                 cycle = max(window_ms, service(max(1, round(n))) / slots)  # self._service(n)
                 previous, n = n, min(top, 1.0 + rate_per_ms * cycle)

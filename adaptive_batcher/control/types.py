@@ -157,6 +157,11 @@ def _padded(bounds: Bounds) -> Callable[[_Service], _Service]:
     return lambda service: lambda units: service(bounds.padded_size(units))
 
 
+def _units(value: float) -> float:
+    """A batch's units as a fixed point's start: 1 when unknown or below 1."""
+    return value if value >= 1.0 else 1.0
+
+
 def _maybe(wrap: Callable[[_Service], _Service], service: _Service | None) -> _Service | None:
     return None if service is None else wrap(service)
 
@@ -340,6 +345,7 @@ class Observation:
             min_window_ms=bounds.min_window_ms,
             max_window_ms=bounds.max_window_ms,
             padded=bool(bounds.batch_sizes),
+            start_units=_units(self.mean_batch_size * self.mean_request_units),
         )
 
     @property

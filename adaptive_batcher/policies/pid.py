@@ -92,7 +92,8 @@ class PID:
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
         trimmed = budget * (1.0 + self.output)
         if plan.padded:  # a bucket that batches fill may beat a wider, padded one
-            cap = plan.cheapest_cap(trimmed, plan.stable_cap(budget) or cap, cap)
+            floor = min(plan.floor_cap(budget) or cap, cap)
+            cap = plan.fitting_cap(budget, floor, plan.cheapest_cap(trimmed, floor, cap))
         window = plan.widest_window_ms(trimmed, cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
