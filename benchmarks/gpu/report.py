@@ -181,6 +181,12 @@ def summary_lines(
     if platform != "cuda":
         lines += ["", "Dry run: the figures come from fakes and the CPU; they measure nothing."]
     lines += ["", "## Phases", "", *phases.markdown(), "", "## Targets (issue 26)", ""]
+    if platform != "cuda":
+        lines += [
+            "At the dry run's tiny rates and sizes, against fakes: a verdict here checks the "
+            "report's arithmetic, not the library (a FAIL is no failure of the device's).",
+            "",
+        ]
     lines += ["| target | verdict | figures |", "|---|---|---|"]
     lines += [f"| {t} | {v} | {f} |" for t, v, f in targets(outcomes, config)]
     for phase, title in (
