@@ -139,6 +139,7 @@ class BatcherCore(Generic[H]):
         self._on_decision = on_decision
         self._tick_forced = False
         self._timer_due_s: float | None = None  # the timer the last poll asked for
+        self._stall_seen_until = -math.inf  # the end of the last stall noted
         self.loop_stalls = 0
         self._policy_stopped = False  # set_policy(None): an SLO set later starts no controller
         self._apply_slo(settings.slo)
@@ -230,8 +231,8 @@ class BatcherCore(Generic[H]):
         """
         controller = self.controller
         due = self._timer_due_s
-        if due is not None and now - due >= LOOP_STALL_S:
-            self._note_loop_stall(due, now)
+        if due is not None:
+            self.timer_fired(due, now)
         if controller is not None and (
             self._tick_forced or controller.due(now, self.recorder.batch_count)
         ):
@@ -241,8 +242,17 @@ class BatcherCore(Generic[H]):
         self._timer_due_s = timer.at_s if type(timer) is SetTimer else None
         return actions
 
+    def timer_fired(self, due_s: float, now: float) -> None:
+        """A timer of the shell due at ``due_s`` fired at ``now``: ``LOOP_STALL_S`` or more
+        late, the loop stood still (noted once, however many timers it held back). The core's
+        own timer is checked at every poll; a shell may add a heartbeat, since a stall with no
+        window timer pending (a batch waiting for a busy slot) leaves no other trace."""
+        if now - due_s >= LOOP_STALL_S and due_s >= self._stall_seen_until:
+            self._note_loop_stall(due_s, now)
+
     def _note_loop_stall(self, due_s: float, now: float) -> None:
         """A timer due at ``due_s`` fires only at ``now``: the shell's loop stood still."""
+        self._stall_seen_until = now
         self.loop_stalls += 1
         _log.warning(
             "batcher.loop_stalled",

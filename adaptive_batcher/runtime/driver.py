@@ -1,8 +1,9 @@
 """The loop driver: runs a batcher's core on its event loop.
 
 Per request nothing is scheduled: a "pump" callback, scheduled at most once per loop iteration,
-polls the core; one ``loop.call_at`` handle is the core's timer; each dispatched batch runs in
-one task. Every request the core takes off the queue ends with its result or an error.
+polls the core; one ``loop.call_at`` handle is the core's timer, another the stall heartbeat
+while requests are in the system; each dispatched batch runs in one task. Every request the
+core takes off the queue ends with its result or an error.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
 from adaptive_batcher.runtime.stats import BatchRecord
 
-__all__ = ["LoopDriver"]
+__all__ = ["HEARTBEAT_S", "LoopDriver"]
+
+HEARTBEAT_S = 0.02
+"""The stall heartbeat's period while requests are in the system, seconds: a stall of
+``LOOP_STALL_S`` (0.05 s) or more makes it fire late, whatever else is pending."""
 
 _log = get_logger()
 _Requests = list[Request[asyncio.Future[Any]]]
@@ -89,6 +94,9 @@ class LoopDriver:
         self._pumping = False  # inside pump: a batch ending now must not pump again in it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._beat: asyncio.TimerHandle | None = None  # the stall heartbeat (see _on_beat)
+        self._beat_at = 0.0
+        self._beat_callback: Callable[[], None] = self._on_beat
         # loop callbacks bound once, not once per scheduling (a method object each time)
         self._pump_callback: Callable[[], None] = self.pump
         self._timer_callback: Callable[[], None] = self._on_timer
@@ -119,6 +127,22 @@ class LoopDriver:
             self._carry_out(self.now() if now is None else now)
         finally:
             self._pumping = False
+        if self._beat is None and not self.closed and not self.core.idle:
+            self._arm_beat()
+
+    def _arm_beat(self) -> None:
+        loop = self.loop
+        assert loop is not None
+        self._beat_at = self.now() + HEARTBEAT_S
+        self._beat = loop.call_at(self._beat_at, self._beat_callback)
+
+    def _on_beat(self) -> None:
+        """While requests are in the system, a timer every ``HEARTBEAT_S``: one that fires
+        late tells the core the loop stood still, even with no window timer pending."""
+        self._beat = None
+        self.core.timer_fired(self._beat_at, self.now())
+        if not self.closed and not self.core.idle:
+            self._arm_beat()
 
     def _carry_out(self, now: float) -> None:
         loop = self.loop
@@ -138,14 +162,20 @@ class LoopDriver:
     def _set_timer(self, at_s: float | None) -> None:
         if at_s == self._timer_at:
             return
-        self.cancel_timer()
+        self._cancel_window_timer()
         self._timer_at = at_s
         if at_s is not None:
             assert self.loop is not None
             self._timer = self.loop.call_at(at_s, self._timer_callback)
 
     def cancel_timer(self) -> None:
-        """Cancel the timer, if one is set."""
+        """Cancel the timer and the heartbeat, if set."""
+        self._cancel_window_timer()
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+    def _cancel_window_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

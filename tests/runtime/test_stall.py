@@ -75,3 +75,29 @@ def test_one_stall_moves_neither_the_cap_nor_the_window_for_long(seed: int) -> N
     usual_ms = statistics.median(window for _, window, _ in before)
     back_s = next(at for at, window, _ in after if window >= 0.5 * usual_ms)
     assert back_s - STALL_AT_S <= 2.5  # the latency measure's span (2 s) and a tick
+
+
+async def _slow(batch: list[Any]) -> list[Any]:
+    await asyncio.sleep(0.03)
+    return batch
+
+
+async def _stall_with_no_window_timer() -> None:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    batcher = AdaptiveBatcher(_slow, max_batch_size=4, window_ms=0.0)
+    async with batcher:
+        first = [loop.create_task(batcher.submit(i)) for i in range(4)]  # a full batch runs
+        await asyncio.sleep(0.005)
+        queued = [loop.create_task(batcher.submit(i)) for i in range(4)]  # waits for the slot
+        await asyncio.sleep(0.005)
+        loop.stall(0.1)  # no window timer is pending: only the heartbeat fires late
+        await asyncio.gather(*first, *queued)
+
+
+def test_a_stall_with_no_window_timer_pending_is_seen_once() -> None:
+    with capture_logs() as logs:
+        run_in_virtual_time(_stall_with_no_window_timer())
+    stalls = [e for e in logs if e["event"] == "batcher.loop_stalled"]
+    assert len(stalls) == 1
+    assert stalls[0]["late_ms"] >= 50.0
