@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 
 from adaptive_batcher.sim.result import SimResult
-from adaptive_batcher.sim.scenarios import CONTENDERS, MAX_CAP, make_scenarios, run
+from adaptive_batcher.sim.scenarios import CONTENDERS, MAX_CAP, Scenario, make_scenarios, run
 from adaptive_batcher.sim.service import TableService
 from adaptive_batcher.sim.simulator import SimConfig
 from adaptive_batcher.slo import SLO
@@ -48,12 +48,12 @@ def _up_to(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:
     return tuple(b for b in buckets if b <= cap)
 
 
-def _oracle(scenario: object, buckets: tuple[int, ...]) -> tuple[str, SimResult]:
+def _oracle(scenario: Scenario, buckets: tuple[int, ...]) -> tuple[str, SimResult]:
     runs = [
         (
             f"window {w:g} ms, cap {cap}",
             run(scenario, SimConfig(cap, w, batch_sizes=_up_to(buckets, cap))),
-        )  # type: ignore[arg-type]
+        )
         for cap in CAPS
         for w in WINDOWS_MS
     ]
