@@ -204,7 +204,7 @@ class ServiceTimeEstimator:
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
             if sample.end_s >= stall_start and sample.end_s - sample.service_s <= stall_end:
                 continue  # it ran across a stall of the loop
-            measured_ms = sample.service_s * 1e3
+            measured_ms = float(sample.service_s) * 1e3  # a numpy clock gives numpy floats
             units = (
                 sample.units if run_size is None or sample.units <= 0 else run_size(sample.units)
             )

@@ -200,3 +200,16 @@ def test_with_buckets_a_large_padded_batch_does_not_sustain_itself() -> None:
     result = Simulator(LinearService(0.002, 0.0001), config).run(arrivals)
     assert result.lost == 0
     assert result.slo_attainment >= 0.99
+
+
+def test_with_every_size_a_bucket_the_floor_keeps_its_headroom() -> None:
+    """Every size 1-64 a bucket (nothing is padded), SLO 10 ms at 5,000 req/s on 2 ms + 0.1 ms
+    per item: the cycle is the load's, not padding's, so the cap keeps the stability headroom
+    (a floor without it put the cap at 22-23, 1.05x the arrivals: attainment 0.89; a fresh
+    user's trial)."""
+    slo = SLO(latency_ms=10.0)
+    arrivals = Poisson(5000.0).generate(20.0, np.random.default_rng(0))
+    config = SimConfig(64, 0.0, slo=slo, batch_sizes=range(1, 65))
+    result = Simulator(LinearService(0.002, 0.0001), config).run(arrivals)
+    assert result.lost == 0
+    assert result.slo_attainment >= 0.99

@@ -101,3 +101,27 @@ def test_a_stall_with_no_window_timer_pending_is_seen_once() -> None:
     stalls = [e for e in logs if e["event"] == "batcher.loop_stalled"]
     assert len(stalls) == 1
     assert stalls[0]["late_ms"] >= 50.0
+
+
+async def _numpy_clock() -> int:
+    import numpy as np
+
+    async def fast(batch: list[Any]) -> list[Any]:
+        await asyncio.sleep(0.002 + 0.0001 * len(batch))
+        return batch
+
+    batcher = AdaptiveBatcher(fast, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=50.0))
+    with capture_logs() as logs:
+        tasks = []
+        for _ in range(2000):
+            await asyncio.sleep(np.float64(0.001))  # the loop's clock becomes a numpy float
+            tasks.append(asyncio.create_task(batcher.submit(0)))
+        await asyncio.gather(*tasks)
+        await batcher.aclose()
+    return sum(e["event"] == "controller.failed" for e in logs)
+
+
+def test_a_numpy_clock_does_not_fail_the_controller() -> None:
+    """Gaps drawn with numpy make the virtual loop's time a numpy float; the service-time
+    estimator's change test then subtracted numpy booleans and every tick failed."""
+    assert run_in_virtual_time(_numpy_clock()) == 0
