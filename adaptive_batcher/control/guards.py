@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import ClassVar
 
 from adaptive_batcher._log import get_logger
@@ -492,9 +493,16 @@ class ShedGuard(Guard):
         if slo is None or not plan.ready:
             return decision
         room = observation.room_ms
+        high = observation.service_spread_ms or observation.service_median_ms
+        typical = observation.service_median_bound_ms or observation.service_median_ms
         # the deadlines enforce the SLO itself, so a full batch behind a full batch must fit
-        # the room, not the target (whose margin is the p99 plan's)
-        best = plan.throughput_cap(room) or decision.max_batch_size
+        # the room, not the target (whose margin is the p99 plan's); where not even two of the
+        # smallest do, one batch that fits after a short wait still answers within it
+        best = (
+            plan.throughput_cap(room)
+            if plan.tail_cap(room) is not None
+            else _one_batch_cap(plan, room, typical)
+        ) or decision.max_batch_size
         stable = plan.stable_cap(observation.budget_ms)
         # overload, or keeping up needs batches too slow for the SLO: the most answers within
         # it; otherwise never a batch too slow for it (the largest cap that fits, not the
@@ -502,11 +510,9 @@ class ShedGuard(Guard):
         fits = plan.tail_cap(room) or best
         if stable is None or stable > best:
             # no cap both keeps up and fits twice: the most answers within the SLO
-            cap = _goodput_cap(plan, room, best) or best
+            cap = _goodput_cap(_at_mean_rate(observation, plan), room, best) or best
         else:
             cap = min(decision.max_batch_size, fits)
-        high = observation.service_spread_ms or observation.service_median_ms
-        typical = observation.service_median_bound_ms or observation.service_median_ms
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
         full = room - high(cap)
@@ -517,6 +523,25 @@ class ShedGuard(Guard):
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
         short = max(full, room - typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
+
+
+def _one_batch_cap(plan: Plan, room_ms: float, typical: Callable[[int], float]) -> int | None:
+    """The highest-throughput cap whose one typical batch (``typical``, ms) fits ``room_ms``,
+    or the highest-throughput cap of all when none does: where not even two of the smallest
+    batches fit the SLO (a device slowed down many times), shedding keeps each request's wait
+    within what such a batch leaves, and its full batches answer within it."""
+    fitting = [cap for cap in plan.caps if typical(cap) < room_ms]
+    return max(fitting or plan.caps, key=plan.throughput_units_per_s) if plan.caps else None
+
+
+def _at_mean_rate(observation: Observation, plan: Plan) -> Plan:
+    """``plan`` at the tick's own arrival rate where that is below the plan's (the recent
+    peak): which cap answers the most within the SLO is a question about the arrivals to come,
+    and near saturation a natural batch sized for the peak is several times the mean's."""
+    rate = observation.arrival_rate_rps * observation.mean_request_units
+    if not 0.0 < rate < plan.rate_units_per_s:
+        return plan
+    return replace(plan, rate_units_per_s=rate)
 
 
 def _goodput_cap(plan: Plan, room_ms: float, best: int) -> int | None:

@@ -553,6 +553,34 @@ def test_shed_guard_keeps_shedding_when_only_the_error_bars_exceed_the_slo() -> 
     assert decision.shed_after_ms == pytest.approx(50.0 - 7.2)
 
 
+def test_shed_guard_weighs_caps_by_the_arrivals_not_the_peak() -> None:
+    """Service 2 ms + 0.09 ms/item, SLO 50 ms: 128 (9.5k/s) is the largest whose two batches fit.
+    At the peak of 10.4k/s only 512 keeps up, with natural batches of 341 (32.7 ms) half of whose
+    requests miss, so 128 shedding the rest answers more. At the tick's 9.8k/s natural batches
+    of 256 (175 items, 17.7 ms) answer every request: the guard takes 256 and sheds by its
+    deadline, where 128 would shed 3 % of the arrivals for good."""
+    busy = observe(
+        bounds=Bounds(0.0, 50.0, 1, 512),
+        service_median_ms=linear_ms(2.0, 0.09),
+        arrival_rate_rps=9800.0,
+        arrival_rate_peak_rps=10400.0,
+    )
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(busy)
+    assert decision.max_batch_size == 256
+    assert decision.shed_after_ms == pytest.approx(50.0 - 25.04)
+
+
+def test_shed_guard_keeps_shedding_when_one_batch_fits_but_not_two() -> None:
+    """A device slowed down many times (30 ms + 0.1 ms/item): not even two batches of one fit
+    50 ms, and 256 (55.6 ms) does not fit once. Under overload the guard takes 128 (42.8 ms),
+    whose full batches answer within the SLO, and sheds what waits longer than the 7.2 ms it
+    leaves, rather than serving every request late at 256 and leaving a backlog behind."""
+    slowed = observe(service_median_ms=linear_ms(30.0, 0.1), arrival_rate_rps=20000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(slowed)
+    assert decision.max_batch_size == 128
+    assert decision.shed_after_ms == pytest.approx(50.0 - 42.8)
+
+
 def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_median_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
