@@ -64,7 +64,7 @@ from adaptive_batcher.policies.pid import PID
 from adaptive_batcher.slo import SLO, check_slo
 from adaptive_batcher.telemetry.base import TelemetrySample
 
-__all__ = ["LOOP_STALL_S", "BatcherCore", "DecisionHook", "TelemetryReader"]
+__all__ = ["HEARTBEAT_S", "LOOP_STALL_S", "BatcherCore", "DecisionHook", "TelemetryReader"]
 
 H = TypeVar("H")
 R = TypeVar("R")
@@ -80,6 +80,11 @@ LOOP_STALL_S = 0.05
 loop (a blocking call in a handler, a large request body parsed on the loop, a long
 garbage-collector pause): the core logs ``batcher.loop_stalled`` and tells the controller
 (:meth:`Controller.note_loop_stall`)."""
+
+HEARTBEAT_S = 0.02
+"""A shell's stall heartbeat period while requests are in the system, seconds: a stall of
+``LOOP_STALL_S`` or more makes it fire late, whatever else is pending (the asyncio shell runs
+it; the simulator replays its effect)."""
 
 _log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.batcher_core import HEARTBEAT_S, BatcherCore
 from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
@@ -24,11 +24,7 @@ from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
 from adaptive_batcher.runtime.stats import BatchRecord
 
-__all__ = ["HEARTBEAT_S", "LoopDriver"]
-
-HEARTBEAT_S = 0.02
-"""The stall heartbeat's period while requests are in the system, seconds: a stall of
-``LOOP_STALL_S`` (0.05 s) or more makes it fire late, whatever else is pending."""
+__all__ = ["LoopDriver"]
 
 _log = get_logger()
 _Requests = list[Request[asyncio.Future[Any]]]

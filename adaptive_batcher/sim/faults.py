@@ -152,6 +152,11 @@ class Faults:
         return bool(self._stall_starts)
 
     @property
+    def stalls(self) -> tuple[tuple[float, float], ...]:
+        """The loop stalls as ``(start, end)`` spans, s, merged where they overlap, in order."""
+        return tuple(zip(self._stall_starts, self._stall_ends, strict=True))
+
+    @property
     def long_batches(self) -> tuple[LongBatch, ...]:
         """The one-off long batches, by their ``at_s``."""
         return tuple(sorted((f for f in self.faults if type(f) is LongBatch), key=_at))

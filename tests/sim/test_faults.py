@@ -6,7 +6,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
+from adaptive_batcher.core.batcher_core import HEARTBEAT_S
 from adaptive_batcher.sim.faults import Faults, LongBatch, LoopStall, Slowdown
 from adaptive_batcher.sim.service import LinearService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
@@ -35,6 +37,20 @@ def test_a_loop_stall_holds_arrivals_completions_and_timers_until_it_ends() -> N
 def test_a_window_timer_due_in_a_stall_fires_when_it_ends() -> None:
     result = replay([0.0], Faults((LoopStall(0.001, 0.2),)), window_ms=5.0)
     assert result.calls[0, 0] == pytest.approx(0.201)  # the window ended at 5 ms, unseen
+
+
+def test_the_shells_heartbeat_tells_of_a_stall_with_no_window_timer_pending() -> None:
+    """A batch in flight at window 0 leaves no timer pending when the loop stalls (5 to 105 ms);
+    the asyncio shell's heartbeat, due within ``HEARTBEAT_S`` of the start, fires late at the
+    end, and the core notes the stall, as it does in real time. An idle batcher has no
+    heartbeat, so a stall before any request goes unnoted."""
+    with capture_logs() as busy:
+        replay([0.0], Faults((LoopStall(0.005, 0.1),)))
+    stalls = [e for e in busy if e["event"] == "batcher.loop_stalled"]
+    assert [e["late_ms"] for e in stalls] == [pytest.approx(1e3 * (0.105 - 0.005 - HEARTBEAT_S))]
+    with capture_logs() as idle:
+        replay([0.2], Faults((LoopStall(0.005, 0.1),)))
+    assert not [e for e in idle if e["event"] == "batcher.loop_stalled"]
 
 
 def test_a_slowdown_scales_the_batches_that_start_in_it_and_a_long_batch_comes_once() -> None:
