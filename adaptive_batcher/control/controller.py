@@ -39,6 +39,9 @@ __all__ = ["Controller", "GuardFactory", "default_guards"]
 _log = get_logger()
 STALL_MEMORY_S = 30.0
 """How long a loop stall counts towards the recent stall rate, s."""
+AFTER_STALL_S = 0.02
+"""A tick this long after a loop stall ends, whenever the last came: by then the shell has
+taken in the requests the stall held back, and the plan sees the queue it left."""
 
 _LISTED_QUANTILES = (0.5, 0.9, 0.95, 0.99)  # those a Quantiles reading holds
 
@@ -180,6 +183,8 @@ class Controller:
         last = self._last
         if last is None or now - last.now_s >= self.interval_s:
             return True
+        if last.now_s < self.loop_stall[1] + AFTER_STALL_S <= now:
+            return True  # the requests a loop stall held back are in: the queue it left
         every = self.interval_batches
         return every is not None and batches is not None and batches - last.counts.batches >= every
 

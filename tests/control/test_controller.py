@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from adaptive_batcher.control.controller import Controller
+from adaptive_batcher.control.controller import AFTER_STALL_S, Controller
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies import PID, Static
@@ -114,6 +114,19 @@ def test_tick_interval() -> None:
     controller, _ = started(Spy(), interval_s=0.25)
     assert not controller.due(0.1)
     assert controller.due(0.25)
+
+
+def test_a_tick_comes_once_a_loop_stall_has_passed() -> None:
+    """The tick due when a 2 s stall ends sees none of the requests it held back; one more
+    comes ``AFTER_STALL_S`` later, when the shell has taken them in, and only one."""
+    controller, recorder = started(Spy(), interval_s=0.25)
+    controller.note_loop_stall(1.0, 3.0)
+    assert controller.due(3.0)
+    controller.tick(3.0, recorder, 0, 0, UNKNOWN)
+    assert not controller.due(3.0 + AFTER_STALL_S / 2)
+    assert controller.due(3.0 + AFTER_STALL_S)
+    controller.tick(3.0 + AFTER_STALL_S, recorder, 18000, 18000, UNKNOWN)
+    assert not controller.due(3.1)
 
 
 def test_switching_policy_is_bumpless() -> None:
