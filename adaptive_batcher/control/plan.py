@@ -135,13 +135,11 @@ class Plan:
         if not self.ready:
             return None
         demand = self.demand_units_per_s(budget_ms)
-        for cap in self.caps:
-            if self.throughput_units_per_s(cap) >= demand * headroom:
-                return cap
-        # without headroom the smallest cap that keeps up would only queue at the next dip
-        # of its throughput: the most it can serve
-        keeping_up = [c for c in self.caps if self.throughput_units_per_s(c) >= demand]
-        return max(keeping_up, key=self.throughput_units_per_s) if keeping_up else None
+        for factor in (headroom, 1.0):  # demand times the headroom, then the demand itself
+            for cap in self.caps:
+                if self.throughput_units_per_s(cap) >= demand * factor:
+                    return cap
+        return None
 
     def tail_cap(self, budget_ms: float) -> int | None:
         """The largest cap whose two-batch latency (median fit) fits ``budget_ms``; None if none
