@@ -496,20 +496,18 @@ class ShedGuard(Guard):
         high = observation.service_spread_ms or observation.service_median_ms
         typical = observation.service_median_bound_ms or observation.service_median_ms
         # the deadlines enforce the SLO itself, so a full batch behind a full batch must fit
-        # the room, not the target (whose margin is the p99 plan's); where not even two of the
-        # smallest do, one batch that fits after a short wait still answers within it
-        best = (
-            plan.throughput_cap(room)
-            if plan.tail_cap(room) is not None
-            else _one_batch_cap(plan, room, typical)
-        ) or decision.max_batch_size
+        # the room, not the target (whose margin is the p99 plan's)
+        best = plan.throughput_cap(room) or decision.max_batch_size
         stable = plan.stable_cap(observation.budget_ms)
         # overload, or keeping up needs batches too slow for the SLO: the most answers within
         # it; otherwise never a batch too slow for it (the largest cap that fits, not the
         # fit's throughput argmax: a spike in the fit must not cut the cap of a light load)
         fits = plan.tail_cap(room) or best
         if stable is None or stable > best:
-            # no cap both keeps up and fits twice: the most answers within the SLO
+            # no cap both keeps up and fits twice: the most answers within the SLO; where not
+            # even two of the smallest fit, one batch that fits after a short wait does
+            if plan.tail_cap(room) is None:
+                best = _one_batch_cap(plan, room, typical) or best
             cap = _goodput_cap(_at_mean_rate(observation, plan), room, best) or best
         else:
             cap = min(decision.max_batch_size, fits)
