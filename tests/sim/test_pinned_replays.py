@@ -21,10 +21,9 @@ less device time for fuller batches and a higher mean latency (the other cases a
 Issue 21 moved ``oom_squeeze_pid_shed`` by a controller decision (the memory guard shrinks once
 per episode of pressure, not on every tick: fuller batches, 0.14 % more device time) and added
 ``faults_pid_shed`` (an event-loop stall, a slowdown and a long batch replayed). Controller
-decisions moved ``pid`` (a stability cap without headroom is the cap that serves the most: p99
-36.1 -> 35.4 ms, 0.13 % more device time) and ``faults_pid_shed`` (ShedGuard's cap under the
-slowdown, the simulator's stall heartbeat and the tick after a stall: 10 more answers, 3.2 %
-more device time); the static cases are unchanged.
+decisions and the simulator's stall heartbeat moved ``faults_pid_shed`` (ShedGuard's cap under the
+slowdown, the heartbeat and the tick after a stall: 10 more answers, 3.2 % more device time); the
+other cases are unchanged.
 """
 
 from __future__ import annotations
@@ -214,15 +213,15 @@ PINS: dict[str, dict[str, Any]] = {
         "rejected": 0,
         "failed": 0,
         "oom_errors": 0,
-        "p99_ms": 35.37195212832654,
-        "mean_ms": 23.43567893185824,
-        "mean_batch_size": 148.38306451612902,
-        "device_busy_s": 2.651960637014747,
+        "p99_ms": 36.10773853639156,
+        "mean_ms": 24.06958504993395,
+        "mean_batch_size": 150.8155737704918,
+        "device_busy_s": 2.6484820843645496,
         "decisions": 15,
-        "decisions_sha": '09e228a796cedb12',
-        "requests_sha": '66f5e0db2e9b7b77',
-        "calls_sha": '976aeadef4555f46',
-        "series_sha": 'f2aa8478afb2f4d9',
+        "decisions_sha": "4811087e3a883e0e",
+        "requests_sha": "270442ab11ff67a6",
+        "calls_sha": "434bccddf744dba4",
+        "series_sha": "0e09b9a4dccfd782",
     },
     "pid_shed": {
         "requests": 32383,
@@ -338,10 +337,10 @@ PINS: dict[str, dict[str, Any]] = {
         "mean_batch_size": 110.8743169398907,
         "device_busy_s": 2.249791287332398,
         "decisions": 12,
-        "decisions_sha": 'af9a84f4c8d7d6d8',
-        "requests_sha": 'a99ec1058bc65097',
-        "calls_sha": '16fc1addf6f5192e',
-        "series_sha": '08526f2be92d2073',
+        "decisions_sha": "af9a84f4c8d7d6d8",
+        "requests_sha": "a99ec1058bc65097",
+        "calls_sha": "16fc1addf6f5192e",
+        "series_sha": "08526f2be92d2073",
     },
 }
 
