@@ -502,11 +502,12 @@ class ShedGuard(Guard):
         # overload, or keeping up needs batches too slow for the SLO: the most answers within
         # it; otherwise never a batch too slow for it (the largest cap that fits, not the
         # fit's throughput argmax: a spike in the fit must not cut the cap of a light load)
-        fits = plan.tail_cap(room) or best
+        tail = plan.tail_cap(room)
+        fits = tail or best
         if stable is None or stable > best:
             # no cap both keeps up and fits twice: the most answers within the SLO; where not
             # even two of the smallest fit, one batch that fits after a short wait does
-            if plan.tail_cap(room) is None:
+            if tail is None:
                 best = _one_batch_cap(plan, room, typical) or best
             cap = _goodput_cap(_at_mean_rate(observation, plan), room, best) or best
         else:
@@ -525,11 +526,11 @@ class ShedGuard(Guard):
 
 def _one_batch_cap(plan: Plan, room_ms: float, typical: Callable[[int], float]) -> int | None:
     """The highest-throughput cap whose one typical batch (``typical``, ms) fits ``room_ms``,
-    or the highest-throughput cap of all when none does: where not even two of the smallest
-    batches fit the SLO (a device slowed down many times), shedding keeps each request's wait
-    within what such a batch leaves, and its full batches answer within it."""
+    None when none does: where not even two of the smallest batches fit the SLO (a device
+    slowed down many times), shedding keeps each request's wait within what such a batch
+    leaves, and its full batches answer within it."""
     fitting = [cap for cap in plan.caps if typical(cap) < room_ms]
-    return max(fitting or plan.caps, key=plan.throughput_units_per_s) if plan.caps else None
+    return max(fitting, key=plan.throughput_units_per_s) if fitting else None
 
 
 def _at_mean_rate(observation: Observation, plan: Plan) -> Plan:

@@ -73,6 +73,12 @@ def pad_target(buckets: tuple[int, ...], units: int) -> int:
     return buckets[min(bisect.bisect_left(buckets, units), len(buckets) - 1)]
 
 
+def padded_size(buckets: tuple[int, ...], units: int) -> int:
+    """The size a batch of ``units`` runs at: :func:`pad_target`, or ``units`` without
+    buckets."""
+    return pad_target(buckets, units) if buckets else units
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """Where any decision must stay; the controller clamps every decision into them.
@@ -123,9 +129,8 @@ class Bounds:
         return decision.with_(window_ms=window, max_batch_size=cap)
 
     def padded_size(self, units: int) -> int:
-        """The size a batch of ``units`` runs at (:func:`pad_target`; ``units`` without
-        buckets)."""
-        return pad_target(self.batch_sizes, units) if self.batch_sizes else units
+        """The size a batch of ``units`` runs at (:func:`padded_size`)."""
+        return padded_size(self.batch_sizes, units)
 
     def bucket_at_most(self, size: int) -> int:
         """The largest allowed size <= ``size`` (the smallest allowed size if none is)."""

@@ -28,9 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from adaptive_batcher._validate import MAX_SERVICE_S, check_int, check_number, check_str
-from adaptive_batcher.control.types import Decision
+from adaptive_batcher.control.types import Decision, padded_size
 from adaptive_batcher.core.batcher_core import HEARTBEAT_S, BatcherCore
-from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.core.settings import SHED_LATE_NEEDS_SLO, BatcherSettings
 from adaptive_batcher.errors import BatcherError
@@ -269,6 +268,7 @@ class _Replay:
         self.seen = faults.seen_s if faults is not None and faults.has_stalls else None
         self.long_batches = list(faults.long_batches) if faults is not None else []
         self.stalls = list(faults.stalls) if faults is not None else []  # (start, end), unseen
+        self.next_stall_end = self.stalls[0][1] if self.stalls else math.inf
         if isinstance(workload, ClosedLoop):
             self.closed, self.end_s = workload, workload.duration_s
             for client, at in enumerate(workload.first_arrivals(self.rng)):
@@ -304,8 +304,7 @@ class _Replay:
             if next_open <= next_closed:
                 next_done = self.completions[0][0] if self.completions else inf
                 next_timer = self.timer_at if self.timer_at is not None else inf
-                next_stall_end = self.stalls[0][1] if self.stalls else inf
-                index = self._arrive_open(index, min(next_done, next_timer, next_stall_end))
+                index = self._arrive_open(index, min(next_done, next_timer, self.next_stall_end))
             else:
                 self.now, _, client = heapq.heappop(closed_heap)
                 if self.now <= self.end_s:
@@ -326,10 +325,12 @@ class _Replay:
             next_done = completions[0][0] if completions else inf
             next_timer = self.timer_at if self.timer_at is not None else inf
             now = self.now
-            next_stall_end = self.stalls[0][1] if self.stalls else inf
+            stall_end = self.next_stall_end
             if self.poll_pending and until_s > now and next_done > now and next_timer > now:
                 self._poll()
-            elif next_stall_end <= min(until_s, next_done, next_timer) and self.stalls:
+            elif (
+                stall_end < inf and stall_end <= until_s and stall_end <= min(next_done, next_timer)
+            ):
                 self._stall_ends()
             elif next_done <= until_s and next_done <= next_timer and next_done < inf:
                 self.now = next_done
@@ -346,6 +347,7 @@ class _Replay:
         start if requests were in the system then (nothing has happened since), fires late now,
         as the asyncio shell's does (see :class:`~adaptive_batcher.runtime.driver.LoopDriver`)."""
         start, end = self.stalls.pop(0)
+        self.next_stall_end = self.stalls[0][1] if self.stalls else math.inf
         self.now = max(self.now, end)
         if not self.core.idle:
             self.core.timer_fired(start + HEARTBEAT_S, end)
@@ -519,7 +521,7 @@ class _Replay:
                 units = sum(size[i] for i in ids)
 
         model = self.sim.service
-        run_units = pad_target(self.buckets, units) if self.buckets else units  # padding runs too
+        run_units = padded_size(self.buckets, units)  # padding runs too
         service = model.service_s(run_units, self.rng)
         if type(service) is not float or not 0.0 <= service <= MAX_SERVICE_S:  # NaN fails too
             service = check_service_time(model, run_units, service)
