@@ -36,6 +36,7 @@ import numpy as np
 from adaptive_batcher.metrics.recorder import BatchSample
 
 __all__ = [
+    "CATCH_UP_MAX_S",
     "CHANGE_RATIO",
     "MAX_LEVEL",
     "OPTIMISM",
@@ -47,6 +48,7 @@ __all__ = [
     "OUTLIER_WINDOW",
     "P99_QUANTILE",
     "P999_Z",
+    "REFINE_AFTER",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -85,6 +87,15 @@ the last ``OUTLIER_WINDOW`` batches are a change of level (see
 
 MAX_LEVEL = 1e3
 """The most :attr:`ServiceTimeEstimator.level` may move from 1, either way."""
+
+CATCH_UP_MAX_S = 5.0
+"""The longest a loop is taken to need after a stall to catch up with what the stall held back
+(see :meth:`ServiceTimeEstimator.update`), s."""
+
+REFINE_AFTER = 16
+"""Batches after a change of level (those that confirmed it not counted), of sizes an earlier
+epoch ran, whose times say how far that epoch's samples are off (see
+:meth:`ServiceTimeEstimator.update`)."""
 
 
 P999_Z = 3.09
@@ -166,6 +177,16 @@ class ServiceTimeEstimator:
         # direction, whether an outlier)
         self._held: deque[tuple[int, int, float, float, int, bool]] = deque()
         self.level = 1.0  # every size's time over the fitted shape's (see _change_level)
+        # the changes of level so far, and per size the change after which each sample was
+        # taken (parallel to its reservoir); see _refine_level
+        self._epoch = 0
+        self._epochs: dict[int, deque[int]] = {}
+        # per epoch before the current: its samples' median per size at the last change (the
+        # seed's rows are epoch 0's where it had none), until refined
+        self._anchors: dict[int, dict[int, float]] = {}
+        # per epoch in _anchors: the ratios of the samples taken since to its medians
+        self._ratios_to: dict[int, list[float]] = {}
+        self._seed_scale = 1.0  # epoch 0's corrections, for the seed's rows
         self.level_changes = 0
         self._taken = 0
         self.outliers_held_out = 0
@@ -189,9 +210,11 @@ class ServiceTimeEstimator:
         running count of batches ever recorded; the samples new since the last call are kept in
         a small per-size reservoir (``per_size`` most recent each), so sizes seen long ago stay
         known when one size dominates for a while. A batch that ran across ``stall`` (the
-        latest stall of the event loop, ``(start_s, end_s)``) is left out: it measured the
-        stall, not the model. ``run_size`` maps a batch's units to the size the model ran
-        (its bucket, padding included; None: the units): the service time is that size's.
+        latest stall of the event loop, ``(start_s, end_s)``), or began before the loop can
+        have caught up with it (as long after its end as it lasted, at most
+        ``CATCH_UP_MAX_S``), is left out: it measured the stall, not the model. ``run_size``
+        maps a batch's units to the size the model ran (its bucket, padding included; None:
+        the units): the service time is that size's.
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
@@ -201,9 +224,10 @@ class ServiceTimeEstimator:
             outlier_ratio = OUTLIER_FACTOR * self._body_quantile(self._spread_z)
             change_ratio = min(outlier_ratio, max(CHANGE_RATIO, self._body_quantile(P999_Z)))
         stall_start, stall_end = stall
+        caught_up = stall_end + min(stall_end - stall_start, CATCH_UP_MAX_S)
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
-            if sample.end_s >= stall_start and sample.end_s - sample.service_s <= stall_end:
-                continue  # it ran across a stall of the loop
+            if sample.end_s >= stall_start and sample.end_s - sample.service_s <= caught_up:
+                continue  # it ran across a stall of the loop, or before the loop caught up
             measured_ms = float(sample.service_s) * 1e3  # a numpy clock gives numpy floats
             units = (
                 sample.units if run_size is None or sample.units <= 0 else run_size(sample.units)
@@ -214,6 +238,7 @@ class ServiceTimeEstimator:
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
         self._fitted_at = total_seen
+        self._refine_level()
         self.samples = count
         sizes = sorted(self._reservoir)
         medians = [self._median_at(n) for n in sizes]
@@ -221,7 +246,7 @@ class ServiceTimeEstimator:
         for n, ms in self._seed:  # prior points for sizes outside the observed range
             if n < sizes[0] or n > sizes[-1]:
                 sizes.append(n)
-                medians.append(ms)
+                medians.append(ms * self._seed_scale)
                 counts.append(1.0)
         order = sorted(range(len(sizes)), key=sizes.__getitem__)
         self._fit_points(
@@ -277,6 +302,8 @@ class ServiceTimeEstimator:
         service time, not isolated ones: every size's time is rescaled by their median ratio
         to the prediction, and they are kept as samples (see the module docstring)."""
         confirming = [entry for entry in self._held if entry[4] == direction]
+        self._anchors = self._epoch_medians()
+        self._epoch += 1
         level = min(MAX_LEVEL, max(1.0 / MAX_LEVEL, self.level * _median(e[3] for e in confirming)))
         factor, self.level = level / self.level, level  # batches measured at 0 ms included
         self.level_changes += 1
@@ -285,6 +312,7 @@ class ServiceTimeEstimator:
             self._replace_ratio(ratio, ratio / factor)
             self._keep(units, measured_ms)
         self._held = deque(entry for entry in self._held if entry[4] != direction)
+        self._ratios_to = {}  # the batches that set the new level do not judge it
         if direction > 0:
             self.outliers_held_out -= sum(entry[5] for entry in confirming)
             self.last_stall_s = -math.inf  # they were no isolated stalls after all
@@ -292,13 +320,66 @@ class ServiceTimeEstimator:
             (0 if d == direction else d for d in self._recent_outliers), maxlen=OUTLIER_WINDOW
         )
 
+    def _refine_level(self) -> None:
+        """A change of level is judged on its first few batches (a batch that began before a
+        slowdown looks less slow than the slowdown is; batch sizes slow down by different
+        ratios), and every sample taken before it was divided by a level judged so. Once
+        ``REFINE_AFTER`` batches of sizes that an earlier epoch (the span between two changes;
+        the seed's rows count as the first) ran have come since, the median ratio of their
+        times to that epoch's medians at their sizes is how far its samples are off now. If
+        they are too slow, they are corrected by it, every size's (and the seed's rows for the
+        first epoch), once per change: a size too slow may never run again (the tail cap
+        stays below it), so it would keep the misjudgement for good. A size too fast corrects
+        itself: a cap raised on it runs it. Why epochs: after a slowdown the sizes it ran hold
+        its samples, and only the ones from before it tell the level of the sizes from before
+        it (docs/policies.md, "Refining a change of level")."""
+        for epoch, ratios in list(self._ratios_to.items()):
+            if len(ratios) < REFINE_AFTER:
+                continue
+            factor = _median(ratios)
+            if factor < 1.0:
+                self._rescale_epoch(epoch, factor)
+            del self._ratios_to[epoch], self._anchors[epoch]  # judged, once
+
+    def _epoch_medians(self) -> dict[int, dict[int, float]]:
+        """Per epoch, per size: the median of the samples taken in it (the seed's rows for
+        sizes the first epoch has none of)."""
+        grouped: dict[int, dict[int, list[float]]] = {}
+        for size, reservoir in self._reservoir.items():
+            for value, epoch in zip(reservoir, self._epochs[size], strict=True):
+                grouped.setdefault(epoch, {}).setdefault(size, []).append(value)
+        medians = {e: {n: _median(v) for n, v in sizes.items()} for e, sizes in grouped.items()}
+        first = medians.setdefault(0, {})
+        for size, ms in self._seed:
+            first.setdefault(size, ms * self._seed_scale)
+        return medians
+
+    def _rescale_epoch(self, epoch: int, factor: float) -> None:
+        """Multiply the samples taken in ``epoch`` (and the seed's rows for the first) by
+        ``factor``."""
+        if epoch == 0:
+            self._seed_scale *= factor
+        for size, reservoir in self._reservoir.items():
+            epochs = self._epochs[size]
+            for index, taken_in in enumerate(epochs):
+                if taken_in == epoch:
+                    reservoir[index] *= factor
+                    self._median_of.pop(size, None)
+
     def _keep(self, units: int, measured_ms: float) -> None:
+        normalised_ms = measured_ms / self.level
+        for epoch, anchors in self._anchors.items():  # a change of level waits to be refined
+            anchor = anchors.get(units, 0.0)
+            if anchor > 0 and normalised_ms > 0:  # 0 ms tells nothing of the other sizes
+                self._ratios_to.setdefault(epoch, []).append(normalised_ms / anchor)
         reservoir = self._reservoir.get(units)
         if reservoir is None:
             reservoir = self._reservoir[units] = deque(maxlen=self.per_size)
+            self._epochs[units] = deque(maxlen=self.per_size)
         if len(reservoir) < self.per_size:
             self._kept += 1
-        reservoir.append(measured_ms / self.level)
+        reservoir.append(normalised_ms)
+        self._epochs[units].append(self._epoch)
         self._median_of.pop(units, None)
 
     def _note_ratio(self, ratio: float) -> None:

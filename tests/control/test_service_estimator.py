@@ -401,3 +401,65 @@ def test_padded_batches_are_measured_at_the_size_that_ran() -> None:
     estimator.update(ran, total_seen=8, run_size=lambda n: 64 if n > 32 else 4)
     assert estimator.median_ms(64) == pytest.approx(7.2, rel=0.05)
     assert estimator.median_ms(4) == pytest.approx(4.0, rel=0.05)
+
+
+def test_sizes_unseen_since_a_change_of_level_follow_the_sizes_seen() -> None:
+    """A change of level is judged on its first batches: here the slowdown's first are 9x
+    while it is 10x, and the first after its end (begun before it) 1.5x. The sizes that keep
+    running (30-39) learn the truth from their new samples; a size that does not (64) must
+    follow them once the slowdown has passed, or it stays too slow for as long as it goes
+    unseen (in real time the tail cap stayed cut at half for good): the samples from before
+    the slowdown, not the slowdown's own, tell how far. While the slowdown lasts it may stay
+    too fast: a cap raised on that learns the truth by running it."""
+    estimator, seen = fitted_estimator(rare=58)
+    usual = estimator.median_ms(64)
+    seen = _scaled(estimator, list(range(30, 35)), 9.0, seen)
+    for _ in range(12):
+        seen = _scaled(estimator, list(range(30, 40)), 10.0, seen)
+    assert estimator.level_changes == 1
+    assert estimator.median_ms(35) == pytest.approx(10.0 * linear_ms(35), rel=0.02)
+    assert 9.0 * usual <= estimator.median_ms(64) <= 10.0 * usual * 1.02
+    seen = _scaled(estimator, list(range(30, 35)), 1.5, seen)
+    for _ in range(12):
+        seen = _scaled(estimator, list(range(30, 40)), 1.0, seen)
+    assert estimator.level_changes == 2
+    assert estimator.median_ms(35) == pytest.approx(linear_ms(35), rel=0.02)
+    assert estimator.median_ms(64) == pytest.approx(usual, rel=0.02)
+
+
+def test_batches_run_while_the_loop_catches_up_after_a_stall_are_left_out() -> None:
+    """After a 1 s stall the loop works through what the stall held back: the batches that
+    drain that backlog (the largest of the run, here 64) share it with all the callbacks due,
+    and measured 20 % slow. Kept, they alone would set the time of the largest sizes, and the
+    tail cap would stay cut for as long as no batch that large formed again. Once the loop has
+    caught up (a stall's length after its end), batches count again."""
+    estimator, seen = fitted_estimator(rare=58)
+    before = estimator.median_ms(64)
+    draining = [BatchSample(5.2 + 0.02 * i, 64, 64, 1.2 * before / 1e3) for i in range(40)]
+    seen += len(draining)
+    estimator.update(draining, seen, stall=(4.0, 5.0))
+    assert estimator.median_ms(64) == before
+    later = [BatchSample(6.2 + 0.02 * i, 64, 64, 1.2 * before / 1e3) for i in range(40)]
+    seen += len(later)
+    estimator.update(later, seen, stall=(4.0, 5.0))
+    assert estimator.median_ms(64) == pytest.approx(1.2 * before)
+
+
+def test_seeded_sizes_follow_the_sizes_seen_after_a_change_of_level() -> None:
+    """The real-time case: warm-up seeded sizes 1-128, the load ran batches of 20-40, a 10x
+    slowdown ran batches of 1-8 (judged at 9x), and after it batches of 20-40 again (the
+    first judged at 1.5x). 128 was never run, only seeded: its time must come back too."""
+    seed = [(n, linear_ms(n)) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
+    estimator, seen = ServiceTimeEstimator(refit_every=1, seed=seed), 0
+    for _ in range(4):
+        seen = steady(estimator, list(range(20, 41)), seen)
+    seen = _scaled(estimator, [4, 5, 6, 7, 8], 9.0, seen)
+    for _ in range(6):
+        seen = _scaled(estimator, list(range(1, 9)), 10.0, seen)
+    assert estimator.level_changes == 1
+    seen = _scaled(estimator, list(range(20, 25)), 1.5, seen)
+    for _ in range(3):
+        seen = _scaled(estimator, list(range(20, 41)), 1.0, seen)
+    assert estimator.level_changes == 2
+    assert estimator.median_ms(30) == pytest.approx(linear_ms(30), rel=0.02)
+    assert estimator.median_ms(128) == pytest.approx(linear_ms(128), rel=0.02)
