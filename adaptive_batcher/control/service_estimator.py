@@ -49,6 +49,8 @@ __all__ = [
     "P99_QUANTILE",
     "P999_Z",
     "REFINE_AFTER",
+    "REFINE_MEMORY",
+    "REFINE_STEP",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -94,8 +96,14 @@ CATCH_UP_MAX_S = 5.0
 
 REFINE_AFTER = 16
 """Batches after a change of level (those that confirmed it not counted), of sizes an earlier
-epoch ran, whose times say how far that epoch's samples are off (see
+epoch ran, whose times first say how far that epoch's samples are off (see
 :meth:`ServiceTimeEstimator.update`)."""
+
+REFINE_MEMORY = 256
+"""The most recent of those batches that keep saying it."""
+
+REFINE_STEP = 0.005
+"""The least change of an epoch's correction that rescales its samples."""
 
 
 P999_Z = 3.09
@@ -184,8 +192,10 @@ class ServiceTimeEstimator:
         # per epoch before the current: its samples' median per size at the last change (the
         # seed's rows are epoch 0's where it had none), until refined
         self._anchors: dict[int, dict[int, float]] = {}
-        # per epoch in _anchors: the ratios of the samples taken since to its medians
-        self._ratios_to: dict[int, list[float]] = {}
+        # per epoch in _anchors: the ratios of the latest samples taken since to its medians,
+        # and the correction given to its samples so far
+        self._ratios_to: dict[int, deque[float]] = {}
+        self._corrected: dict[int, float] = {}
         self._seed_scale = 1.0  # epoch 0's corrections, for the seed's rows
         self.level_changes = 0
         self._taken = 0
@@ -312,7 +322,7 @@ class ServiceTimeEstimator:
             self._replace_ratio(ratio, ratio / factor)
             self._keep(units, measured_ms)
         self._held = deque(entry for entry in self._held if entry[4] != direction)
-        self._ratios_to = {}  # the batches that set the new level do not judge it
+        self._ratios_to, self._corrected = {}, {}  # the batches that set it do not judge it
         if direction > 0:
             self.outliers_held_out -= sum(entry[5] for entry in confirming)
             self.last_stall_s = -math.inf  # they were no isolated stalls after all
@@ -326,20 +336,22 @@ class ServiceTimeEstimator:
         ratios), and every sample taken before it was divided by a level judged so. Once
         ``REFINE_AFTER`` batches of sizes that an earlier epoch (the span between two changes;
         the seed's rows count as the first) ran have come since, the median ratio of their
-        times to that epoch's medians at their sizes is how far its samples are off now. If
-        they are too slow, they are corrected by it, every size's (and the seed's rows for the
-        first epoch), once per change: a size too slow may never run again (the tail cap
-        stays below it), so it would keep the misjudgement for good. A size too fast corrects
-        itself: a cap raised on it runs it. Why epochs: after a slowdown the sizes it ran hold
-        its samples, and only the ones from before it tell the level of the sizes from before
-        it (docs/policies.md, "Refining a change of level")."""
-        for epoch, ratios in list(self._ratios_to.items()):
+        times (the last ``REFINE_MEMORY``) to that epoch's medians at the change at their
+        sizes is how far its samples are off now. Where they
+        are too slow, they follow it (every size's, and the seed's rows for the first epoch),
+        never above their own times: a size too slow may never run again (the tail cap stays
+        below it), so it would keep the misjudgement for good. A size too fast corrects itself:
+        a cap raised on it runs it. Why epochs: after a slowdown the sizes it ran hold its
+        samples, and only the ones from before it tell the level of the sizes from before it
+        (docs/policies.md, "Refining a change of level")."""
+        for epoch, ratios in self._ratios_to.items():
             if len(ratios) < REFINE_AFTER:
                 continue
-            factor = _median(ratios)
-            if factor < 1.0:
+            correction = min(1.0, _median(ratios))
+            factor = correction / self._corrected.get(epoch, 1.0)
+            if abs(factor - 1.0) > REFINE_STEP:
                 self._rescale_epoch(epoch, factor)
-            del self._ratios_to[epoch], self._anchors[epoch]  # judged, once
+                self._corrected[epoch] = correction
 
     def _epoch_medians(self) -> dict[int, dict[int, float]]:
         """Per epoch, per size: the median of the samples taken in it (the seed's rows for
@@ -371,7 +383,10 @@ class ServiceTimeEstimator:
         for epoch, anchors in self._anchors.items():  # a change of level waits to be refined
             anchor = anchors.get(units, 0.0)
             if anchor > 0 and normalised_ms > 0:  # 0 ms tells nothing of the other sizes
-                self._ratios_to.setdefault(epoch, []).append(normalised_ms / anchor)
+                ratios = self._ratios_to.get(epoch)
+                if ratios is None:
+                    ratios = self._ratios_to[epoch] = deque(maxlen=REFINE_MEMORY)
+                ratios.append(normalised_ms / anchor)
         reservoir = self._reservoir.get(units)
         if reservoir is None:
             reservoir = self._reservoir[units] = deque(maxlen=self.per_size)

@@ -448,7 +448,8 @@ def test_batches_run_while_the_loop_catches_up_after_a_stall_are_left_out() -> N
 def test_seeded_sizes_follow_the_sizes_seen_after_a_change_of_level() -> None:
     """The real-time case: warm-up seeded sizes 1-128, the load ran batches of 20-40, a 10x
     slowdown ran batches of 1-8 (judged at 9x), and after it batches of 20-40 again (the
-    first judged at 1.5x). 128 was never run, only seeded: its time must come back too."""
+    first judged at 1.5x, the next 21 at 1.06x while the backlog drains). 128 was never run,
+    only seeded: its time must come back too, with the later batches, not the drain's."""
     seed = [(n, linear_ms(n)) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
     estimator, seen = ServiceTimeEstimator(refit_every=1, seed=seed), 0
     for _ in range(4):
@@ -458,7 +459,8 @@ def test_seeded_sizes_follow_the_sizes_seen_after_a_change_of_level() -> None:
         seen = _scaled(estimator, list(range(1, 9)), 10.0, seen)
     assert estimator.level_changes == 1
     seen = _scaled(estimator, list(range(20, 25)), 1.5, seen)
-    for _ in range(3):
+    seen = _scaled(estimator, list(range(20, 41)), 1.06, seen)
+    for _ in range(6):
         seen = _scaled(estimator, list(range(20, 41)), 1.0, seen)
     assert estimator.level_changes == 2
     assert estimator.median_ms(30) == pytest.approx(linear_ms(30), rel=0.02)
