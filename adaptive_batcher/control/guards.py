@@ -481,7 +481,9 @@ class ShedGuard(Guard):
     The cap is held at or below the largest whose two-batch latency fits that room; under
     overload (or when keeping up would need a larger one) it is the highest-throughput such cap,
     unless a larger one's natural batches answer more within the room. When even a full batch's
-    deadline leaves no time, nothing is shed: late answers beat none. The law and its figures:
+    deadline leaves no time, nothing is shed (late answers beat none), unless the load is an
+    overload: then a request not begun within one batch's time is shed, so that the queue, and
+    the lateness of every answer, stays bounded. The law and its figures:
     docs/policies.md, "ShedGuard". Sources: BentoML's cork dispatcher, Clockwork's admission
     control (Gujarati et al., OSDI 2020).
     """
@@ -504,7 +506,8 @@ class ShedGuard(Guard):
         # fit's throughput argmax: a spike in the fit must not cut the cap of a light load)
         tail = plan.tail_cap(room)
         fits = tail or best
-        if stable is None or stable > best:
+        overload = stable is None or stable > best
+        if overload:
             # no cap both keeps up and fits twice: the most answers within the SLO; where not
             # even two of the smallest fit, one batch that fits after a short wait does
             if tail is None:
@@ -517,8 +520,11 @@ class ShedGuard(Guard):
         full = room - high(cap)
         if full <= 0:
             full = room - typical(cap)
-        if full <= 0:  # the SLO is out of reach: answer late rather than not at all
-            return decision.with_(max_batch_size=cap, shed_after_ms=None, shed_after_short_ms=None)
+        if full <= 0:  # the SLO is out of reach: answer late rather than not at all, but
+            # under overload a queue left to grow makes every answer later without end: a
+            # request not begun within one batch has a full batch ahead of it, and is failed
+            late = typical(cap) if overload else None
+            return decision.with_(max_batch_size=cap, shed_after_ms=late, shed_after_short_ms=late)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
         short = max(full, room - typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)

@@ -587,6 +587,18 @@ def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     assert decision.shed_after_ms is None and decision.shed_after_short_ms is None
 
 
+def test_shed_guard_bounds_the_queue_when_the_slo_is_out_of_reach_under_overload() -> None:
+    """Not even a batch of one meets the 50 ms SLO (60 ms + 0.5 ms/item), and the arrivals
+    (20,000/s) are above any cap's throughput: served late, the queue and every answer's
+    lateness would grow without end. The guard runs the highest-throughput cap and fails the
+    requests not begun within one of its batches."""
+    hopeless = observe(service_median_ms=linear_ms(60.0, 0.5), arrival_rate_rps=20000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
+    assert decision.max_batch_size == 256  # the largest cap: the most throughput
+    assert decision.shed_after_ms == pytest.approx(60.0 + 0.5 * 256)
+    assert decision.shed_after_short_ms == decision.shed_after_ms
+
+
 def test_a_shut_window_is_tried_again_and_shut_for_longer_each_time() -> None:
     """No cut is permanent: after ``retry_s`` the policy's window is tried again; a try that
     shuts again doubles the wait (closed-loop clients pay one tick per try, ever rarer)."""

@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
+from adaptive_batcher import SLO
+from adaptive_batcher.control.controller import default_guards
 from adaptive_batcher.core.batcher_core import HEARTBEAT_S
+from adaptive_batcher.policies import PID
 from adaptive_batcher.sim.faults import Faults, LongBatch, LoopStall, Slowdown
 from adaptive_batcher.sim.service import LinearService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
-from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop
+from adaptive_batcher.sim.workloads import Arrivals, ClosedLoop, Poisson
 
 SERVICE = LinearService(fixed_s=0.010, per_unit_s=0.0)  # every batch takes 10 ms
 
@@ -106,3 +109,31 @@ def test_faults_are_checked(make: Any, error: type[Exception], message: str) -> 
     with pytest.raises(error) as raised:
         make()
     assert str(raised.value).startswith(message)
+
+
+def _out_of_reach(rate_rps: float) -> Any:
+    """A model at 30 ms + 2 ms per item (at most 472 items/s, at 256) behind an SLO of
+    15 ms that not even a batch of one meets, with shedding, for 8 s of Poisson arrivals."""
+    service = LinearService(fixed_s=0.030, per_unit_s=0.002)
+    profile = tuple((n, 30.0 + 2.0 * n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    config = SimConfig(
+        256,
+        0.0,
+        slo=SLO(latency_ms=15.0),
+        policy=PID(),
+        guards=default_guards(shed_late=True),
+        service_profile=profile,
+    )
+    arrivals = Poisson(rate_rps).generate(8.0, np.random.default_rng(3))
+    return Simulator(service, config, seed=3).run(arrivals)
+
+
+def test_an_slo_out_of_reach_under_overload_sheds_to_keep_the_queue_bounded() -> None:
+    """Served late, 600 requests/s against 472/s of capacity would queue without end (the
+    last answers some 3 s late); shedding what has not begun within one batch keeps every
+    answer within about two batches (2 x 542 ms). At 300/s, no overload: nothing is shed."""
+    overloaded = _out_of_reach(600.0)
+    assert overloaded.expired > 0
+    assert overloaded.p99_ms < 1300.0
+    light = _out_of_reach(300.0)
+    assert light.expired == 0
