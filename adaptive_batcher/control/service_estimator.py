@@ -337,11 +337,11 @@ class ServiceTimeEstimator:
         ``REFINE_AFTER`` batches of sizes that an earlier epoch (the span between two changes;
         the seed's rows count as the first) ran have come since, the median ratio of their
         times (the last ``REFINE_MEMORY``) to that epoch's medians at the change at their
-        sizes is how far its samples are off now. Where they
-        are too slow, they follow it (every size's, and the seed's rows for the first epoch),
-        never above their own times: a size too slow may never run again (the tail cap stays
-        below it), so it would keep the misjudgement for good. A size too fast corrects itself:
-        a cap raised on it runs it. Why epochs: after a slowdown the sizes it ran hold its
+        sizes is how far its samples are off now. Where they are too slow, they follow it
+        (every size's, and the seed's rows for the first epoch), never above their own
+        times: a size too slow may never run again (the tail cap stays below it), so it would
+        keep the misjudgement for good. A size too fast corrects itself: a cap raised on it
+        runs it. Why epochs: after a slowdown the sizes it ran hold its
         samples, and only the ones from before it tell the level of the sizes from before it
         (docs/policies.md, "Refining a change of level")."""
         for epoch, ratios in self._ratios_to.items():
@@ -372,11 +372,11 @@ class ServiceTimeEstimator:
         if epoch == 0:
             self._seed_scale *= factor
         for size, reservoir in self._reservoir.items():
-            epochs = self._epochs[size]
-            for index, taken_in in enumerate(epochs):
-                if taken_in == epoch:
-                    reservoir[index] *= factor
-                    self._median_of.pop(size, None)
+            taken = [i for i, taken_in in enumerate(self._epochs[size]) if taken_in == epoch]
+            for index in taken:
+                reservoir[index] *= factor
+            if taken:
+                self._median_of.pop(size, None)
 
     def _keep(self, units: int, measured_ms: float) -> None:
         normalised_ms = measured_ms / self.level
