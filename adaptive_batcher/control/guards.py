@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.plan import Plan
@@ -464,6 +464,13 @@ class StallGuard(Guard):
         return decision.with_(window_ms=ceiling_ms, reason="stall.recurring")
 
 
+SHED_SWITCH_GAIN: Final = 0.05
+"""The least share more answers within the SLO for which :class:`ShedGuard` takes, under
+overload, a cap whose batches do not keep up over one whose two batches fit the SLO: the
+requests already queued keep the deadlines of the cap they arrived under, and a larger one's
+full batches answer them late (docs/policies.md, "ShedGuard")."""
+
+
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
@@ -480,7 +487,9 @@ class ShedGuard(Guard):
 
     The cap is held at or below the largest whose two-batch latency fits that room; under
     overload (or when keeping up would need a larger one) it is the highest-throughput such cap,
-    unless a larger one's natural batches answer more within the room. When even a full batch's
+    unless a larger one answers more within the room: with natural batches that keep up, or
+    with full batches of requests that waited no longer than its deadline. It never exceeds the
+    decision's ``max_batch_size_ceiling`` (memory). When even a full batch's
     deadline leaves no time, nothing is shed (late answers beat none), unless the load is an
     overload: then a request not begun within one batch's time is shed, so that the queue, and
     the lateness of every answer, stays bounded. The law and its figures:
@@ -512,9 +521,10 @@ class ShedGuard(Guard):
             # even two of the smallest fit, one batch that fits after a short wait does
             if tail is None:
                 best = _one_batch_cap(plan, room, typical) or best
-            cap = _goodput_cap(_at_mean_rate(observation, plan), room, best) or best
+            cap = _goodput_cap(_at_mean_rate(observation, plan), room, best, high) or best
         else:
             cap = min(decision.max_batch_size, fits)
+        cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
         full = room - high(cap)
@@ -549,27 +559,47 @@ def _at_mean_rate(observation: Observation, plan: Plan) -> Plan:
     return replace(plan, rate_units_per_s=rate)
 
 
-def _goodput_cap(plan: Plan, room_ms: float, best: int) -> int | None:
+def _goodput_cap(plan: Plan, room_ms: float, best: int, high: Callable[[int], float]) -> int | None:
     """A cap above ``best`` (the highest-throughput cap whose two full batches fit
-    ``room_ms``; it sheds what it cannot keep up with) whose natural batches keep up with the
-    arrivals and answer more of them within the room, or None. At window 0 the batches that
-    form hold what arrived during the batch before (:func:`_natural_batch`), ``n`` units; a
+    ``room_ms``; it sheds what it cannot keep up with) whose batches answer more of the
+    arrivals within the room, or None. Where the cap keeps up, the batches that form at window
+    0 hold what arrived during the batch before (:func:`_natural_batch`), ``n`` units; a
     request waits up to one cycle (``s(n) / slots``) and then rides its batch, so about
-    ``(room - s(n)) / cycle`` of them meet the room; with ``best``, ``throughput(best) / rate``
-    of them do (why: docs/policies.md, "ShedGuard")."""
+    ``(room - s(n)) / cycle`` of them meet the room. Where it does not, its batches run full
+    of the requests that have waited at most ``room - high(cap)`` (``high``: the batch's time
+    with its error bars, ms; the shedding deadline drops the rest), so it answers its
+    throughput within the room while that wait gathers a full batch (:func:`_shed_answers`);
+    it is taken only for ``SHED_SWITCH_GAIN`` more answers than the alternative.
+    With ``best``, ``throughput(best) / rate`` of them meet it (why: docs/policies.md,
+    "ShedGuard")."""
     rate = plan.rate_units_per_s
     if not rate > 0:
         return None
     chosen, most = None, min(rate, plan.throughput_units_per_s(best))
     for cap in plan.caps:
-        units = _natural_batch(plan, cap) if cap > best else None
-        if units is None:
+        if cap <= best:
             continue
-        service = plan.service_median_ms(units)
-        within = min(1.0, max(0.0, (room_ms - service) / (service / plan.slots)))
-        if within * rate > most:
-            chosen, most = cap, within * rate
+        units = _natural_batch(plan, cap)
+        if units is None:
+            answered = _shed_answers(plan, cap, room_ms - high(cap)) / (1.0 + SHED_SWITCH_GAIN)
+        else:
+            service = plan.service_median_ms(units)
+            within = min(1.0, max(0.0, (room_ms - service) / (service / plan.slots)))
+            answered = within * rate
+        if answered > most:
+            chosen, most = cap, answered
     return chosen
+
+
+def _shed_answers(plan: Plan, cap: int, wait_ms: float) -> float:
+    """Units per second answered within the room by full batches of ``cap`` that do not keep
+    up with the arrivals, when a request may wait ``wait_ms`` before its batch begins (the
+    deadline sheds it after): the cap's throughput while ``wait_ms`` of arrivals fill a batch,
+    in proportion below that; 0 when no wait is left."""
+    if wait_ms <= 0:
+        return 0.0
+    gathered = plan.rate_units_per_s * wait_ms / 1e3
+    return plan.throughput_units_per_s(cap) * min(1.0, gathered / cap)
 
 
 def _natural_batch(plan: Plan, cap: int) -> int | None:
@@ -603,7 +633,9 @@ class MemoryGuard(Guard):
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
     tick, never to a cap remembered as too big, until it no longer binds. Probing upward this way
-    finds the largest cap that fits in a few steps instead of failing batch after batch.
+    finds the largest cap that fits in a few steps instead of failing batch after batch. The
+    ceiling travels with the decision (``Decision.max_batch_size_ceiling``): a guard that wraps
+    this one (``ShedGuard``) never sets a cap above it.
     """
 
     def __init__(
@@ -641,9 +673,12 @@ class MemoryGuard(Guard):
             )
         elif self.ceiling is not None and now - self._pressure_at >= self.cooldown_s:
             self._recover(observation.bounds.max_batch_size, now)
-        if self.ceiling is not None and decision.max_batch_size > self.ceiling:
-            return decision.with_(max_batch_size=self.ceiling, reason=reason or "memory_ceiling")
-        return decision
+        if self.ceiling is None:
+            return decision
+        ceiling = min(self.ceiling, decision.max_batch_size_ceiling or self.ceiling)
+        if decision.max_batch_size > ceiling:
+            decision = decision.with_(max_batch_size=ceiling, reason=reason or "memory_ceiling")
+        return decision.with_(max_batch_size_ceiling=ceiling)
 
     def _update(self, observation: Observation) -> str:
         cap_now = observation.current.max_batch_size

@@ -39,6 +39,9 @@ class Decision:
         shed_after_short_ms: the same for requests that arrive into a shorter queue (their
             batch will be smaller, so it may start later); None: ``shed_after_ms``.
         slo_unreachable: a guard found the SLO out of reach even at the smallest batch.
+        max_batch_size_ceiling: the largest cap a guard allows whatever else the load asks
+            (memory: ``MemoryGuard``), in size units (>= 1); a guard that wraps it never sets
+            a cap above it. None: no such ceiling.
 
     Raises:
         TypeError: a field of the wrong type; ValueError: one out of range (both name it).
@@ -50,11 +53,15 @@ class Decision:
     shed_after_ms: float | None = None
     shed_after_short_ms: float | None = None
     slo_unreachable: bool = False
+    max_batch_size_ceiling: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "window_ms", check_number("Decision.window_ms", self.window_ms, 0.0))
         _set(self, "max_batch_size", check_int("Decision.max_batch_size", self.max_batch_size, 1))
         check_str("Decision.reason", self.reason)
+        if self.max_batch_size_ceiling is not None:
+            ceiling = check_int("Decision.max_batch_size_ceiling", self.max_batch_size_ceiling, 1)
+            _set(self, "max_batch_size_ceiling", ceiling)
         for name in ("shed_after_ms", "shed_after_short_ms"):
             value = getattr(self, name)
             if value is not None:

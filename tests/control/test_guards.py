@@ -413,7 +413,7 @@ def test_stall_guard_needs_an_slo() -> None:
 def test_memory_guard_halves_after_oom_and_recovers_after_cooldown() -> None:
     guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"), cooldown_s=5.0)
     hit = guard.decide(observe(now_s=10.0, current=Decision(0.0, 128), oom_errors=1))
-    assert hit == Decision(0.0, 64, "out_of_memory")
+    assert hit == Decision(0.0, 64, "out_of_memory", max_batch_size_ceiling=64)
     assert guard.decide(observe(now_s=12.0, current=Decision(0.0, 64))).max_batch_size == 64
     later = guard.decide(observe(now_s=16.0, current=Decision(0.0, 64)))
     assert later.max_batch_size == 80  # ceiling 64 * 1.25 after the cooldown
@@ -423,7 +423,7 @@ def test_memory_guard_shrinks_under_low_free_memory() -> None:
     guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"))
     tight = TelemetrySample(mem_total_bytes=100, mem_free_bytes=5)
     decision = guard.decide(observe(current=Decision(0.0, 128), telemetry=tight))
-    assert decision == Decision(0.0, 96, "memory_pressure")
+    assert decision == Decision(0.0, 96, "memory_pressure", max_batch_size_ceiling=96)
     roomy = TelemetrySample(mem_total_bytes=100, mem_free_bytes=50)
     assert guard.decide(observe(current=Decision(0.0, 96), telemetry=roomy)).max_batch_size == 96
 
@@ -502,10 +502,26 @@ def test_shed_guard_keeps_a_cap_that_fits_when_the_fit_says_a_smaller_one_is_fas
 
 
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
+    """At 4 ms + 0.2 ms/item no cap keeps up with 100k/s. 64 is the best throughput whose two
+    batches fit 50 ms (2 x 16.8), 3.8k/s; full batches of 128 (29.6 ms) of requests that waited
+    at most 20.4 ms answer 4.3k/s within it (the deadline sheds the rest); 256 (55.2 ms) none."""
     slow = linear_ms(4.0, 0.2)
     overload = observe(service_median_ms=slow, arrival_rate_rps=100000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
-    assert decision.max_batch_size == 64  # 2 * 16.8 <= 50, the best throughput that fits
+    assert decision.max_batch_size == 128
+    assert decision.shed_after_ms == pytest.approx(50.0 - 29.6)
+
+
+def test_shed_guard_under_overload_keeps_two_batches_when_a_larger_one_leaves_no_wait() -> None:
+    """64 at 16.8 ms fits twice; 128 at 45 ms leaves a request 5 ms to wait, in which 9k/s
+    gather 45 of its 128 (1.0k/s answered against 64's 3.8k/s): the guard keeps 64."""
+
+    def steep(n: int) -> float:
+        return 16.8 if n <= 64 else (45.0 if n <= 128 else 90.0)
+
+    swamped = observe(service_median_ms=steep, arrival_rate_rps=9000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
+    assert decision.max_batch_size == 64
     assert decision.shed_after_ms == pytest.approx(50.0 - 16.8)
 
 
@@ -528,10 +544,35 @@ def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time()
     assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
 
 
-def test_shed_guard_still_sheds_when_natural_batches_would_not_keep_up() -> None:
+def test_shed_guard_never_raises_the_cap_above_the_memory_ceiling() -> None:
+    """After an out-of-memory error at 64 the memory guard holds the cap at 32. Under an
+    overload the shed guard, which wraps it, would take 128 (64 before its overload law took
+    full batches): it keeps 32, the ceiling the decision carries. Before, it raised the cap past
+    the ceiling and the next batch could run out of memory again (in replay, a second error
+    after a memory squeeze)."""
+    guard = ShedGuard(MemoryGuard(Fixed(Decision(0.0, 256, "p"))))
+    swamped = observe(
+        service_median_ms=_slowed_resnet,
+        arrival_rate_rps=9000.0,
+        current=Decision(0.0, 64),
+        oom_errors=1,
+    )
+    decision = guard.decide(swamped)
+    assert decision.max_batch_size == 32
+    assert decision.max_batch_size_ceiling == 32
+    assert decision.shed_after_ms == pytest.approx(50.0 - 12.0)
+    assert guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped).max_batch_size == 128
+
+
+def test_shed_guard_runs_full_batches_when_no_cap_keeps_up() -> None:
+    """At 9k/s no cap keeps up: 64 fits twice (3.8k/s); full batches of 128 (26.4 ms) of
+    requests that waited at most 23.6 ms (9k/s gather 212 in that time) answer 4.8k/s within
+    the SLO. Before, the guard held 64 (a 3x slowdown at 45 % load: 0.80 of the requests
+    within the SLO in replay, 0.88 with 128)."""
     swamped = observe(service_median_ms=_slowed_resnet, arrival_rate_rps=9000.0)
     decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
-    assert decision.max_batch_size == 64  # 9k/s: no cap keeps up, the best that fits twice
+    assert decision.max_batch_size == 128
+    assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
 
 
 def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
