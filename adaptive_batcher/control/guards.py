@@ -518,10 +518,11 @@ class ShedGuard(Guard):
         overload = stable is None or stable > best
         if overload:
             # no cap both keeps up and fits twice: the most answers within the SLO; where not
-            # even two of the smallest fit, one batch that fits after a short wait does
+            # even two of the smallest fit, the one batch whose wait gathers the most does
+            arriving = _at_mean_rate(observation, plan)
             if tail is None:
-                best = _one_batch_cap(plan, room, typical) or best
-            cap = _goodput_cap(_at_mean_rate(observation, plan), room, best, high) or best
+                best = _one_batch_cap(arriving, room, typical) or best
+            cap = _goodput_cap(arriving, room, best, high) or best
         else:
             cap = min(decision.max_batch_size, fits)
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
@@ -541,12 +542,15 @@ class ShedGuard(Guard):
 
 
 def _one_batch_cap(plan: Plan, room_ms: float, typical: Callable[[int], float]) -> int | None:
-    """The highest-throughput cap whose one typical batch (``typical``, ms) fits ``room_ms``,
-    None when none does: where not even two of the smallest batches fit the SLO (a device
-    slowed down many times), shedding keeps each request's wait within what such a batch
-    leaves, and its full batches answer within it."""
-    fitting = [cap for cap in plan.caps if typical(cap) < room_ms]
-    return max(fitting, key=plan.throughput_units_per_s) if fitting else None
+    """The cap whose batches answer the most within ``room_ms`` where not even two of the
+    smallest fit it (a device slowed down many times), None when no batch fits once. Shedding
+    keeps each request's wait within what one typical batch (``typical``, ms) leaves of the
+    room, so a cap answers its throughput while that wait gathers a full batch, in proportion
+    below that (:func:`_shed_answers`): a cap whose one batch just fits leaves no wait and
+    answers almost nothing. Ties go to the higher throughput."""
+    answers = {cap: _shed_answers(plan, cap, room_ms - typical(cap)) for cap in plan.caps}
+    chosen = max(plan.caps, key=lambda cap: (answers[cap], plan.throughput_units_per_s(cap)))
+    return chosen if answers[chosen] > 0 else None
 
 
 def _at_mean_rate(observation: Observation, plan: Plan) -> Plan:

@@ -622,6 +622,18 @@ def test_shed_guard_keeps_shedding_when_one_batch_fits_but_not_two() -> None:
     assert decision.shed_after_ms == pytest.approx(50.0 - 42.8)
 
 
+def test_shed_guard_takes_the_one_batch_cap_whose_wait_fills_it() -> None:
+    """30 ms + 0.15 ms/item at 5k/s, above any cap's throughput: not even two batches of one
+    fit 50 ms. 128 (49.2 ms) fits once, with the most throughput of those that do, but leaves
+    a request 0.8 ms to wait, in which four arrive: its deadline would shed nearly every
+    request. 64 (39.6 ms) leaves 10.4 ms, in which 52 of its 64 gather: 1.3k/s within the SLO
+    (32, full: 0.9k/s)."""
+    slowed = observe(service_median_ms=linear_ms(30.0, 0.15), arrival_rate_rps=5000.0)
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(slowed)
+    assert decision.max_batch_size == 64
+    assert decision.shed_after_ms == pytest.approx(50.0 - 39.6)
+
+
 def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_median_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)

@@ -169,3 +169,27 @@ def test_under_overload_full_batches_beyond_two_in_the_slo_answer_more() -> None
     assert at_128.goodput_rps > 1.05 * at_64.goodput_rps
     assert ours.goodput_rps > 1.05 * at_64.goodput_rps
     assert ours.goodput_rps > 0.97 * at_128.goodput_rps
+
+
+def test_a_slowdown_past_two_batches_runs_the_cap_whose_wait_fills_a_batch() -> None:
+    """7.5 ms + 0.0375 ms/item, 4x slower from 2 s to 8 s, 5k requests/s, SLO 50 ms: slowed,
+    not even two batches of one fit, and no cap keeps up. 128 (49.2 ms) fits once with the most
+    throughput, but leaves 0.8 ms to wait: its deadline shed all but some 130 requests a
+    second. 64 (39.6 ms) leaves 10.4 ms, in which most of a batch gathers: some 1.3k/s."""
+    service = LinearService(fixed_s=0.0075, per_unit_s=0.0000375)
+    profile = tuple((n, 7.5 + 0.0375 * n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    config = SimConfig(
+        256,
+        0.0,
+        slo=SLO(latency_ms=50.0),
+        policy=PID(),
+        guards=default_guards(shed_late=True),
+        service_profile=profile,
+    )
+    arrivals = Poisson(5000.0).generate(10.0, np.random.default_rng(4))
+    faults = Faults((Slowdown(2.0, 6.0, 4.0),))
+    result = Simulator(service, config, seed=4, faults=faults).run(arrivals)
+    series = result.series
+    slowed = (series.start_s >= 3.0) & (series.start_s < 8.0)
+    assert series.goodput_rps[slowed].mean() > 1000.0
+    assert series.goodput_rps[series.start_s >= 8.0].min() > 4500.0  # and back after it
