@@ -297,7 +297,8 @@ class Controller:
             rejected=counts.rejected - before.rejected,
             expired=counts.expired - before.expired,
             failed=counts.failed - before.failed,
-            oom_errors=counts.oom_errors - before.oom_errors,
+            oom_errors=(counts.oom_errors - counts.oom_isolated)
+            - (before.oom_errors - before.oom_isolated),
             batches=batches,
             mean_batch_size=items / batches if batches else math.nan,
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,

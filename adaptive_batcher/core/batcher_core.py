@@ -335,11 +335,22 @@ class BatcherCore(Generic[H]):
         and padded ones too); this is the device cost ``stats()`` and replays report."""
         self.recorder.record_device_time(busy_s)
 
-    def note_oom(self) -> None:
-        """A model call ran out of memory: counted, and the controller ticks at the next poll
-        (so the cap shrinks before more batches fail)."""
-        self.recorder.oom_errors += 1
-        self._tick_forced = True
+    def note_oom(self, calls: int = 1, *, isolated: bool = False) -> None:
+        """``calls`` model calls ran out of memory: counted, and the controller ticks at the
+        next poll (so the cap shrinks before more batches fail); with ``isolated``, the splitting
+        traced them to one request that runs out of memory alone: counted as such too
+        (``Counts.oom_isolated``), and no tick is forced, as the batch size was not the cause.
+
+        Raises:
+            ValueError: ``calls`` < 1.
+        """
+        if calls < 1:
+            raise ValueError(f"calls must be >= 1, got {calls!r}")
+        self.recorder.oom_errors += calls
+        if isolated:
+            self.recorder.oom_isolated += calls
+        else:
+            self._tick_forced = True
 
     def split_failed_call(
         self, requests: Sequence[R], *, oom: bool, bisect: bool = False

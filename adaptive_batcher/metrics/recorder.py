@@ -43,7 +43,9 @@ class Counts:
 
     ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
     several items, which is then split and re-run, and a single item, whose caller gets the
-    error (it cannot be split); streaming batches too.
+    error (it cannot be split); streaming batches too. ``oom_isolated`` counts those of them
+    that the splitting traced to one request running out of memory alone (the request, not
+    the batch's size, was the cause): the controller's memory guard does not act on them.
 
     ``device_busy_s`` is the device cost: the summed wall time of every model call, seconds
     (split and failed calls included; concurrent batches add up, as device-seconds do).
@@ -63,6 +65,7 @@ class Counts:
     window_batches: int = 0
     window_idle_s: float = 0.0
     device_busy_s: float = 0.0
+    oom_isolated: int = 0
 
     @property
     def mean_batch_size(self) -> float:
@@ -109,6 +112,7 @@ class Recorder:
         self.batch_items = 0
         self.batch_units = 0
         self.oom_errors = 0
+        self.oom_isolated = 0
         self.window_batches = 0
         self.window_idle_s = 0.0
         self.device_busy_s = 0.0
@@ -187,6 +191,7 @@ class Recorder:
             window_batches=self.window_batches,
             window_idle_s=self.window_idle_s,
             device_busy_s=self.device_busy_s,
+            oom_isolated=self.oom_isolated,
         )
 
     def quantiles(self, now: float) -> Quantiles:

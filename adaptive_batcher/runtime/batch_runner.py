@@ -123,6 +123,13 @@ class BatchRunner:
                 pending were failed with ``BatchFailedError`` (any other exception, ``Exception``
                 or not, is a model failure and is not raised).
         """
+        ooms, isolated = await self._run(requests)
+        if ooms:
+            self.core.note_oom(ooms, isolated=isolated)
+
+    async def _run(self, requests: list[Any]) -> tuple[int, bool]:
+        """:meth:`run` without counting its out-of-memory calls: how many there were, and
+        whether the splitting traced them to one request that ran out of memory alone."""
         items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
         try:
@@ -132,28 +139,36 @@ class BatchRunner:
             raise
         except PaddingError as exc:  # the user's pad_fn, not an item: no split, no bisection
             self.padding_failed(requests, exc)
-            return
+            return 0, False
         except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
-            await self._model_failed(requests, exc)
-            return
+            return await self._model_failed(requests, exc)
         self.scatter(requests, results)
+        return 0, False
 
-    async def _model_failed(self, requests: list[Any], exc: BaseException) -> None:
-        """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause."""
+    async def _model_failed(self, requests: list[Any], exc: BaseException) -> tuple[int, bool]:
+        """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause;
+        the out-of-memory calls, this one's and its halves', and whether they were isolated.
+
+        Every OOM is counted (a single request's too), once the halves have run: when the
+        splitting ends in one request that runs out of memory alone, the batch size was not the
+        cause, and the count says so (``isolated``), so the memory guard leaves the cap (acted
+        on, one such request every 2 s halved the cap to 1 for all traffic)."""
         if type(exc) is CarriedModelError:
             exc = exc.carried
-        # every OOM counts, a single item's too (not split)
-        halves = self.core.split_failed_call(
-            requests, oom=self.is_oom_error(exc), bisect=self.bisect
-        )
+        oom = self.is_oom_error(exc)
+        # an OOM splits as bisection does; run() counts it once its halves have run
+        halves = self.core.split_failed_call(requests, oom=False, bisect=oom or self.bisect)
         if halves is None:
             self._fail(requests, exc, "batch.failed")
-            return
+            return int(oom), oom and len(requests) == 1
         _log.warning(
             "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
         )
+        ooms, isolated = int(oom), False
         for half in halves:
-            await self.run([r for r in half if not r.handle.done()])
+            more, alone = await self._run([r for r in half if not r.handle.done()])
+            ooms, isolated = ooms + more, isolated or alone
+        return ooms, isolated
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
         """Fail the requests still pending with ``exc`` (each its own); log

@@ -9,6 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher import (
+    SLO,
     AdaptiveBatcher,
     BatcherError,
     BatchFailedError,
@@ -250,3 +251,51 @@ async def test_a_plain_function_returning_a_coroutine_is_told_to_be_async() -> N
         coroutine.close()  # no "never awaited" warning later, in another test
     assert all(isinstance(o, ResultCountError) for o in outcomes)
     assert "make the model itself `async def`" in str(outcomes[0])
+
+
+async def test_an_out_of_memory_error_isolated_to_one_request_is_counted_as_such() -> None:
+    """The splitting traces an OOM to request 9, which runs out of memory alone (8, 4, 2 and
+    then 9 itself: four calls): all four are counted, as isolated; a batch that ran out of
+    memory for its size (above 2 items) is not."""
+
+    def model(batch: list[int]) -> list[int]:
+        if 9 in batch or (len(batch) > 2 and 99 in batch):
+            raise MemoryError("out of memory")
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=1, executor="inline") as b:
+        poisoned = await gather_outcomes(b, [1, 2, 3, 4, 5, 6, 7, 9])
+        assert b.stats().counts.oom_errors == b.stats().counts.oom_isolated == 4
+        sized = await gather_outcomes(b, [1, 2, 3, 99])  # 4 fails, 2 and 2 run
+    assert poisoned[:7] == [1, 2, 3, 4, 5, 6, 7] and isinstance(poisoned[7], BatchFailedError)
+    assert sized == [1, 2, 3, 99]
+    assert (b.stats().counts.oom_errors, b.stats().counts.oom_isolated) == (5, 4)
+
+
+async def test_a_request_that_runs_out_of_memory_alone_leaves_the_cap() -> None:
+    """A request that always runs out of memory, arriving among others: the memory guard does
+    not halve the cap for it (before, each one halved the cap, to 1 for all traffic)."""
+
+    def model(batch: list[int]) -> list[int]:
+        if 9 in batch:
+            raise MemoryError("out of memory")
+        return batch
+
+    profile = [(n, 1.0) for n in (1, 2, 4, 8, 16, 32, 64)]
+    async with AdaptiveBatcher(
+        model,
+        max_batch_size=64,
+        window_ms=1,
+        slo=SLO(latency_ms=500),
+        service_profile=profile,
+        control_interval_ms=10,
+        executor="inline",
+    ) as b:
+        for _ in range(3):
+            outcomes = await gather_outcomes(b, [*range(20), 9])
+            assert isinstance(outcomes[-1], BatchFailedError)
+            await asyncio.sleep(0.05)  # controller ticks
+        stats = b.stats()
+    assert stats.decisions > 0 and "out_of_memory" not in stats.decision_reasons
+    assert stats.max_batch_size == 64
+    assert stats.counts.oom_errors == stats.counts.oom_isolated > 0
