@@ -297,8 +297,7 @@ class Controller:
             rejected=counts.rejected - before.rejected,
             expired=counts.expired - before.expired,
             failed=counts.failed - before.failed,
-            oom_errors=(counts.oom_errors - counts.oom_isolated)
-            - (before.oom_errors - before.oom_isolated),
+            oom_errors=counts.oom_size_errors - before.oom_size_errors,
             batches=batches,
             mean_batch_size=items / batches if batches else math.nan,
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,

@@ -335,22 +335,27 @@ class BatcherCore(Generic[H]):
         and padded ones too); this is the device cost ``stats()`` and replays report."""
         self.recorder.record_device_time(busy_s)
 
-    def note_oom(self, calls: int = 1, *, isolated: bool = False) -> None:
-        """``calls`` model calls ran out of memory: counted, and the controller ticks at the
-        next poll (so the cap shrinks before more batches fail); with ``isolated``, the splitting
-        traced them to one request that runs out of memory alone: counted as such too
-        (``Counts.oom_isolated``), and no tick is forced, as the batch size was not the cause.
+    def note_oom(self) -> None:
+        """A model call ran out of memory for its batch's size: counted (``oom_errors``,
+        ``oom_size_errors``), and the controller ticks at the next poll (so the cap shrinks
+        before more batches fail)."""
+        self.note_oom_call()
+        self.judge_oom(size_caused=True)
 
-        Raises:
-            ValueError: ``calls`` < 1.
-        """
-        if calls < 1:
-            raise ValueError(f"calls must be >= 1, got {calls!r}")
-        self.recorder.oom_errors += calls
-        if isolated:
-            self.recorder.oom_isolated += calls
-        else:
+    def note_oom_call(self) -> None:
+        """A model call ran out of memory, its cause not yet judged (its batch is being split):
+        counted in ``oom_errors`` only; :meth:`judge_oom` follows."""
+        self.recorder.oom_errors += 1
+
+    def judge_oom(self, *, size_caused: bool) -> None:
+        """The cause of a call counted by :meth:`note_oom_call`: the batch's size (counted in
+        ``oom_size_errors``; the controller ticks at the next poll) or not (``oom_isolated``:
+        the memory guard leaves the cap)."""
+        if size_caused:
+            self.recorder.oom_size_errors += 1
             self._tick_forced = True
+        else:
+            self.recorder.oom_isolated += 1
 
     def split_failed_call(
         self, requests: Sequence[R], *, oom: bool, bisect: bool = False

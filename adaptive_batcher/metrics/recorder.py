@@ -43,9 +43,12 @@ class Counts:
 
     ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
     several items, which is then split and re-run, and a single item, whose caller gets the
-    error (it cannot be split); streaming batches too. ``oom_isolated`` counts those of them
-    that the splitting traced to one request running out of memory alone (the request, not
-    the batch's size, was the cause): the controller's memory guard does not act on them.
+    error (it cannot be split); streaming batches too, each when it happens. Of those, the
+    splitting of a batch judges each failed call once its halves have run: ``oom_size_errors``
+    counts the calls put down to the batch's size (the memory guard's signal: every half ran
+    out of memory, or none did), ``oom_isolated`` those traced to a request that runs out of
+    memory alone (exactly one half failed, down to that request; or a request left the batch
+    before its halves ran, which leaves the cause unknown); the rest are still being split.
 
     ``device_busy_s`` is the device cost: the summed wall time of every model call, seconds
     (split and failed calls included; concurrent batches add up, as device-seconds do).
@@ -66,6 +69,7 @@ class Counts:
     window_idle_s: float = 0.0
     device_busy_s: float = 0.0
     oom_isolated: int = 0
+    oom_size_errors: int = 0
 
     @property
     def mean_batch_size(self) -> float:
@@ -113,6 +117,7 @@ class Recorder:
         self.batch_units = 0
         self.oom_errors = 0
         self.oom_isolated = 0
+        self.oom_size_errors = 0
         self.window_batches = 0
         self.window_idle_s = 0.0
         self.device_busy_s = 0.0
@@ -192,6 +197,7 @@ class Recorder:
             window_idle_s=self.window_idle_s,
             device_busy_s=self.device_busy_s,
             oom_isolated=self.oom_isolated,
+            oom_size_errors=self.oom_size_errors,
         )
 
     def quantiles(self, now: float) -> Quantiles:

@@ -123,13 +123,10 @@ class BatchRunner:
                 pending were failed with ``BatchFailedError`` (any other exception, ``Exception``
                 or not, is a model failure and is not raised).
         """
-        ooms, isolated = await self._run(requests)
-        if ooms:
-            self.core.note_oom(ooms, isolated=isolated)
+        await self._run(requests)
 
-    async def _run(self, requests: list[Any]) -> tuple[int, bool]:
-        """:meth:`run` without counting its out-of-memory calls: how many there were, and
-        whether the splitting traced them to one request that ran out of memory alone."""
+    async def _run(self, requests: list[Any]) -> bool:
+        """:meth:`run`; True when this call ran out of memory."""
         items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
         try:
@@ -139,36 +136,45 @@ class BatchRunner:
             raise
         except PaddingError as exc:  # the user's pad_fn, not an item: no split, no bisection
             self.padding_failed(requests, exc)
-            return 0, False
+            return False
         except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
             return await self._model_failed(requests, exc)
         self.scatter(requests, results)
-        return 0, False
+        return False
 
-    async def _model_failed(self, requests: list[Any], exc: BaseException) -> tuple[int, bool]:
+    async def _model_failed(self, requests: list[Any], exc: BaseException) -> bool:
         """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause;
-        the out-of-memory calls, this one's and its halves', and whether they were isolated.
+        True when the call ran out of memory.
 
-        Every OOM is counted (a single request's too), once the halves have run: when the
-        splitting ends in one request that runs out of memory alone, the batch size was not the
-        cause, and the count says so (``isolated``), so the memory guard leaves the cap (acted
-        on, one such request every 2 s halved the cap to 1 for all traffic)."""
+        Every OOM is counted when it happens; its cause is judged once the halves have run
+        (``BatcherCore.judge_oom``): the batch's size when every half ran out of memory or
+        none did; a request that runs out of memory alone when exactly one half did (down to
+        that request, which fails with the error), or when a request left before the halves
+        ran. Only the first moves the memory guard (one such request every 2 s, counted as a
+        size error, halved the cap to 1 for all traffic)."""
         if type(exc) is CarriedModelError:
             exc = exc.carried
         oom = self.is_oom_error(exc)
-        # an OOM splits as bisection does; run() counts it once its halves have run
+        if oom:
+            self.core.note_oom_call()
+        # an OOM splits as bisection does
         halves = self.core.split_failed_call(requests, oom=False, bisect=oom or self.bisect)
         if halves is None:
             self._fail(requests, exc, "batch.failed")
-            return int(oom), oom and len(requests) == 1
+            if oom:
+                self.core.judge_oom(size_caused=False)  # one request, alone
+            return oom
         _log.warning(
             "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
         )
-        ooms, isolated = int(oom), False
+        failed, left = 0, False
         for half in halves:
-            more, alone = await self._run([r for r in half if not r.handle.done()])
-            ooms, isolated = ooms + more, isolated or alone
-        return ooms, isolated
+            live = [r for r in half if not r.handle.done()]
+            left = left or len(live) < len(half)
+            failed += await self._run(live)
+        if oom:
+            self.core.judge_oom(size_caused=not left and failed != 1)
+        return oom
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
         """Fail the requests still pending with ``exc`` (each its own); log

@@ -269,7 +269,51 @@ async def test_an_out_of_memory_error_isolated_to_one_request_is_counted_as_such
         sized = await gather_outcomes(b, [1, 2, 3, 99])  # 4 fails, 2 and 2 run
     assert poisoned[:7] == [1, 2, 3, 4, 5, 6, 7] and isinstance(poisoned[7], BatchFailedError)
     assert sized == [1, 2, 3, 99]
-    assert (b.stats().counts.oom_errors, b.stats().counts.oom_isolated) == (5, 4)
+    counts = b.stats().counts
+    assert (counts.oom_errors, counts.oom_isolated, counts.oom_size_errors) == (5, 4, 1)
+
+
+async def test_a_request_that_runs_out_of_memory_alone_does_not_hide_a_size_error() -> None:
+    """32 items where 13 or more run out of memory, request 9 among them: the batch of 32
+    and the half of 16 without 9 failed for their size (both halves of 32 failed; the halves
+    of that 16 ran), and count so; the half with 9 traces down to it (isolated)."""
+
+    def model(batch: list[int]) -> list[int]:
+        if 9 in batch or len(batch) > 12:
+            raise MemoryError("out of memory")
+        return batch
+
+    items = [i for i in range(100, 131)] + [9]
+    async with AdaptiveBatcher(model, max_batch_size=32, window_ms=5, executor="inline") as b:
+        outcomes = await gather_outcomes(b, items)
+    assert outcomes[:31] == items[:31] and isinstance(outcomes[31], BatchFailedError)
+    counts = b.stats().counts
+    assert counts.oom_size_errors == 2
+    assert counts.oom_isolated == counts.oom_errors - 2 > 0
+
+
+async def test_a_request_that_leaves_during_the_split_leaves_the_cause_unknown() -> None:
+    """Request 9 runs out of memory in any batch; its caller gives up while the batch is
+    split: the halves without it run, and the OOM is not put down to the batch's size (the
+    cause left with it), so the memory guard leaves the cap."""
+    poison: asyncio.Future[Any] | None = None
+
+    async def model(batch: list[int]) -> list[int]:
+        if 9 in batch:
+            if poison is not None:
+                poison.cancel()
+            await asyncio.sleep(0.005)  # the caller's cancellation lands before the halves
+            raise MemoryError("out of memory")
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=5) as b:
+        poison = asyncio.ensure_future(b.submit(9))
+        others = [asyncio.ensure_future(b.submit(i)) for i in range(7)]
+        assert await asyncio.gather(*others) == list(range(7))
+        with pytest.raises(asyncio.CancelledError):
+            await poison
+    counts = b.stats().counts
+    assert (counts.oom_errors, counts.oom_size_errors, counts.oom_isolated) == (1, 0, 1)
 
 
 async def test_a_request_that_runs_out_of_memory_alone_leaves_the_cap() -> None:
@@ -277,7 +321,7 @@ async def test_a_request_that_runs_out_of_memory_alone_leaves_the_cap() -> None:
     not halve the cap for it (before, each one halved the cap, to 1 for all traffic)."""
 
     def model(batch: list[int]) -> list[int]:
-        if 9 in batch:
+        if -1 in batch:
             raise MemoryError("out of memory")
         return batch
 
@@ -292,10 +336,11 @@ async def test_a_request_that_runs_out_of_memory_alone_leaves_the_cap() -> None:
         executor="inline",
     ) as b:
         for _ in range(3):
-            outcomes = await gather_outcomes(b, [*range(20), 9])
+            outcomes = await gather_outcomes(b, [*range(20), -1])
             assert isinstance(outcomes[-1], BatchFailedError)
             await asyncio.sleep(0.05)  # controller ticks
         stats = b.stats()
     assert stats.decisions > 0 and "out_of_memory" not in stats.decision_reasons
     assert stats.max_batch_size == 64
     assert stats.counts.oom_errors == stats.counts.oom_isolated > 0
+    assert stats.counts.oom_size_errors == 0
