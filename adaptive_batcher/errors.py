@@ -12,7 +12,8 @@ Hierarchy::
     ├── PaddingError           ``pad_fn`` raised or returned a wrong number of items; no model call
     ├── BatchFailedError       the model raised for the whole batch; ``__cause__`` is its exception
     ├── ConcurrentReadError    a second task read a stream while another waited on it
-    └── StreamBufferFullError  a stream's reader fell ``max_buffered_elements`` behind
+    ├── StreamBufferFullError  a stream's reader fell ``max_buffered_elements`` behind
+    └── EventLoopError         used from another event loop than the one it is bound to
 
 A model may also return an exception *instance* in one result slot: only that caller receives it,
 raised as is, and its neighbours get their own results. A slot exception that cannot be raised into
@@ -28,6 +29,7 @@ __all__ = [
     "BatcherError",
     "ConcurrentReadError",
     "DeadlineExceededError",
+    "EventLoopError",
     "ItemSizeError",
     "ItemTooLargeError",
     "PaddingError",
@@ -95,6 +97,12 @@ class ConcurrentReadError(BatcherError, RuntimeError):
     one reader at a time (as an async generator has: Python raises ``RuntimeError`` for a
     second concurrent ``anext``); the waiting reader is not disturbed and reads on. Raised at
     once to the second reader; the stream itself goes on."""
+
+
+class EventLoopError(BatcherError, RuntimeError):
+    """A batcher or a gate was used from another event loop than the one it is bound to (the
+    loop of its first use): its timers, futures and tasks live on that loop. Make one per
+    loop. A ``RuntimeError``, as asyncio's own for a future of another loop."""
 
 
 class StreamBufferFullError(BatcherError):

@@ -277,6 +277,7 @@ def test_the_top_level_exports_exactly_the_public_api() -> None:
             "QueueFullError",
             "ResultCountError",
             "StreamBufferFullError",
+            "EventLoopError",
             "__version__",
             "batched",
             "concat_rows",

@@ -43,6 +43,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     BatcherError,
     DeadlineExceededError,
+    EventLoopError,
     StreamBufferFullError,
     describe,
 )
@@ -230,7 +231,7 @@ class LLMGate:
 
         Raises:
             BatcherClosedError: the gate is closed.
-            RuntimeError: the gate runs on another event loop.
+            EventLoopError: the gate runs on another event loop (a ``RuntimeError``).
         """
         if self._closed:
             raise BatcherClosedError("the gate is closed")
@@ -370,7 +371,7 @@ class LLMGate:
         if self._loop is loop:
             return
         if self._loop is not None:
-            raise RuntimeError(f"the gate {self._name!r} runs on another event loop")
+            raise EventLoopError(f"the gate {self._name!r} runs on another event loop")
         self._loop = loop
         self._next_poll_s = self._clock() + self._controller.interval_s
         if self._telemetry is not None:

@@ -39,7 +39,7 @@ from adaptive_batcher.core.settings import (
     ServiceProfile,
     check_policy,
 )
-from adaptive_batcher.errors import BatcherClosedError
+from adaptive_batcher.errors import BatcherClosedError, EventLoopError
 from adaptive_batcher.presets import load_preset
 from adaptive_batcher.runtime.batch_runner import BatchRunner
 from adaptive_batcher.runtime.collate import repeat_last
@@ -686,7 +686,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         if self._loop is loop:
             return loop
         if self._loop is not None:
-            raise RuntimeError("this AdaptiveBatcher is bound to another event loop")
+            raise EventLoopError("this AdaptiveBatcher is bound to another event loop")
         self._loop = loop
         self._now, self._new_future = loop_shortcuts(loop)
         self._driver.bind(loop, self._now)

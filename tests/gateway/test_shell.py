@@ -12,6 +12,7 @@ from adaptive_batcher.errors import (
     BatcherClosedError,
     ConcurrentReadError,
     DeadlineExceededError,
+    EventLoopError,
     StreamBufferFullError,
 )
 from adaptive_batcher.gateway import (
@@ -388,7 +389,7 @@ async def test_a_gate_is_bound_to_one_loop() -> None:
 
         asyncio.run(submit())
 
-    with pytest.raises(RuntimeError, match="another event loop"):
+    with pytest.raises(EventLoopError, match="another event loop"):
         await asyncio.get_running_loop().run_in_executor(None, elsewhere)
     await gate.aclose()
 

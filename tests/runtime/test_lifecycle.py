@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from adaptive_batcher import SLO, AdaptiveBatcher, BatcherClosedError
+from adaptive_batcher import SLO, AdaptiveBatcher, BatcherClosedError, BatcherError, EventLoopError
 from adaptive_batcher.policies import PID
 from adaptive_batcher.testing import EchoModel
 
@@ -111,8 +111,9 @@ async def test_deadline_during_drain_still_fires() -> None:
 def test_batcher_is_bound_to_one_event_loop() -> None:
     batcher = AdaptiveBatcher(EchoModel(), max_batch_size=2, window_ms=0)
     assert asyncio.run(batcher.submit(1)) == 1
-    with pytest.raises(RuntimeError, match="bound to another event loop"):
+    with pytest.raises(EventLoopError, match="bound to another event loop") as raised:
         asyncio.run(batcher.submit(2))
+    assert isinstance(raised.value, RuntimeError) and isinstance(raised.value, BatcherError)
 
 
 async def test_many_concurrent_submitters_all_resolve_exactly_once() -> None:
