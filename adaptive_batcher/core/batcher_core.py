@@ -358,19 +358,28 @@ class BatcherCore(Generic[H]):
             self.recorder.oom_isolated += 1
 
     def split_failed_call(
-        self, requests: Sequence[R], *, oom: bool, bisect: bool = False
+        self,
+        requests: Sequence[R],
+        *,
+        oom: bool,
+        bisect: bool = False,
+        judge_later: bool = False,
     ) -> tuple[Sequence[R], Sequence[R]] | None:
         """A model call on ``requests`` failed: what to run next.
 
-        An out-of-memory call (``oom``) is counted (see :meth:`note_oom`) and re-run split in
-        halves; any other failure is split only with ``bisect`` (to isolate the failing item).
-        A single request is never split.
+        An out-of-memory call (``oom``) is counted, as caused by its batch's size (see
+        :meth:`note_oom`), or with ``judge_later`` as a call whose cause the shell judges once
+        the halves have run (:meth:`note_oom_call`, then :meth:`judge_oom`), and re-run split
+        in halves; any other failure is split only with ``bisect`` (to isolate the failing
+        item). A single request is never split.
 
         Returns:
             The two halves to re-run, first half first (a ``range`` splits into ranges), or
             None: fail the requests with the call's error.
         """
-        if oom:
+        if oom and judge_later:
+            self.note_oom_call()
+        elif oom:
             self.note_oom()
         if len(requests) > 1 and (oom or bisect):
             middle = len(requests) // 2

@@ -155,10 +155,9 @@ class BatchRunner:
         if type(exc) is CarriedModelError:
             exc = exc.carried
         oom = self.is_oom_error(exc)
-        if oom:
-            self.core.note_oom_call()
-        # an OOM splits as bisection does
-        halves = self.core.split_failed_call(requests, oom=False, bisect=oom or self.bisect)
+        halves = self.core.split_failed_call(
+            requests, oom=oom, bisect=self.bisect, judge_later=True
+        )
         if halves is None:
             self._fail(requests, exc, "batch.failed")
             if oom:
