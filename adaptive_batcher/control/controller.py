@@ -298,6 +298,7 @@ class Controller:
             expired=counts.expired - before.expired,
             failed=counts.failed - before.failed,
             oom_errors=counts.oom_size_errors - before.oom_size_errors,
+            oom_units=_smallest_oom(recorder, counts.oom_size_errors - before.oom_size_errors),
             batches=batches,
             mean_batch_size=items / batches if batches else math.nan,
             fill_ratio=units / batches / self.decision.max_batch_size if batches else math.nan,
@@ -357,6 +358,14 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         co_tenant_fraction=observation.co_tenant_fraction,
         oom_errors=observation.oom_errors,
     )
+
+
+def _smallest_oom(recorder: Recorder, calls: int) -> int | None:
+    """The fewest units among the last ``calls`` size-caused OOM calls (None: no call, or no
+    size known)."""
+    kept = recorder.oom_size_units
+    sizes = [u for u in islice(kept, max(0, len(kept) - calls), None) if u is not None]
+    return min(sizes) if calls > 0 and sizes else None
 
 
 def _largest(recorder: Recorder, batches: int) -> int:

@@ -631,9 +631,10 @@ class MemoryGuard(Guard):
       has halved since (a co-tenant holding most of a large GPU leaves the free fraction low
       however small the batches: shrinking on every tick took the cap to 1 without an
       out-of-memory error; out-of-memory errors find the cap that fits).
-    * Any out-of-memory error in the tick: the ceiling becomes half the cap in force (the runtime
-      has already re-run the failed batch split in halves, so no request was lost), and that cap
-      is remembered as too big for ``forget_s``.
+    * Any out-of-memory error put down to its batch's size in the tick: the ceiling becomes half
+      the smallest batch that failed (``Observation.oom_units``; the cap in force where unknown),
+      which ran when the runtime re-ran that batch split in halves, so no request was lost; that
+      size is remembered as too big for ``forget_s``.
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
     tick, never to a cap remembered as too big, until it no longer binds. Probing upward this way
@@ -688,9 +689,12 @@ class MemoryGuard(Guard):
         cap_now = observation.current.max_batch_size
         free = observation.telemetry.free_fraction
         if observation.oom_errors > 0:
-            self.too_big = cap_now if self.too_big is None else min(self.too_big, cap_now)
+            failed = observation.oom_units or cap_now  # the smallest batch that failed
+            self.too_big = failed if self.too_big is None else min(self.too_big, failed)
             self._too_big_at = observation.now_s
-            self.ceiling = max(1, cap_now // 2)
+            # halve the cap, or bisect between the halves that ran and the batch that failed
+            self.ceiling = max(1, min(cap_now // 2, (3 * failed) // 4))
+            self._pressure_free = free  # this pressure is answered: no shrink for it too
         elif free is not None and free < self.min_free_fraction:
             falling = self._pressure_free is None or free < self._pressure_free / 2.0
             self._pressure_at = observation.now_s

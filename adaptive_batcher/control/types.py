@@ -214,7 +214,9 @@ class Observation:
         queue_depth, queued_units: requests (and units) queued at the tick.
         arrival_rate_rps, throughput_rps, goodput_rps: arrivals, answers, and answers within the
             SLO per second over the tick.
-        rejected, expired, failed, oom_errors: counts over the tick.
+        rejected, expired, failed, oom_errors: counts over the tick (``oom_errors``: the
+            model calls that ran out of memory for their batch's size).
+        oom_units: the smallest of those calls, size units (None: none, or sizes unknown).
         batches: batches finished in the tick; mean_batch_size their mean items, fill_ratio the
             mean units over the cap in force; mean_request_units the mean units per request
             (1.0 when every item counts as one).
@@ -279,6 +281,7 @@ class Observation:
     expired: int = 0
     failed: int = 0
     oom_errors: int = 0
+    oom_units: int | None = None
     batches: int = 0
     mean_batch_size: float = math.nan
     fill_ratio: float = math.nan

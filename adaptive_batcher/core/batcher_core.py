@@ -335,24 +335,26 @@ class BatcherCore(Generic[H]):
         and padded ones too); this is the device cost ``stats()`` and replays report."""
         self.recorder.record_device_time(busy_s)
 
-    def note_oom(self) -> None:
-        """A model call ran out of memory for its batch's size: counted (``oom_errors``,
-        ``oom_size_errors``), and the controller ticks at the next poll (so the cap shrinks
-        before more batches fail)."""
+    def note_oom(self, units: int | None = None) -> None:
+        """A model call on ``units`` size units (None: unknown) ran out of memory for its
+        batch's size: counted (``oom_errors``, ``oom_size_errors``), and the controller ticks
+        at the next poll (so the cap shrinks before more batches fail)."""
         self.note_oom_call()
-        self.judge_oom(size_caused=True)
+        self.judge_oom(size_caused=True, units=units)
 
     def note_oom_call(self) -> None:
         """A model call ran out of memory, its cause not yet judged (its batch is being split):
         counted in ``oom_errors`` only; :meth:`judge_oom` follows."""
         self.recorder.oom_errors += 1
 
-    def judge_oom(self, *, size_caused: bool) -> None:
-        """The cause of a call counted by :meth:`note_oom_call`: the batch's size (counted in
-        ``oom_size_errors``; the controller ticks at the next poll) or not (``oom_isolated``:
-        the memory guard leaves the cap)."""
+    def judge_oom(self, *, size_caused: bool, units: int | None = None) -> None:
+        """The cause of a call counted by :meth:`note_oom_call`: the size of its batch of
+        ``units`` size units (None: unknown; counted in ``oom_size_errors``, and the memory
+        guard's ceiling goes below the smallest such batch; the controller ticks at the next
+        poll) or not (``oom_isolated``: the memory guard leaves the cap)."""
         if size_caused:
             self.recorder.oom_size_errors += 1
+            self.recorder.oom_size_units.append(units)
             self._tick_forced = True
         else:
             self.recorder.oom_isolated += 1
@@ -364,6 +366,7 @@ class BatcherCore(Generic[H]):
         oom: bool,
         bisect: bool = False,
         judge_later: bool = False,
+        units: int | None = None,
     ) -> tuple[Sequence[R], Sequence[R]] | None:
         """A model call on ``requests`` failed: what to run next.
 
@@ -371,7 +374,8 @@ class BatcherCore(Generic[H]):
         :meth:`note_oom`), or with ``judge_later`` as a call whose cause the shell judges once
         the halves have run (:meth:`note_oom_call`, then :meth:`judge_oom`), and re-run split
         in halves; any other failure is split only with ``bisect`` (to isolate the failing
-        item). A single request is never split.
+        item). A single request is never split. ``units``: the call's size units, for
+        :meth:`note_oom` (None: unknown).
 
         Returns:
             The two halves to re-run, first half first (a ``range`` splits into ranges), or
@@ -380,7 +384,7 @@ class BatcherCore(Generic[H]):
         if oom and judge_later:
             self.note_oom_call()
         elif oom:
-            self.note_oom()
+            self.note_oom(units)
         if len(requests) > 1 and (oom or bisect):
             middle = len(requests) // 2
             return requests[:middle], requests[middle:]

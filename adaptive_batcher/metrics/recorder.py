@@ -118,6 +118,8 @@ class Recorder:
         self.oom_errors = 0
         self.oom_isolated = 0
         self.oom_size_errors = 0
+        # units of each recent size-caused OOM call, in order (None: unknown)
+        self.oom_size_units: deque[int | None] = deque(maxlen=64)
         self.window_batches = 0
         self.window_idle_s = 0.0
         self.device_busy_s = 0.0

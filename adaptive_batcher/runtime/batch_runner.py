@@ -138,11 +138,11 @@ class BatchRunner:
             self.padding_failed(requests, exc)
             return False
         except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
-            return await self._model_failed(requests, exc)
+            return await self._model_failed(requests, exc, units)
         self.scatter(requests, results)
         return False
 
-    async def _model_failed(self, requests: list[Any], exc: BaseException) -> bool:
+    async def _model_failed(self, requests: list[Any], exc: BaseException, units: int) -> bool:
         """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause;
         True when the call ran out of memory.
 
@@ -172,7 +172,7 @@ class BatchRunner:
             left = left or len(live) < len(half)
             failed += await self._run(live)
         if oom:
-            self.core.judge_oom(size_caused=not left and failed != 1)
+            self.core.judge_oom(size_caused=not left and failed != 1, units=units)
         return oom
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:

@@ -591,6 +591,10 @@ class AdaptiveBatcher(Generic[X, Y]):
         twice more and the faster time seeds the controller's service-time model (logged as
         ``batcher.service_times_seeded``). The timings returned are the first, cold calls. Its
         calls run beside serving batches, not in their slots: call it before taking traffic.
+        With a controller, a size that runs out of memory (``is_oom``) after a smaller one ran
+        ends the sizes there: it is counted as an out-of-memory error of that size (the memory
+        guard's ceiling goes below it), logged as ``batcher.warmup_out_of_memory``, and the
+        warm-up goes on with the sizes that ran.
 
         Args:
             make_item: ``make_item() -> X``, one input to warm up with (called repeatedly).
@@ -608,7 +612,8 @@ class AdaptiveBatcher(Generic[X, Y]):
                 model call running, and the task awaiting ``warmup()`` gets this error, never
                 a cancellation).
             PaddingError: ``pad_fn`` raised, or returned a wrong number of items.
-            Exception: whatever the model raises (warm-up failures are not hidden); a sync
+            Exception: whatever the model raises (warm-up failures are not hidden, out of
+                memory too without a controller or at the smallest size); a sync
                 model's ``StopIteration`` or a ``GeneratorExit`` from its worker thread arrives
                 as ``CarriedModelError``, a ``RuntimeError`` whose ``__cause__`` it is.
         """

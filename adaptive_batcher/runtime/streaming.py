@@ -311,7 +311,7 @@ class StreamRunner(BatchRunner):
             self.padding_failed(requests, exc)
         except Exception as exc:
             if self.is_oom_error(exc):  # counted; a stream that answered is not re-run
-                self.core.note_oom()
+                self.core.note_oom(self._units(requests))
             failed = delivery.fail_all(exc)
             _log.warning(
                 "stream.failed",

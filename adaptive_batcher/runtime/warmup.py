@@ -10,7 +10,7 @@ from typing import Any
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.core.batcher_core import BatcherCore
 from adaptive_batcher.core.buckets import pad_target, warmup_sizes
-from adaptive_batcher.errors import BatcherClosedError
+from adaptive_batcher.errors import BatcherClosedError, describe
 from adaptive_batcher.runtime.batch_runner import BatchRunner
 from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.driver import LoopDriver
@@ -58,8 +58,13 @@ class WarmUp:
             if not items:  # an item is larger than this size: it cannot be warmed with them
                 continue
             ran = pad_target(self.buckets, units) if self.buckets else units
+            try:
+                timings[ran] = await self._timed_call(items, units)
+            except Exception as exc:
+                if not (batches and self._out_of_memory(exc, units)):
+                    raise
+                break  # the larger sizes would run out of memory too
             batches[ran] = (items, units)
-            timings[ran] = await self._timed_call(items, units)
         slots = await self._warm_slots(batches[min(batches)]) if batches else 0
         self.warmed_sizes = frozenset(self.warmed_sizes | set(timings))
         _log.info(
@@ -74,6 +79,18 @@ class WarmUp:
         if freeze_gc:
             _log.info("batcher.gc_frozen", batcher=self.name, objects=freeze_after_warmup())
         return timings
+
+    def _out_of_memory(self, exc: Exception, units: int) -> bool:
+        """True when ``exc`` is an out-of-memory error that the controller can act on: it is
+        counted as caused by the size (``units``), so the memory guard's ceiling goes below
+        it at the next tick; logged as ``batcher.warmup_out_of_memory``."""
+        if not (self.core.controller is not None and self.runner.is_oom_error(exc)):
+            return False
+        self.core.note_oom(units)
+        _log.warning(
+            "batcher.warmup_out_of_memory", batcher=self.name, batch_size=units, error=describe(exc)
+        )
+        return True
 
     async def _warm_slots(self, batch: _Batch) -> int:
         """Run ``batch`` on every execution slot at once (not again with one slot: every

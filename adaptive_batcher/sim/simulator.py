@@ -535,7 +535,7 @@ class _Replay:
             self.state.busy_s += busy
             parts.append((start, failed_at, ids, units, False))
             # known at dispatch: the controller ticks at the next poll
-            halves = self.core.split_failed_call(ids, oom=True)
+            halves = self.core.split_failed_call(ids, oom=True, units=units)
             if halves is None:
                 return failed_at
             first, second = halves

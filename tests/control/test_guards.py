@@ -419,6 +419,32 @@ def test_memory_guard_halves_after_oom_and_recovers_after_cooldown() -> None:
     assert later.max_batch_size == 80  # ceiling 64 * 1.25 after the cooldown
 
 
+def test_memory_guard_ceiling_goes_below_the_smallest_batch_that_failed() -> None:
+    """Cap 128, but the batch that ran out of memory held 40 units: its halves of 20 ran, so
+    the ceiling bisects to 30. Before, it was half the cap (64), above the failing size, and
+    the next batch of 40 failed again; recovery never climbs back to 40 while it is
+    remembered."""
+    guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"), cooldown_s=1.0)
+    hit = guard.decide(observe(now_s=10.0, current=Decision(0.0, 128), oom_errors=2, oom_units=40))
+    assert hit == Decision(0.0, 30, "out_of_memory", max_batch_size_ceiling=30)
+    caps = [30]
+    for i in range(1, 12):
+        seen = observe(now_s=10.0 + 2.0 * i, current=Decision(0.0, caps[-1]))
+        caps.append(guard.decide(seen).max_batch_size)
+    assert caps[-1] == 39 and max(caps) == 39
+
+
+def test_memory_guard_does_not_shrink_again_for_the_pressure_of_its_oom() -> None:
+    """Free memory is low right after an out-of-memory error: that is the pressure the OOM
+    cut answered (before, the next tick shrank the new ceiling by a quarter again)."""
+    guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"))
+    tight = TelemetrySample(mem_total_bytes=100, mem_free_bytes=1)
+    seen = observe(now_s=10.0, current=Decision(0.0, 128), oom_errors=1, telemetry=tight)
+    assert guard.decide(seen).max_batch_size == 64
+    later = observe(now_s=10.25, current=Decision(0.0, 64), telemetry=tight)
+    assert guard.decide(later).max_batch_size == 64
+
+
 def test_memory_guard_shrinks_under_low_free_memory() -> None:
     guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"))
     tight = TelemetrySample(mem_total_bytes=100, mem_free_bytes=5)

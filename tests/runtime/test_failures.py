@@ -344,3 +344,81 @@ async def test_a_request_that_runs_out_of_memory_alone_leaves_the_cap() -> None:
     assert stats.max_batch_size == 64
     assert stats.counts.oom_errors == stats.counts.oom_isolated > 0
     assert stats.counts.oom_size_errors == 0
+
+
+async def test_after_a_partial_batch_runs_out_of_memory_the_next_one_fits() -> None:
+    """Batches of 24 requests under a cap of 64, where more than 20 run out of memory: the
+    memory guard's ceiling goes between the halves that ran and the batch that failed (18),
+    not to half the cap (32, where the next batch of 24 failed again)."""
+    sizes: list[int] = []
+
+    def model(batch: list[int]) -> list[int]:
+        sizes.append(len(batch))
+        if len(batch) > 20:
+            raise MemoryError("out of memory")
+        return batch
+
+    profile = [(n, 1.0) for n in (1, 2, 4, 8, 16, 32, 64)]
+    async with AdaptiveBatcher(
+        model,
+        max_batch_size=64,
+        window_ms=5,
+        slo=SLO(latency_ms=500),
+        service_profile=profile,
+        control_interval_ms=10,
+        executor="inline",
+    ) as b:
+        for _ in range(4):
+            assert await gather_outcomes(b, list(range(24))) == list(range(24))
+            await asyncio.sleep(0.05)  # controller ticks
+        stats = b.stats()
+    assert stats.counts.oom_size_errors == 1 and stats.counts.oom_errors == 1
+    assert stats.max_batch_size == 18 and max(sizes[3:]) == 18
+
+
+def _fits_up_to(limit: int, sizes: list[int]) -> Any:
+    def model(batch: list[int]) -> list[int]:
+        sizes.append(len(batch))
+        if len(batch) > limit:
+            raise MemoryError("out of memory")
+        return batch
+
+    return model
+
+
+async def test_warmup_that_runs_out_of_memory_keeps_what_fits_and_caps_below_it() -> None:
+    """The cap (64) runs out of memory at warm-up: the sizes up to 32 are warmed, the failed
+    size is counted, and the first batches served stay at or below 32 (before, the warm-up
+    raised the model's error and the controller learned nothing)."""
+    sizes: list[int] = []
+    async with AdaptiveBatcher(
+        _fits_up_to(40, sizes),
+        max_batch_size=64,
+        window_ms=20,
+        slo=SLO(latency_ms=500),
+        control_interval_ms=10,
+        executor="inline",
+    ) as b:
+        with capture_logs() as logs:
+            timings = await b.warmup(lambda: 0)
+        assert sorted(timings) == [1, 2, 4, 8, 16, 32] == sorted(b.warmed_sizes)
+        served = len(sizes)
+        assert await gather_outcomes(b, list(range(64))) == list(range(64))
+        counts = b.stats().counts
+    assert [e["batch_size"] for e in logs if e["event"] == "batcher.warmup_out_of_memory"] == [64]
+    assert (counts.oom_errors, counts.oom_size_errors) == (1, 1)
+    assert max(sizes[served:]) <= 32
+
+
+@pytest.mark.parametrize(("fits", "controlled"), [(40, False), (0, True)])
+async def test_warmup_out_of_memory_raises_without_a_controller_or_at_the_smallest_size(
+    fits: int, controlled: bool
+) -> None:
+    sizes: list[int] = []
+    slo = SLO(latency_ms=500) if controlled else None
+    async with AdaptiveBatcher(
+        _fits_up_to(fits, sizes), max_batch_size=64, window_ms=1, slo=slo, executor="inline"
+    ) as b:
+        with pytest.raises(MemoryError):
+            await b.warmup(lambda: 0)
+    assert sizes[-1] == (64 if fits else 1)
