@@ -631,14 +631,19 @@ class MemoryGuard(Guard):
       has halved since (a co-tenant holding most of a large GPU leaves the free fraction low
       however small the batches: shrinking on every tick took the cap to 1 without an
       out-of-memory error; out-of-memory errors find the cap that fits).
-    * Any out-of-memory error put down to its batch's size in the tick: the ceiling becomes half
-      the smallest batch that failed (``Observation.oom_units``; the cap in force where unknown),
-      which ran when the runtime re-ran that batch split in halves, so no request was lost; that
-      size is remembered as too big for ``forget_s``.
+    * Any out-of-memory error put down to its batch's size in the tick (the smallest batch that
+      failed, ``Observation.oom_units``; the cap in force where unknown): the ceiling becomes
+      half the cap, or 3/4 of that batch where that is less or where a larger size already
+      failed (a bisection between the halves that ran, when the runtime re-ran the batch split
+      in halves, so no request was lost, and the size that failed); that size is remembered as
+      too big for ``forget_s``. A batch larger than the cap in force was dispatched before the
+      cap fell (on another slot): it is remembered, and cuts nothing.
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
-    tick, never to a cap remembered as too big, until it no longer binds. Probing upward this way
-    finds the largest cap that fits in a few steps instead of failing batch after batch. The
+    tick, at most halfway to a size remembered as too big and never to it, until it no longer
+    binds; an error while it rises brings it back no lower than where it held the cooldown.
+    Probing upward this way finds the largest cap that fits in a few steps instead of failing
+    batch after batch. The
     ceiling travels with the decision (``Decision.max_batch_size_ceiling``): a guard that wraps
     this one (``ShedGuard``) never sets a cap above it.
     """
@@ -663,6 +668,8 @@ class MemoryGuard(Guard):
         self._pressure_at = -math.inf
         self._pressure_free: float | None = None  # the free fraction at the last shrink
         self._too_big_at = -math.inf
+        self.fits: int | None = None  # the ceiling that held a cooldown without an error
+        self._recovering = False
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         now = observation.now_s
@@ -690,10 +697,19 @@ class MemoryGuard(Guard):
         free = observation.telemetry.free_fraction
         if observation.oom_errors > 0:
             failed = observation.oom_units or cap_now  # the smallest batch that failed
+            narrowing = self.too_big is not None and failed < self.too_big
             self.too_big = failed if self.too_big is None else min(self.too_big, failed)
             self._too_big_at = observation.now_s
-            # halve the cap, or bisect between the halves that ran and the batch that failed
-            self.ceiling = max(1, min(cap_now // 2, (3 * failed) // 4))
+            if failed > cap_now:  # dispatched before the cap fell (another slot's batch)
+                return ""
+            # halve the cap at a first error; bisect between the halves that ran and the
+            # batch that failed when that is smaller, or below a size already known too big,
+            # never below a ceiling that held a cooldown (unless that one failed now)
+            bisected = (3 * failed) // 4
+            ceiling = bisected if narrowing else min(cap_now // 2, bisected)
+            self.fits = self.fits if self.fits is not None and self.fits < failed else None
+            self.ceiling = max(1, ceiling, self.fits or 0)
+            self._recovering = False
             self._pressure_free = free  # this pressure is answered: no shrink for it too
         elif free is not None and free < self.min_free_fraction:
             falling = self._pressure_free is None or free < self._pressure_free / 2.0
@@ -702,6 +718,7 @@ class MemoryGuard(Guard):
                 return ""
             self._pressure_free = free
             self.ceiling = max(1, int(cap_now * self.shrink))
+            self.fits, self._recovering = None, False  # less memory: what fitted may not
             return "memory_pressure"
         else:
             self._pressure_free = None
@@ -713,8 +730,11 @@ class MemoryGuard(Guard):
         assert self.ceiling is not None
         if self.too_big is not None and now - self._too_big_at >= self.forget_s:
             self.too_big = None
+        if not self._recovering:  # the ceiling held a cooldown without an error
+            self.fits, self._recovering = self.ceiling, True
         ceiling = math.ceil(self.ceiling * self.recover)
-        if self.too_big is not None:
+        if self.too_big is not None:  # probe halfway to the size known too big
+            ceiling = min(ceiling, max(self.ceiling + 1, (self.ceiling + self.too_big) // 2))
             ceiling = min(ceiling, self.too_big - 1)
         self.ceiling = max(self.ceiling, ceiling)
         if self.ceiling >= hard_cap:

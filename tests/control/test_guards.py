@@ -434,6 +434,48 @@ def test_memory_guard_ceiling_goes_below_the_smallest_batch_that_failed() -> Non
     assert caps[-1] == 39 and max(caps) == 39
 
 
+def test_memory_guard_is_not_cut_again_by_batches_dispatched_before_it_fell() -> None:
+    """Four slots: one tick reports batches of 40 running out of memory (ceiling 30); the
+    next ticks report the other slots' batches of 40, dispatched before the cap fell. Before,
+    each report halved the cap again, 30 -> 15 -> 7 -> 3 (a fresh user's trial: cap 1 for
+    10 s, p99 6.8 s against a 100 ms SLO)."""
+    guard = guarded(MemoryGuard, Decision(0.0, 64, "policy"))
+    first = observe(now_s=10.0, current=Decision(0.0, 64), oom_errors=1, oom_units=40)
+    assert guard.decide(first).max_batch_size == 30
+    for i in range(1, 4):
+        late = observe(now_s=10.0 + 0.25 * i, current=Decision(0.0, 30), oom_errors=1, oom_units=40)
+        assert guard.decide(late).max_batch_size == 30
+
+
+def test_memory_guard_bisects_below_a_size_known_too_big() -> None:
+    """Batches of 24 failed at cap 24 (ceiling 12, the halves ran). After the cooldown the
+    ceiling rises by a quarter a tick, at most halfway to 24, and stops at 23; a batch of 22
+    then fails: the ceiling goes to 16 (3/4 of 22), not to half of 23 (11). Halving again and
+    again, the cap of a fresh user's trial spent most of 45 s at 10-12 where 20 fits."""
+    guard = guarded(MemoryGuard, Decision(0.0, 64, "policy"), cooldown_s=1.0)
+    hit = observe(now_s=10.0, current=Decision(0.0, 24), oom_errors=1, oom_units=24)
+    assert guard.decide(hit).max_batch_size == 12
+    caps = [12]
+    for i in range(1, 7):
+        seen = observe(now_s=10.0 + 1.5 * i, current=Decision(0.0, caps[-1]))
+        caps.append(guard.decide(seen).max_batch_size)
+    assert caps == [12, 15, 19, 21, 22, 23, 23]
+    again = observe(now_s=20.0, current=Decision(0.0, 23), oom_errors=1, oom_units=22)
+    assert guard.decide(again).max_batch_size == 16
+
+
+def test_memory_guard_falls_back_to_the_ceiling_that_held_when_a_probe_fails() -> None:
+    """A batch of 40 failed under cap 64 (ceiling 30), and 30 then held a cooldown without an
+    error; the probe above it (35) fails with a full batch: back to 30, where 3/4 of 35
+    would be 26."""
+    guard = guarded(MemoryGuard, Decision(0.0, 64, "policy"), cooldown_s=1.0)
+    assert guard.decide(observe(now_s=10.0, oom_errors=1, oom_units=40)).max_batch_size == 30
+    probe = guard.decide(observe(now_s=11.5, current=Decision(0.0, 30)))
+    assert probe.max_batch_size == 35  # halfway to 40
+    failed = observe(now_s=11.75, current=Decision(0.0, 35), oom_errors=1, oom_units=35)
+    assert guard.decide(failed).max_batch_size == 30
+
+
 def test_memory_guard_does_not_shrink_again_for_the_pressure_of_its_oom() -> None:
     """Free memory is low right after an out-of-memory error: that is the pressure the OOM
     cut answered (before, the next tick shrank the new ceiling by a quarter again)."""
