@@ -236,3 +236,35 @@ def test_nan_and_infinities_are_a_422_that_does_not_echo_the_input(bad: str) -> 
     assert got["error"] == "RequestValidationError"
     assert got["detail"][0]["loc"] == ["body", 255]
     assert "0.25" not in answer.text and bad not in answer.text  # the input is not echoed
+
+
+@pytest.mark.parametrize(("bad", "where"), [("3.5e38", ["body", 255]), ("-1e308", ["body", 255])])
+def test_numbers_beyond_float32_are_a_422(bad: str, where: list[object]) -> None:
+    """A finite JSON number beyond float32's range became an infinity in the tensor and the
+    answer went out as 200 with nulls (a fresh user's trial)."""
+    namespace = readme_namespace()
+    body = ("[" + ",".join(["0.25"] * 255 + [bad]) + "]").encode()
+
+    async def exchange(client: httpx.AsyncClient) -> tuple[httpx.Response, int]:
+        answer = await client.post("/predict", content=body, headers=JSON)
+        return answer, namespace["app"].state.batcher.stats().counts.submitted
+
+    answer, submitted = serve(namespace, exchange)
+    assert (answer.status_code, submitted) == (422, 0)
+    assert answer.json()["detail"][0]["loc"] == where
+
+
+def test_an_answer_that_overflows_float32_is_a_422_not_nulls() -> None:
+    """Every feature near float32's largest value: each is valid, but the linear model's sums
+    (weights set to 1/16 here) overflow to infinity, which JSON would carry as null."""
+    namespace = readme_namespace()
+    with torch.no_grad():
+        namespace["net"].weight.fill_(1.0 / 16)
+    body = ("[" + ",".join(["3.0e38"] * 256) + "]").encode()
+
+    async def exchange(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/predict", content=body, headers=JSON)
+
+    answer = serve(namespace, exchange)
+    assert answer.status_code == 422
+    assert "null" not in answer.text
