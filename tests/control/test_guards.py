@@ -572,12 +572,14 @@ def test_shed_guard_keeps_a_cap_that_fits_when_the_fit_says_a_smaller_one_is_fas
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     """At 4 ms + 0.2 ms/item no cap keeps up with 100k/s. 64 is the best throughput whose two
     batches fit 50 ms (2 x 16.8), 3.8k/s; full batches of 128 (29.6 ms) of requests that waited
-    at most 20.4 ms answer 4.3k/s within it (the deadline sheds the rest); 256 (55.2 ms) none."""
+    at most 20.4 ms answer 4.3k/s within it (the deadline sheds the rest); 256 (55.2 ms) none.
+    Off the powers of two, 219 (47.8 ms) is the largest whose 2.2 ms wait still gathers a full
+    batch at 100k/s: 4.58k/s, 6 % more than 128, so it is taken."""
     slow = linear_ms(4.0, 0.2)
     overload = observe(service_median_ms=slow, arrival_rate_rps=100000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(overload)
-    assert decision.max_batch_size == 128
-    assert decision.shed_after_ms == pytest.approx(50.0 - 29.6)
+    assert decision.max_batch_size == 219
+    assert decision.shed_after_ms == pytest.approx(50.0 - 47.8)
 
 
 def test_shed_guard_under_overload_keeps_two_batches_when_a_larger_one_leaves_no_wait() -> None:
@@ -617,7 +619,7 @@ def test_shed_guard_never_raises_the_cap_above_the_memory_ceiling() -> None:
     overload the shed guard, which wraps it, would take 128 (64 before its overload law took
     full batches): it keeps 32, the ceiling the decision carries. Before, it raised the cap past
     the ceiling and the next batch could run out of memory again (in replay, a second error
-    after a memory squeeze)."""
+    after a memory squeeze). Without the ceiling it takes 163 (see the test below)."""
     guard = ShedGuard(MemoryGuard(Fixed(Decision(0.0, 256, "p"))))
     swamped = observe(
         service_median_ms=_slowed_resnet,
@@ -629,18 +631,28 @@ def test_shed_guard_never_raises_the_cap_above_the_memory_ceiling() -> None:
     assert decision.max_batch_size == 32
     assert decision.max_batch_size_ceiling == 32
     assert decision.shed_after_ms == pytest.approx(50.0 - 12.0)
-    assert guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped).max_batch_size == 128
+    assert guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped).max_batch_size == 163
 
 
 def test_shed_guard_runs_full_batches_when_no_cap_keeps_up() -> None:
     """At 9k/s no cap keeps up: 64 fits twice (3.8k/s); full batches of 128 (26.4 ms) of
     requests that waited at most 23.6 ms (9k/s gather 212 in that time) answer 4.8k/s within
     the SLO. Before, the guard held 64 (a 3x slowdown at 45 % load: 0.80 of the requests
-    within the SLO in replay, 0.88 with 128)."""
+    within the SLO in replay, 0.88 with 128). Between the powers of two, 163 (31.65 ms) is the
+    largest whose wait of 18.35 ms still gathers a full batch (165): 5.15k/s, 6 % more than
+    128 (before, only the powers of two were weighed)."""
     swamped = observe(service_median_ms=_slowed_resnet, arrival_rate_rps=9000.0)
     decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
-    assert decision.max_batch_size == 128
-    assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
+    assert decision.max_batch_size == 163
+    assert decision.shed_after_ms == pytest.approx(50.0 - 31.65)
+
+
+def test_shed_guard_weighs_only_buckets_when_batches_are_padded() -> None:
+    """The case above with buckets: a batch of 163 would run padded to 256, so the guard keeps
+    to the buckets (128)."""
+    buckets = Bounds(0.0, 50.0, 1, 256, batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    swamped = observe(bounds=buckets, service_median_ms=_slowed_resnet, arrival_rate_rps=9000.0)
+    assert guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped).max_batch_size == 128
 
 
 def test_shed_guard_fits_full_batches_to_the_slo_not_to_the_target() -> None:
@@ -683,7 +695,9 @@ def test_shed_guard_keeps_shedding_when_one_batch_fits_but_not_two() -> None:
     """A device slowed down many times (30 ms + 0.1 ms/item): not even two batches of one fit
     50 ms, and 256 (55.6 ms) does not fit once. Under overload the guard takes 128 (42.8 ms),
     whose full batches answer within the SLO, and sheds what waits longer than the 7.2 ms it
-    leaves, rather than serving every request late at 256 and leaving a backlog behind."""
+    leaves, rather than serving every request late at 256 and leaving a backlog behind. 133,
+    the largest whose wait still gathers a full batch at 20k/s, answers only 2.7 % more: off the
+    powers of two a cap needs 5 % (``SHED_SWITCH_GAIN``)."""
     slowed = observe(service_median_ms=linear_ms(30.0, 0.1), arrival_rate_rps=20000.0)
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(slowed)
     assert decision.max_batch_size == 128
@@ -695,11 +709,12 @@ def test_shed_guard_takes_the_one_batch_cap_whose_wait_fills_it() -> None:
     fit 50 ms. 128 (49.2 ms) fits once, with the most throughput of those that do, but leaves
     a request 0.8 ms to wait, in which four arrive: its deadline would shed nearly every
     request. 64 (39.6 ms) leaves 10.4 ms, in which 52 of its 64 gather: 1.3k/s within the SLO
-    (32, full: 0.9k/s)."""
+    (32, full: 0.9k/s). Between them, 57 (38.55 ms) is the largest whose 11.45 ms wait gathers
+    it whole: 1.48k/s, 13 % more than 64."""
     slowed = observe(service_median_ms=linear_ms(30.0, 0.15), arrival_rate_rps=5000.0)
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(slowed)
-    assert decision.max_batch_size == 64
-    assert decision.shed_after_ms == pytest.approx(50.0 - 39.6)
+    assert decision.max_batch_size == 57
+    assert decision.shed_after_ms == pytest.approx(50.0 - 38.55)
 
 
 def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
