@@ -23,7 +23,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence, Set
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.core.batcher_core import BatcherCore
@@ -37,7 +37,14 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
 
-__all__ = ["STOPS_THE_TASK", "BatchRunner", "check_padded", "check_results", "fail_pending"]
+__all__ = [
+    "STOPS_THE_TASK",
+    "BatchRunner",
+    "ModelCall",
+    "check_padded",
+    "check_results",
+    "fail_pending",
+]
 
 #: Raised by the model, these end the batch task after its callers are failed: a cancellation
 #: (a time-limited close), or a request to stop the program.
@@ -47,6 +54,16 @@ _log = get_logger()
 _item_of = attrgetter("item")
 _arrival_of = attrgetter("arrival_s")
 _NOT_RESULT_SEQUENCES = (Mapping, Set, str, bytes)  # a tuple: no union object built per batch
+
+
+class ModelCall(NamedTuple):
+    """One model call that succeeded: when it ended (s, the loop's clock), its requests, the
+    units it ran (padding included) and how long it took (s)."""
+
+    end_s: float
+    items: int
+    units: int
+    service_s: float
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, core: BatcherCore[Any]) -> int:
@@ -115,20 +132,32 @@ class BatchRunner:
         del request
         return False
 
-    async def run(self, requests: list[Any]) -> None:
+    async def run(self, requests: list[Any]) -> list[ModelCall] | None:
         """Run ``requests`` through the model and settle each; split on OOM or when bisecting.
 
         Raises:
             asyncio.CancelledError, KeyboardInterrupt, SystemExit: after the requests still
                 pending were failed with ``BatchFailedError`` (any other exception, ``Exception``
                 or not, is a model failure and is not raised).
-        """
-        await self._run(requests)
 
-    async def _run(self, requests: list[Any]) -> bool:
-        """:meth:`run`; True when this call ran out of memory."""
+        Returns:
+            None when the batch ran in one model call; when it was split (out of memory, or
+            bisection), the model calls that succeeded, each a run of its own for the
+            service-time fit and ``stats()`` (as the simulator counts them): a failed call's
+            time is device time, not a batch's service time.
+        """
+        calls: list[ModelCall] = []
+        await self._run(requests, calls)
+        if len(calls) == 1 and calls[0].items == len(requests):
+            return None  # one call: the batch is the run
+        return calls
+
+    async def _run(self, requests: list[Any], calls: list[ModelCall]) -> bool:
+        """:meth:`run`, the calls that succeeded appended to ``calls``; True when this call
+        ran out of memory."""
         items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
+        started = self.clock()
         try:
             results = await self.call_model(items, units)
         except STOPS_THE_TASK as exc:
@@ -138,11 +167,16 @@ class BatchRunner:
             self.padding_failed(requests, exc)
             return False
         except BaseException as exc:  # GeneratorExit & co. too: failures, not task-enders
-            return await self._model_failed(requests, exc, units)
+            return await self._model_failed(requests, exc, units, calls)
+        ended = self.clock()
+        ran = pad_target(self.buckets, units) if self.buckets else units
+        calls.append(ModelCall(ended, len(items), ran, ended - started))
         self.scatter(requests, results)
         return False
 
-    async def _model_failed(self, requests: list[Any], exc: BaseException, units: int) -> bool:
+    async def _model_failed(
+        self, requests: list[Any], exc: BaseException, units: int, calls: list[ModelCall]
+    ) -> bool:
         """Split the batch (OOM, or ``bisect``) or fail its callers with ``exc`` as the cause;
         True when the call ran out of memory.
 
@@ -170,7 +204,7 @@ class BatchRunner:
         for half in halves:
             live = [r for r in half if not r.handle.done()]
             left = left or len(live) < len(half)
-            failed += await self._run(live)
+            failed += await self._run(live, calls)
         if oom:
             self.core.judge_oom(size_caused=not left and failed != 1, units=units)
         return oom

@@ -18,7 +18,7 @@ from adaptive_batcher.core.batcher_core import HEARTBEAT_S, BatcherCore
 from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
-from adaptive_batcher.runtime.batch_runner import BatchRunner, fail_pending
+from adaptive_batcher.runtime.batch_runner import BatchRunner, ModelCall, fail_pending
 from adaptive_batcher.runtime.in_flight import InFlight
 from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
@@ -231,6 +231,7 @@ class LoopDriver:
             live = [r for r in live if not r.handle.done()]
         running = self.in_flight.running
         running.append(live)
+        calls: list[ModelCall] | None = None
         try:
             if live:
                 _log.debug(
@@ -242,7 +243,7 @@ class LoopDriver:
                     queue_wait_ms=round((started - batch.requests[0].arrival_s) * 1e3, 3),
                     queue_depth=self.core.queue_depth,
                 )
-                await self.runner.run(live)
+                calls = await self.runner.run(live)
         except BaseException as exc:  # nothing may leave a caller waiting (e.g. a logger raising)
             fail_pending(live, exc, self.core)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
@@ -253,10 +254,14 @@ class LoopDriver:
                 raise
         finally:
             running.remove(live)
-            self._finish_batch(batch, live, started)
+            self._finish_batch(batch, live, started, calls)
 
     def _finish_batch(
-        self, batch: Batch[asyncio.Future[Any]], live: list[Any], started: float
+        self,
+        batch: Batch[asyncio.Future[Any]],
+        live: list[Any],
+        started: float,
+        calls: list[ModelCall] | None = None,
     ) -> None:
         ended = self.now()
         core = self.core
@@ -267,7 +272,13 @@ class LoopDriver:
                 units = sum(r.size for r in live) if self.counts_units else len(live)
                 if self.buckets:
                     units = pad_target(self.buckets, units)  # what the model actually ran
-                core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+                if calls is None:  # one model call
+                    core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+                else:  # split: each call that succeeded is a run (the failed ones are not)
+                    idle = batch.window_idle_s
+                    for call in calls:
+                        core.record_run(call.end_s, call.items, call.units, call.service_s, idle)
+                        idle = 0.0
                 if self.listeners:
                     record = BatchRecord(
                         batch.batch_id, live[0].arrival_s, started, ended, len(live), units

@@ -422,3 +422,28 @@ async def test_warmup_out_of_memory_raises_without_a_controller_or_at_the_smalle
         with pytest.raises(MemoryError):
             await b.warmup(lambda: 0)
     assert sizes[-1] == (64 if fits else 1)
+
+
+async def test_a_split_batch_counts_the_calls_that_ran_not_the_one_that_failed() -> None:
+    """A batch of 8 runs out of memory and runs as two calls of 4: the service-time fit and
+    ``stats()`` see two batches of 4 with their own times (as the simulator counts them);
+    before, one batch of 8 whose time held the failed call and both halves."""
+    sizes: list[int] = []
+
+    async def model(batch: list[int]) -> list[int]:
+        sizes.append(len(batch))
+        await asyncio.sleep(0.01)
+        if len(batch) > 4:
+            raise MemoryError("out of memory")
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=5) as b:
+        assert await gather_outcomes(b, list(range(8))) == list(range(8))
+        stats = b.stats()
+        runs = list(b.recorder.batches)
+    assert sizes == [8, 4, 4]
+    assert dict(stats.batch_sizes) == {4: 2} and stats.counts.batches == 2
+    assert [run.items for run in runs] == [4, 4]
+    # each run is its own call; the failed call (>= 10 ms) is device time, not a run's
+    assert all(run.service_s >= 0.009 for run in runs)
+    assert sum(run.service_s for run in runs) <= stats.counts.device_busy_s - 0.009
