@@ -141,6 +141,29 @@ async def closed_loop_rate(
     return completed / (loop.time() - started)
 
 
+async def slo_knee(
+    probe: Callable[[float], Awaitable[float]],
+    high_rps: float,
+    *,
+    attainment: float = 0.9,
+    steps: int = 5,
+) -> float:
+    """The highest rate, req/s, at which ``probe(rate)`` (an open-loop phase's SLO attainment)
+    stays at or above ``attainment``: a bisection of ``(0, high_rps]`` in ``steps`` probes
+    (the lower end of the last bracket; ``high_rps`` if it passes at once). The knee of issue
+    23's replays, measured on the engine itself."""
+    if await probe(high_rps) >= attainment:
+        return high_rps
+    low, high = 0.0, high_rps
+    for _ in range(steps - 1):
+        middle = (low + high) / 2.0
+        if await probe(middle) >= attainment:
+            low = middle
+        else:
+            high = middle
+    return low if low > 0.0 else high / 2.0
+
+
 def summarize(samples: list[Sample], slo: TokenSLO, tokens: int, duration_s: float) -> Summary:
     """The phase's :class:`Summary` (``tokens``: what each request asked for)."""
     answered = [s for s in samples if s.status == 200]
