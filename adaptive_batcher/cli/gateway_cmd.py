@@ -133,6 +133,15 @@ def register(subparsers: Any) -> None:
         help="most requests inside the engine at once, whatever the controller says (default 256)",
     )
     parser.add_argument(
+        "--initial-limit",
+        type=int_argument("--initial-limit", 1),
+        default=None,
+        metavar="N",
+        help="the controller's in-flight limit before its first decisions (default: "
+        "--max-in-flight); lower keeps a burst at start-up from flooding the engine before the "
+        "first requests finish",
+    )
+    parser.add_argument(
         "--fixed-limit",
         type=int_argument("--fixed-limit", 1),
         default=None,
@@ -232,6 +241,20 @@ def run_command(args: argparse.Namespace) -> int:
             f"adaptive-batcher gateway: --fixed-limit {args.fixed_limit} is above "
             f"--max-in-flight {args.max_in_flight} (the most inside the engine whatever the "
             "limit); raise --max-in-flight",
+            file=sys.stderr,
+        )
+        return 2
+    if args.initial_limit is not None and args.fixed_limit is not None:
+        print(
+            "adaptive-batcher gateway: --initial-limit and --fixed-limit exclude each other (a "
+            "fixed limit starts where it stays)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.initial_limit is not None and args.initial_limit > args.max_in_flight:
+        print(
+            f"adaptive-batcher gateway: --initial-limit {args.initial_limit} is above "
+            f"--max-in-flight {args.max_in_flight}; raise --max-in-flight",
             file=sys.stderr,
         )
         return 2
@@ -338,6 +361,7 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         controller=controller,
         telemetry=telemetry,
         max_in_flight=args.max_in_flight,
+        initial_limit=args.initial_limit,
         max_queue=args.max_queue,
         name="gateway",
     )

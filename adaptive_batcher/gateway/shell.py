@@ -114,11 +114,16 @@ class LLMGate:
         slo: the objective (TTFT counts from :meth:`submit`).
         controller: the controller (its ``slo`` must be ``slo``); None: ours,
             ``TokenController(slo, ModelLimit(slo, maximum=max_in_flight),
-            max_limit=max_in_flight, max_queue=max_queue)``.
+            initial_limit=initial_limit or max_in_flight, max_limit=max_in_flight,
+            max_queue=max_queue)``.
         telemetry: a source of the engine's metrics, read every ``telemetry.interval_s`` in a
             background task (its failures are logged and never reach a request), or None.
             The gate closes it in :meth:`aclose`.
         max_in_flight: the highest in-flight limit of the default controller (>= 1).
+        initial_limit: the default controller's limit before its first decisions (>= 1,
+            at most ``max_in_flight``), or None: ``max_in_flight``. A lower start keeps a
+            burst at start-up from flooding the engine before the first requests finish (the
+            controller then raises it as it learns); refused with a ``controller`` of your own.
         max_queue: the default controller's bounded queue (>= 0), or None: unbounded.
         name: the gate's name in logs and metrics.
         abort_timeout_s: the longest wait for an adapter to abort a request or to close
@@ -142,6 +147,7 @@ class LLMGate:
         controller: TokenController | None = None,
         telemetry: EngineTelemetry | None = None,
         max_in_flight: int = 256,
+        initial_limit: int | None = None,
         max_queue: int | None = None,
         name: str = "llm",
         abort_timeout_s: float = 5.0,
@@ -162,15 +168,24 @@ class LLMGate:
                 )
             check_number("telemetry.interval_s", telemetry.interval_s, 0.0, strict=True)
         max_in_flight = check_int("max_in_flight", max_in_flight, 1)
+        initial_limit = check_optional_int("initial_limit", initial_limit, 1)
+        if initial_limit is not None and initial_limit > max_in_flight:
+            raise ValueError(
+                f"initial_limit must be at most max_in_flight ({max_in_flight}), got "
+                f"{initial_limit}"
+            )
         max_queue = check_optional_int("max_queue", max_queue, 0)
         self.max_buffered_chunks = check_optional_int("max_buffered_chunks", max_buffered_chunks, 1)
         if controller is None:
             controller = TokenController(
                 slo,
                 ModelLimit(slo, maximum=max_in_flight),
+                initial_limit=initial_limit or max_in_flight,
                 max_limit=max_in_flight,
                 max_queue=max_queue,
             )
+        elif initial_limit is not None:
+            raise ValueError("initial_limit is the default controller's: give it to yours")
         elif not isinstance(controller, TokenController):
             raise TypeError(
                 f"controller must be a TokenController or None, got {type(controller).__name__}"

@@ -37,6 +37,7 @@ BOUND_S = 60.0
         (["--upstream", "http://h", "--max-in-flight", "0"], "--max-in-flight"),
         (["--upstream", "http://h", "--max-queue", "-1"], "--max-queue"),
         (["--upstream", "http://h", "--fixed-limit", "0"], "--fixed-limit"),
+        (["--upstream", "http://h", "--initial-limit", "0"], "--initial-limit"),
         (["--upstream", "http://h", "--metrics-url", "nope"], "--metrics-url"),
         (["--upstream", "http://h:8000/v1"], "--upstream is the server's root, without /v1"),
         (["--upstream", "http://h", "--metrics-interval-s", "0.001"], "--metrics-interval-s"),
@@ -66,7 +67,7 @@ def test_the_defaults() -> None:
     assert (args.max_in_flight, args.max_queue, args.max_body_bytes) == (256, None, 1 << 20)
     assert args.metrics_url is None and not args.no_engine_metrics
     assert args.upstream_health_path == "/health" and not args.no_upstream_health
-    assert args.fixed_limit is None and args.loop == "auto"
+    assert args.fixed_limit is None and args.initial_limit is None and args.loop == "auto"
     assert slo_of(args) == TokenSLO(ttft_ms=300, tpot_ms=50, percentile=99, margin=0.9)
 
 
@@ -110,6 +111,20 @@ def test_a_fixed_limit_above_max_in_flight_is_a_clear_error(
 ) -> None:
     assert main(["gateway", "--upstream", "http://h", "--fixed-limit", "300"]) == 2
     assert "--fixed-limit 300 is above --max-in-flight 256" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--initial-limit", "300"], "--initial-limit 300 is above --max-in-flight 256"),
+        (["--initial-limit", "4", "--fixed-limit", "4"], "exclude each other"),
+    ],
+)
+def test_an_initial_limit_that_cannot_apply_is_a_clear_error(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["gateway", "--upstream", "http://h", *arguments]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_busy_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,6 +181,39 @@ async def test_the_command_serves_and_stops_on_sigterm() -> None:
         finally:
             if process.returncode is None:
                 os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def test_the_command_starts_the_controller_at_the_initial_limit() -> None:
+    fake = FakeOpenAI()
+    async with serving(fake) as upstream:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "adaptive_batcher.cli.main",
+            "gateway",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--no-engine-metrics",
+            "--initial-limit",
+            "5",
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            async with asyncio.timeout(BOUND_S):
+                line = (await process.stderr.readline()).decode()
+            url = line.split()[-1]
+            async with httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client:
+                metrics = await client.get("/metrics")
+            assert 'adaptive_batcher_llm_in_flight_limit{gate="gateway"} 5.0' in metrics.text
+        finally:
+            os.kill(process.pid, signal.SIGTERM)
+            async with asyncio.timeout(BOUND_S):
                 await process.wait()
 
 
