@@ -8,7 +8,8 @@ Routes:
   :func:`~adaptive_batcher.gateway.openai.estimate_prompt_tokens`, ``max_tokens``, the route,
   the client's ``authorization``). A refused request is answered at once: 429 (the gate's queue
   is full) or 503 (its first token would come too late), with ``Retry-After`` (whole seconds,
-  rounded up); 504 when its deadline passed while it waited; 503 when the gate is closed.
+  rounded up); 504 when its deadline passed while it waited; 503 when the gate is closed (both
+  with ``Retry-After: 1``, as is any other 503 or 504 the gateway answers before the stream).
   Once admitted, the engine's events stream to the client byte for byte (``text/event-stream``).
   An engine error before the first event is answered with the error's ``http_status``
   (an engine's own JSON error body is passed on as it is); after it, the headers are gone and
@@ -377,6 +378,8 @@ class _Exchange:
             await _send(
                 self.send, status, exc.cause.body.encode(), [(b"content-type", b"application/json")]
             )
+        elif status in (503, 504):  # shed as too late, or shutting down: another try may do
+            await _send_json(self.send, status, body, [(b"retry-after", b"1")])
         else:
             await _send_json(self.send, status, body)
 

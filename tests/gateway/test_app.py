@@ -283,6 +283,7 @@ async def test_a_late_first_token_gets_503_with_retry_after_rounded_up() -> None
 async def test_a_passed_deadline_gets_504() -> None:
     response = await answer_to_refusal(DeadlineExceededError("waited too long"))
     assert_openai_error(response, 504, "deadline_exceeded")
+    assert response.headers["retry-after"] == "1"  # shed as too late: another try may do
 
 
 async def test_a_closed_gate_gets_503() -> None:
@@ -296,6 +297,7 @@ async def test_a_closed_gate_gets_503() -> None:
     async with asgi_client(gateway_app(gate)) as client:
         response = await client.post("/v1/completions", json={"prompt": "x", "stream": True})
     assert_openai_error(response, 503, "gateway_closed")
+    assert response.headers["retry-after"] == "1"  # another replica, or this one restarted
     assert fake.bodies == []
 
 
