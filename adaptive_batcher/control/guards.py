@@ -684,7 +684,8 @@ class MemoryGuard(Guard):
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
     tick, at most halfway to a size remembered as too big and never to it, until it no longer
-    binds; an error while it rises brings it back no lower than where it held the cooldown.
+    binds; an error while it rises brings it back no lower than the highest ceiling that held a
+    cooldown.
     Probing upward this way finds the largest cap that fits in a few steps instead of failing
     batch after batch. The
     ceiling travels with the decision (``Decision.max_batch_size_ceiling``): a guard that wraps
@@ -711,8 +712,8 @@ class MemoryGuard(Guard):
         self._pressure_at = -math.inf
         self._pressure_free: float | None = None  # the free fraction at the last shrink
         self._too_big_at = -math.inf
-        self.fits: int | None = None  # the ceiling that held a cooldown without an error
-        self._recovering = False
+        self.fits: int | None = None  # the highest ceiling that held a cooldown, no error
+        self._ceiling_at = -math.inf  # when the ceiling last changed
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         now = observation.now_s
@@ -752,7 +753,6 @@ class MemoryGuard(Guard):
             ceiling = bisected if narrowing else min(cap_now // 2, bisected)
             self.fits = self.fits if self.fits is not None and self.fits < failed else None
             self.ceiling = max(1, ceiling, self.fits or 0)
-            self._recovering = False
             self._pressure_free = free  # this pressure is answered: no shrink for it too
         elif free is not None and free < self.min_free_fraction:
             falling = self._pressure_free is None or free < self._pressure_free / 2.0
@@ -761,25 +761,27 @@ class MemoryGuard(Guard):
                 return ""
             self._pressure_free = free
             self.ceiling = max(1, int(cap_now * self.shrink))
-            self.fits, self._recovering = None, False  # less memory: what fitted may not
+            # less memory: what fitted may not fit now
+            self.fits, self._ceiling_at = None, observation.now_s
             return "memory_pressure"
         else:
             self._pressure_free = None
             return ""
-        self._pressure_at = observation.now_s
+        self._pressure_at = self._ceiling_at = observation.now_s
         return "out_of_memory"
 
     def _recover(self, hard_cap: int, now: float) -> None:
         assert self.ceiling is not None
         if self.too_big is not None and now - self._too_big_at >= self.forget_s:
             self.too_big = None
-        if not self._recovering:  # the ceiling held a cooldown without an error
-            self.fits, self._recovering = self.ceiling, True
+        if now - self._ceiling_at >= self.cooldown_s:  # it held a cooldown without an error
+            self.fits = max(self.fits or 0, self.ceiling)
         ceiling = math.ceil(self.ceiling * self.recover)
         if self.too_big is not None:  # probe halfway to the size known too big
             ceiling = min(ceiling, max(self.ceiling + 1, (self.ceiling + self.too_big) // 2))
             ceiling = min(ceiling, self.too_big - 1)
-        self.ceiling = max(self.ceiling, ceiling)
+        if ceiling > self.ceiling:
+            self.ceiling, self._ceiling_at = ceiling, now
         if self.ceiling >= hard_cap:
             self.ceiling = None
 

@@ -63,6 +63,7 @@ class WarmUp:
             except Exception as exc:
                 if not (batches and self._out_of_memory(exc, units)):
                     raise
+                self.driver.pump()  # the controller ticks now: the cap is below it at once
                 break  # the larger sizes would run out of memory too
             batches[ran] = (items, units)
         slots = await self._warm_slots(batches[min(batches)]) if batches else 0

@@ -476,6 +476,22 @@ def test_memory_guard_falls_back_to_the_ceiling_that_held_when_a_probe_fails() -
     assert guard.decide(failed).max_batch_size == 30
 
 
+def test_memory_guard_falls_back_to_the_highest_ceiling_that_held() -> None:
+    """A batch of 45 failed under cap 64; the ceiling climbed to 44 and held there until 45
+    was forgotten (60 s); the next probe (55) fails: back to 44, where it held, not to the 32
+    it started the climb from (a fresh user's trial: the cap fell from 45 to 37 once a
+    minute)."""
+    guard = guarded(MemoryGuard, Decision(0.0, 64, "policy"), cooldown_s=1.0, forget_s=60.0)
+    assert guard.decide(observe(now_s=10.0, oom_errors=1, oom_units=45)).max_batch_size == 32
+    caps = [32]
+    for i in range(1, 41):
+        seen = observe(now_s=10.0 + 1.5 * i, current=Decision(0.0, caps[-1]))
+        caps.append(guard.decide(seen).max_batch_size)
+    assert caps[-1] == 55 and 44 in caps  # 45 forgotten: the probe
+    failed = observe(now_s=71.0, current=Decision(0.0, 55), oom_errors=1, oom_units=55)
+    assert guard.decide(failed).max_batch_size == 44
+
+
 def test_memory_guard_does_not_shrink_again_for_the_pressure_of_its_oom() -> None:
     """Free memory is low right after an out-of-memory error: that is the pressure the OOM
     cut answered (before, the next tick shrank the new ceiling by a quarter again)."""

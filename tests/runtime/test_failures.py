@@ -402,6 +402,7 @@ async def test_warmup_that_runs_out_of_memory_keeps_what_fits_and_caps_below_it(
         with capture_logs() as logs:
             timings = await b.warmup(lambda: 0)
         assert sorted(timings) == [1, 2, 4, 8, 16, 32] == sorted(b.warmed_sizes)
+        assert b.stats().max_batch_size <= 32  # at once, not at the first request's tick
         served = len(sizes)
         assert await gather_outcomes(b, list(range(64))) == list(range(64))
         counts = b.stats().counts
