@@ -238,10 +238,19 @@ def test_nan_and_infinities_are_a_422_that_does_not_echo_the_input(bad: str) -> 
     assert "0.25" not in answer.text and bad not in answer.text  # the input is not echoed
 
 
-@pytest.mark.parametrize(("bad", "where"), [("3.5e38", ["body", 255]), ("-1e308", ["body", 255])])
-def test_numbers_beyond_float32_are_a_422(bad: str, where: list[object]) -> None:
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [
+        ("3.5e38", ["body", 255]),
+        ("-1e308", ["body", 255]),
+        ("true", ["body", 255]),  # lax parsing took a bool or a numeric string as a number
+        ('"1.5"', ["body", 255]),
+    ],
+)
+def test_numbers_beyond_float32_and_non_numbers_are_a_422(bad: str, where: list[object]) -> None:
     """A finite JSON number beyond float32's range became an infinity in the tensor and the
-    answer went out as 200 with nulls (a fresh user's trial)."""
+    answer went out as 200 with nulls; ``true`` and ``"1.5"`` were taken as numbers (fresh
+    users' trials)."""
     namespace = readme_namespace()
     body = ("[" + ",".join(["0.25"] * 255 + [bad]) + "]").encode()
 
@@ -267,4 +276,5 @@ def test_an_answer_that_overflows_float32_is_a_422_not_nulls() -> None:
 
     answer = serve(namespace, exchange)
     assert answer.status_code == 422
+    assert answer.json()["error"] == "NonFiniteAnswer"  # the shape of the other 422s
     assert "null" not in answer.text
