@@ -236,25 +236,22 @@ def slo_of(args: argparse.Namespace) -> TokenSLO:
 def run_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; 0 after a clean stop, 2 without the gateway extra or when the
     address cannot be bound."""
-    if args.fixed_limit is not None and args.fixed_limit > args.max_in_flight:
-        print(
-            f"adaptive-batcher gateway: --fixed-limit {args.fixed_limit} is above "
-            f"--max-in-flight {args.max_in_flight} (the most inside the engine whatever the "
-            "limit); raise --max-in-flight",
-            file=sys.stderr,
-        )
-        return 2
+    for flag, limit in (
+        ("--fixed-limit", args.fixed_limit),
+        ("--initial-limit", args.initial_limit),
+    ):
+        if limit is not None and limit > args.max_in_flight:
+            print(
+                f"adaptive-batcher gateway: {flag} {limit} is above --max-in-flight "
+                f"{args.max_in_flight} (the most inside the engine whatever the limit); raise "
+                "--max-in-flight",
+                file=sys.stderr,
+            )
+            return 2
     if args.initial_limit is not None and args.fixed_limit is not None:
         print(
             "adaptive-batcher gateway: --initial-limit and --fixed-limit exclude each other (a "
             "fixed limit starts where it stays)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.initial_limit is not None and args.initial_limit > args.max_in_flight:
-        print(
-            f"adaptive-batcher gateway: --initial-limit {args.initial_limit} is above "
-            f"--max-in-flight {args.max_in_flight}; raise --max-in-flight",
             file=sys.stderr,
         )
         return 2

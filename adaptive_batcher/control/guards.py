@@ -520,9 +520,10 @@ class ShedGuard(Guard):
             # no cap both keeps up and fits twice: the most answers within the SLO; where not
             # even two of the smallest fit, the one batch whose wait gathers the most does
             arriving = _at_mean_rate(observation, plan)
+            off_grid = _fill_cap(arriving, room, high)
             if tail is None:
-                best = _one_batch_cap(arriving, room, typical, high) or best
-            cap = _goodput_cap(arriving, room, best, high) or best
+                best = _one_batch_cap(arriving, room, typical, high, off_grid) or best
+            cap = _goodput_cap(arriving, room, best, high, off_grid) or best
         else:
             cap = min(decision.max_batch_size, fits)
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
@@ -546,17 +547,17 @@ def _one_batch_cap(
     room_ms: float,
     typical: Callable[[int], float],
     high: Callable[[int], float],
+    off_grid: int | None = None,
 ) -> int | None:
     """The cap whose batches answer the most within ``room_ms`` where not even two of the
     smallest fit it (a device slowed down many times), None when no batch fits once. Shedding
     keeps each request's wait within what one typical batch (``typical``, ms) leaves of the
     room, so a cap answers its throughput while that wait gathers a full batch, in proportion
     below that (:func:`_shed_answers`): a cap whose one batch just fits leaves no wait and
-    answers almost nothing. Ties go to the higher throughput. A cap off the grid
-    (:func:`_fill_cap`) must fill within the deadline that is set, ``room - high(cap)``
+    answers almost nothing. Ties go to the higher throughput. ``off_grid``, a cap between the
+    candidates (:func:`_fill_cap`), fills within the deadline that is set, ``room - high(cap)``
     (``high``: with the error bars)."""
     answers = {cap: _shed_answers(plan, cap, room_ms - typical(cap)) for cap in plan.caps}
-    off_grid = _fill_cap(plan, room_ms, high)
     if off_grid is not None:
         waited = room_ms - high(off_grid)
         answers[off_grid] = _shed_answers(plan, off_grid, waited) / (1.0 + SHED_SWITCH_GAIN)
@@ -603,7 +604,13 @@ def _at_mean_rate(observation: Observation, plan: Plan) -> Plan:
     return replace(plan, rate_units_per_s=rate)
 
 
-def _goodput_cap(plan: Plan, room_ms: float, best: int, high: Callable[[int], float]) -> int | None:
+def _goodput_cap(
+    plan: Plan,
+    room_ms: float,
+    best: int,
+    high: Callable[[int], float],
+    off_grid: int | None = None,
+) -> int | None:
     """A cap above ``best`` (the highest-throughput cap whose two full batches fit
     ``room_ms``; it sheds what it cannot keep up with) whose batches answer more of the
     arrivals within the room, or None. Where the cap keeps up, the batches that form at window
@@ -613,14 +620,14 @@ def _goodput_cap(plan: Plan, room_ms: float, best: int, high: Callable[[int], fl
     of the requests that have waited at most ``room - high(cap)`` (``high``: the batch's time
     with its error bars, ms; the shedding deadline drops the rest), so it answers its
     throughput within the room while that wait gathers a full batch (:func:`_shed_answers`);
-    it is taken only for ``SHED_SWITCH_GAIN`` more answers than the alternative.
+    it is taken only for ``SHED_SWITCH_GAIN`` more answers than the alternative, and
+    ``off_grid`` (a cap between the candidates, :func:`_fill_cap`) for as much again.
     With ``best``, ``throughput(best) / rate`` of them meet it (why: docs/policies.md,
     "ShedGuard")."""
     rate = plan.rate_units_per_s
     if not rate > 0:
         return None
     chosen, most = None, min(rate, plan.throughput_units_per_s(best))
-    off_grid = _fill_cap(plan, room_ms, high)
     for cap in sorted({*plan.caps, off_grid or 0}):
         if cap <= best:
             continue
@@ -685,11 +692,10 @@ class MemoryGuard(Guard):
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
     tick, at most halfway to a size remembered as too big and never to it, until it no longer
     binds; an error while it rises brings it back no lower than the highest ceiling that held a
-    cooldown.
-    Probing upward this way finds the largest cap that fits in a few steps instead of failing
-    batch after batch. The
-    ceiling travels with the decision (``Decision.max_batch_size_ceiling``): a guard that wraps
-    this one (``ShedGuard``) never sets a cap above it.
+    cooldown. Probing upward this way finds the largest cap that fits in a few steps instead of
+    failing batch after batch. The ceiling travels with the decision
+    (``Decision.max_batch_size_ceiling``): a guard that wraps this one (``ShedGuard``) never
+    sets a cap above it.
     """
 
     def __init__(

@@ -84,7 +84,8 @@ class WarmUp:
     def _out_of_memory(self, exc: Exception, units: int) -> bool:
         """True when ``exc`` is an out-of-memory error that the controller can act on: it is
         counted as caused by the size (``units``), so the memory guard's ceiling goes below
-        it at the next tick; logged as ``batcher.warmup_out_of_memory``."""
+        it at the controller's next tick (forced: the caller pumps the driver); logged as
+        ``batcher.warmup_out_of_memory``."""
         if not (self.core.controller is not None and self.runner.is_oom_error(exc)):
             return False
         self.core.note_oom(units)
