@@ -67,6 +67,20 @@ class Summary:
     errors: int
     error_statuses: tuple[int, ...]  # the errors' statuses (-1: a transport error), sorted
 
+    def meets_tails(self, slo: TokenSLO) -> bool:
+        """Whether the answered requests' TTFT p99 and TPOT p99 are within ``slo``'s targets
+        (issue 24's first target; False with none answered)."""
+        return self.ttft_p99_ms <= slo.ttft_ms and self.tpot_p99_ms <= slo.tpot_ms
+
+
+def best_by_goodput(
+    summaries: dict[str, Summary], slo: TokenSLO | None = None
+) -> tuple[str, Summary] | None:
+    """The contender with the highest goodput, among those whose answered requests meet
+    ``slo``'s tail targets when it is given; None when none does."""
+    eligible = [(name, s) for name, s in summaries.items() if slo is None or s.meets_tails(slo)]
+    return max(eligible, key=lambda item: item[1].goodput_rps, default=None)
+
 
 async def stream_one(
     client: httpx.AsyncClient, payload: dict[str, Any], scheduled_s: float

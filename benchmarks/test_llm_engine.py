@@ -42,6 +42,7 @@ from benchmarks.conftest import report_lines
 from benchmarks.llm_engine import (
     GatewayProcess,
     Summary,
+    best_by_goodput,
     closed_loop_rate,
     open_loop,
     poll_engine,
@@ -303,25 +304,38 @@ def _table(phases: list[Phase], setup: dict[str, float]) -> tuple[list[str], lis
             f"{p.engine_waiting_max:.0f} | {p.kv_usage_max_pct:.1f} | {p.preemptions:.0f} | "
             f"{_spread(p.limits)} |"
         )
-    verdicts = [_verdict(phases, load) for load in LOADS]
+    slo = TokenSLO(ttft_ms=5 * setup["unloaded_ttft_ms"], tpot_ms=3 * setup["unloaded_tpot_ms"])
+    verdicts = [_verdict(phases, load, slo) for load in LOADS]
     return [*lines, "", *(f"- {v}" for v in verdicts), ""], verdicts
 
 
-def _verdict(phases: list[Phase], load: float) -> str:
+def _verdict(phases: list[Phase], load: float, slo: TokenSLO) -> str:
     at = {p.contender: p.summary for p in phases if p.load == load}
     ours, bare = at["ours"], at["bare"]
-    best_name, best = max(
-        ((n, s) for n, s in at.items() if n.startswith("static_")), key=lambda i: i[1].goodput_rps
+    statics = {n: s for n, s in at.items() if n.startswith("static_")}
+    best = best_by_goodput(statics)
+    assert best is not None
+    best_name, best_summary = best
+    # issue 24 asks for both: the admitted p99s within the SLO, and goodput against the best
+    # static limit; the best by goodput often runs its TPOT p99 past the target
+    within = best_by_goodput(statics, slo)
+    within_text = (
+        "no static gate kept its admitted p99s within the SLO"
+        if within is None
+        else f"the best static gate within the SLO's p99s ({within[0]}) "
+        f"{within[1].goodput_rps:.2f} ({_ratio(ours.goodput_rps, within[1].goodput_rps)})"
     )
     return (
         f"{load:g}x: ours' goodput {ours.goodput_rps:.2f} req/s, the bare engine's "
         f"{bare.goodput_rps:.2f} ({_ratio(ours.goodput_rps, bare.goodput_rps)}), the best static "
-        f"gate's ({best_name}) {best.goodput_rps:.2f} "
-        f"({_ratio(ours.goodput_rps, best.goodput_rps)}); ours refused {ours.refused_pct:.1f} %; "
+        f"gate's ({best_name}) {best_summary.goodput_rps:.2f} "
+        f"({_ratio(ours.goodput_rps, best_summary.goodput_rps)}), {within_text}; ours' admitted "
+        f"p99s {'within' if ours.meets_tails(slo) else 'beyond'} the SLO; ours refused "
+        f"{ours.refused_pct:.1f} %; "
         f"ours' TTFT p50 {_ratio(ours.ttft_p50_ms, bare.ttft_p50_ms)} the bare engine's; "
         + "; ".join(
             f"{name} {at[name].goodput_rps:.2f} req/s "
-            f"({_ratio(at[name].goodput_rps, best.goodput_rps)}), refused "
+            f"({_ratio(at[name].goodput_rps, best_summary.goodput_rps)}), refused "
             f"{at[name].refused_pct:.1f} %"
             for name in OURS
             if name != "ours"
