@@ -109,8 +109,9 @@ class ModelLimit:
     **Model.** The step-time fit gives ``gap = a + b * B + c * C + d * P`` (``B`` sequences,
     ``C`` context tokens, ``P`` prefill tokens a step). With ``N`` in flight, mean prompt
     ``p`` and output ``o``: ``C = N * (p + o / 2)``, and the prefill admitted meanwhile comes
-    at ``min(arrival rate, N / residence)`` requests a second (arrivals, or departures once
-    the limit binds; the arrival rate is the larger of its 5 s mean and a peak held
+    at ``min(arrival rate, N / (r0 + o * gap))`` requests a second (arrivals, or departures
+    once the limit binds, by Little's law, ``r0`` being the time inside the engine that is not
+    the output's gaps; the arrival rate is the larger of its 5 s mean and a peak held
     ``peak_hold_s`` by the controller), each costing ``d * p`` seconds of step time, so
     ``gap(N) = (a + b * N + c * C) / (1 - d * p * rate)`` (:meth:`predicted_gap_s`). The limit
     is the largest ``N`` with ``bias * gap(N) <= margin * tpot`` (a bisection), ``bias``
@@ -259,19 +260,39 @@ class ModelLimit:
     @staticmethod
     def predicted_gap_s(obs: GateObservation, limit: int) -> float:
         """The fit's mean token gap with ``limit`` requests in flight: their context, and the
-        prefill of the requests admitted meanwhile, at ``min(arrival rate, limit /
-        residence)`` a second (arrivals, or departures once the limit binds), solved for the
-        gap: ``gap = fixed / (1 - prefill_s * admissions_rps)``; infinite when prefill alone
-        would fill the engine."""
+        prefill of the requests admitted meanwhile, ``gap = fixed / (1 - prefill_s *
+        admissions_rps)``, admissions being the arrivals or, once the limit binds, the
+        departures, ``limit / (r0 + output * gap)`` by Little's law (``r0``: the time inside
+        the engine that is not the output's gaps, the measured residence less the output
+        times the streams' mean gap); infinite when the arrivals' prefill alone would fill
+        the engine and none finished yet."""
         fit = obs.step_fit
         assert fit is not None
         prompt, output = obs.mean_prompt, max(obs.mean_output, 1.0)
-        fixed = fit.step_s(limit, limit * (prompt + output / 2.0), 0.0)
         per_admitted = fit.per_prefill_ktoken_s * prompt / 1e3  # seconds per request prefilled
+
+        def fixed(n: float) -> float:
+            return fit.step_s(n, n * (prompt + output / 2.0), 0.0)
+
+        def at_rate(n: float, admissions_rps: float) -> float:
+            load = per_admitted * admissions_rps
+            return fixed(n) / (1.0 - load) if load < 1.0 else math.inf
+
         residence = obs.residence_s
-        departures = limit / residence if residence > 0 else math.inf
-        load = per_admitted * min(obs.arrival_rps, departures)
-        return fixed / (1.0 - load) if load < 1.0 else math.inf
+        arrivals = at_rate(limit, obs.arrival_rps)
+        if not residence > 0:  # none finished yet: the arrivals admit
+            return arrivals
+        gap_now = obs.mean_gap_s  # the streams' mean gap, else the fit's at the in-flight now
+        if not gap_now > 0:
+            now = max(obs.in_flight, 1)
+            gap_now = at_rate(now, min(obs.arrival_rps, now / residence))
+        r0 = residence - output * gap_now
+        r0 = max(r0, 0.0)  # (-inf: the prefill fills the engine now)
+        if arrivals < math.inf and limit / (r0 + output * arrivals) >= obs.arrival_rps:
+            return arrivals  # the limit does not bind: the arrivals admit
+        # gap * (r0 + output * gap) = fixed * (r0 + output * gap) + per_admitted * limit * gap
+        b = r0 - per_admitted * limit - fixed(limit) * output
+        return (-b + math.sqrt(b * b + 4.0 * output * fixed(limit) * r0)) / (2.0 * output)
 
     def _kv_guard(self, obs: GateObservation, wanted: int) -> int:
         engine = obs.engine

@@ -87,7 +87,34 @@ def test_the_predicted_gap_counts_the_prefill_admitted_meanwhile() -> None:
     )
     light = observation(arrival_rps=2.0)  # fewer arrivals than departures: arrivals admit
     assert ModelLimit.predicted_gap_s(light, 100) == pytest.approx(fixed / (1 - per_request * 2))
-    assert ModelLimit.predicted_gap_s(obs, 200) == math.inf  # prefill alone fills the engine
+    flooded = observation(arrival_rps=1000.0, residence_s=math.nan)  # none finished yet
+    assert ModelLimit.predicted_gap_s(flooded, 100) == math.inf  # the arrivals' prefill fills it
+
+
+def test_the_prefill_admitted_at_another_limit_follows_littles_law() -> None:
+    # at 100 in flight the limit binds: departures (100 / 5 s) admit. At another limit N the
+    # departures are N / (r0 + output * gap(N)), r0 the part of the residence that is not the
+    # output's gaps, so a higher limit admits more prefill, but fewer a second than N / 5 s
+    obs = observation(arrival_rps=1000.0)
+    per_request = 0.025 * 1000 / 1e3
+
+    def fixed(n: int) -> float:
+        return 0.006 + 0.00004 * n * (1000 + 100) / 1e3
+
+    now = ModelLimit.predicted_gap_s(obs, 100)
+    r0 = 5.0 - 200 * now
+    gaps = [ModelLimit.predicted_gap_s(obs, n) for n in (50, 100, 200, 400, 800)]
+    assert gaps == sorted(gaps) and math.isfinite(gaps[-1])
+    for n, gap in zip((50, 100, 200, 400, 800), gaps, strict=True):
+        departures = n / (r0 + 200 * gap)
+        assert gap == pytest.approx(fixed(n) / (1 - per_request * departures))
+    # with the streams' mean gap measured, r0 is the residence less the output's gaps at it
+    measured = observation(arrival_rps=1000.0, mean_gap_s=0.02)
+    gap = ModelLimit.predicted_gap_s(measured, 200)
+    assert gap == pytest.approx(fixed(200) / (1 - per_request * 200 / (1.0 + 200 * gap)))
+    # the arrivals admit where they are fewer than the departures
+    light = observation(arrival_rps=2.0)
+    assert ModelLimit.predicted_gap_s(light, 400) == pytest.approx(fixed(400) / (1 - 0.05))
 
 
 def test_model_limit_is_the_largest_limit_within_the_target() -> None:
