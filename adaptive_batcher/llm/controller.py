@@ -28,7 +28,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from adaptive_batcher._validate import check_in_range, check_int, check_number
+from adaptive_batcher._validate import check_bool, check_in_range, check_int, check_number
 from adaptive_batcher.llm.estimators import DecayedMean, Ewma, StepTimeEstimator, TTFTFit
 from adaptive_batcher.llm.gate import ORDERS, GateLimits, TTFTForecast
 from adaptive_batcher.llm.laws import LimitLaw
@@ -114,7 +114,7 @@ class TokenController:
         self.ttft_quantile = check_in_range(
             "ttft_quantile", 0.95 if ttft_quantile is None else ttft_quantile, 0.5, 1.0
         )
-        self.predict_free = bool(predict_free)
+        self.predict_free = check_bool("predict_free", predict_free)
         self._pressed = False
         if not isinstance(slo, TokenSLO):
             raise TypeError(f"slo must be a TokenSLO, got {type(slo).__name__}")
@@ -133,8 +133,8 @@ class TokenController:
         window = check_number("window_s", window_s, 0.0, strict=True)
         self.max_queue = max_queue
         self.order = order
-        self.early_reject = bool(early_reject)
-        self.shed_late = bool(shed_late)
+        self.early_reject = check_bool("early_reject", early_reject)
+        self.shed_late = check_bool("shed_late", shed_late)
         self.admit_fraction = check_in_range(
             "admit_fraction", admit_fraction, 0.0, 1.0, open_low=True
         )
@@ -186,7 +186,14 @@ class TokenController:
 
     def record_first_token(self, now: float, engine_ttft_s: float, prefill_tokens: int) -> None:
         """A stream's first token came ``engine_ttft_s`` after its admission, with
-        ``prefill_tokens`` to prefill by then (its prompt and those ahead of it)."""
+        ``prefill_tokens`` to prefill by then (its prompt and those ahead of it).
+
+        Raises:
+            TypeError, ValueError: ``engine_ttft_s`` not a finite number >= 0, or
+                ``prefill_tokens`` not a number >= 0 (named).
+        """
+        check_number("engine_ttft_s", engine_ttft_s, 0.0)
+        check_number("prefill_tokens", prefill_tokens, 0.0)
         self._engine_ttft.record(engine_ttft_s, now)
         gap = self._gaps.value
         if not math.isnan(gap):
@@ -202,7 +209,17 @@ class TokenController:
         in_flight: int,
     ) -> None:
         """A request finished: its TTFT and TPOT (seconds), output length (usage), time inside
-        the engine, and the in-flight count it left."""
+        the engine, and the in-flight count when it finished, itself included (as Netflix's
+        limiter counts it: at a limit of 1, 1).
+
+        Raises:
+            TypeError, ValueError: a time that is not a finite number >= 0, or a count that is
+                not an int >= 0 (named).
+        """
+        for name, value in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("residence_s", residence_s)):
+            check_number(name, value, 0.0)
+        check_int("output_tokens", output_tokens, 0)
+        check_int("in_flight", in_flight, 0)
         self._ttft.record(ttft_s, now)
         self._tpot.record(tpot_s, now)
         self._output.update(float(output_tokens), now)
@@ -216,7 +233,17 @@ class TokenController:
         self, now: float, streams: int, gap_s: float, sequences: int, context_tokens: float
     ) -> None:
         """``streams`` streams each got a token ``gap_s`` after their previous one, while
-        ``sequences`` requests with ``context_tokens`` of context were in flight."""
+        ``sequences`` requests with ``context_tokens`` of context were in flight.
+
+        Raises:
+            TypeError, ValueError: ``gap_s`` or ``context_tokens`` not a finite number >= 0, or
+                ``streams`` or ``sequences`` not a number >= 0 (named): one such sample would
+                spoil the step-time fit for as long as it stays in its window.
+        """
+        check_number("gap_s", gap_s, 0.0)
+        check_number("context_tokens", context_tokens, 0.0)
+        check_number("streams", streams, 0.0)
+        check_number("sequences", sequences, 0.0)
         if streams > 0 and gap_s > 0:
             self._steps.add(gap_s, sequences, context_tokens, self._prefill_prev)
             self._gaps.add(gap_s, float(streams), now)

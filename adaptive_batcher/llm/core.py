@@ -139,14 +139,10 @@ class GateCore(Generic[H]):
             admitted = request.admitted_s if request.admitted_s is not None else request.arrival_s
             tpot = (now - first) / (output_tokens - 1) if output_tokens > 1 else 0.0
             self._context -= request.prompt_tokens + output_tokens
+            running = self.gate.in_flight  # itself included, as Netflix's limiter counts
             actions = self.gate.finish(request, now)
             self.controller.record_finish(
-                now,
-                first - request.arrival_s,
-                tpot,
-                output_tokens,
-                now - admitted,
-                self.gate.in_flight,
+                now, first - request.arrival_s, tpot, output_tokens, now - admitted, running
             )
         else:
             actions = self.gate.poll(now)

@@ -57,8 +57,8 @@ class AIMDLimit:
 
     For each request finished since the last tick, in order: a miss (of its TTFT or TPOT
     target; with ``tpot_only``, of its TPOT target) sets ``limit = int(limit * backoff)``; a
-    success with ``2 * in_flight >= limit`` (the in-flight count when it finished) adds 1; the
-    result is clamped to ``[minimum, maximum]``.
+    success with ``2 * in_flight >= limit`` (the in-flight count when it finished, itself
+    included) adds 1; the result is clamped to ``[minimum, maximum]``.
 
     Args:
         initial: the starting limit (Netflix's default 20).
@@ -288,7 +288,8 @@ class ModelLimit:
             gap_now = at_rate(now, min(obs.arrival_rps, now / residence))
         r0 = residence - output * gap_now
         r0 = max(r0, 0.0)  # (-inf: the prefill fills the engine now)
-        if arrivals < math.inf and limit / (r0 + output * arrivals) >= obs.arrival_rps:
+        stay = r0 + output * arrivals
+        if arrivals < math.inf and (stay <= 0 or limit / stay >= obs.arrival_rps):
             return arrivals  # the limit does not bind: the arrivals admit
         # gap * (r0 + output * gap) = fixed * (r0 + output * gap) + per_admitted * limit * gap
         b = r0 - per_admitted * limit - fixed(limit) * output

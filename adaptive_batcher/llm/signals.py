@@ -89,7 +89,7 @@ class GateObservation:
         finished_misses: one bool per request finished since the previous tick, in order:
             True when it missed its TTFT or TPOT target.
         finished_tpot_misses: the same for the TPOT target alone.
-        in_flight_at_finish: the in-flight count when each of them finished.
+        in_flight_at_finish: the in-flight count when each of them finished, itself included.
         ttft_p_s, tpot_p_s: TTFT and TPOT of recently finished requests at the SLO's
             percentile, seconds (the TPOT's never their largest alone: with fewer requests
             than the percentile needs, the second largest).

@@ -9,7 +9,7 @@ import pytest
 from adaptive_batcher.llm.controller import HISTORY_TICKS, TokenController
 from adaptive_batcher.llm.core import GateCore
 from adaptive_batcher.llm.gate import Admit, GateRequest, Reject, RequestState
-from adaptive_batcher.llm.laws import StaticLimit
+from adaptive_batcher.llm.laws import AIMDLimit, StaticLimit
 from adaptive_batcher.llm.signals import EngineMetrics, GateObservation
 from adaptive_batcher.llm.slo import TokenSLO
 
@@ -175,3 +175,44 @@ def test_cancel_and_fail_end_requests_through_the_core() -> None:
     counts = core.counts()
     assert (counts.cancelled, counts.failed, counts.running) == (1, 1, 0)
     assert core.context_tokens == 0 and isinstance(running, GateRequest)
+
+
+def test_a_finish_counts_itself_in_flight_so_a_limit_of_one_can_rise() -> None:
+    # Netflix's limiter samples the in-flight count with the request in it; without it, a
+    # success at a limit of 1 finds 0 in flight, 2 * 0 < 1, and AIMD never rises again
+    law = AIMDLimit(initial=1)
+    core: GateCore[int] = GateCore(TokenController(SLO, law, initial_limit=1, interval_s=1.0))
+    now = 0.0
+    for i in range(3):
+        request, _ = core.arrive(i, now, 10)
+        core.first_token(request, now + 0.05)
+        core.finish(request, now + 0.07, output_tokens=2)  # TPOT 20 ms: a success
+        now += 0.2
+    core.poll(1.0)
+    # 1 in flight at each: 2 * 1 >= 1 and >= 2 add one each, 2 * 1 < 3 does not
+    assert law.limit == 3
+
+
+def test_bad_samples_are_refused_with_named_errors() -> None:
+    controller = TokenController(SLO, StaticLimit(4))
+    cases = [
+        (lambda: controller.record_gap(0.0, 5, math.inf, 5, 5000.0), "gap_s"),
+        (lambda: controller.record_gap(0.0, 5, 0.03, 5, math.nan), "context_tokens"),
+        (lambda: controller.record_gap(0.0, -1, 0.03, 5, 10.0), "streams"),
+        (lambda: controller.record_finish(0.0, math.nan, 0.02, 10, 1.0, 1), "ttft_s"),
+        (lambda: controller.record_finish(0.0, 0.1, 0.02, 10, -1.0, 1), "residence_s"),
+        (lambda: controller.record_finish(0.0, 0.1, 0.02, 10, 1.0, -1), "in_flight"),
+        (lambda: controller.record_first_token(0.0, math.nan, 100), "engine_ttft_s"),
+    ]
+    for call, name in cases:
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
+            call()
+    # nothing reached the estimators: the fit and the windows are as before
+    decision = controller.tick(1.0, in_flight=0, waiting=0, context_tokens=0.0)
+    assert decision.limits.max_in_flight == 4 and controller._steps.samples == 0
+
+
+def test_switches_must_be_bools() -> None:
+    for name in ("early_reject", "shed_late", "predict_free"):
+        with pytest.raises(TypeError, match=rf"^{name} must be a bool, got int$"):
+            TokenController(SLO, StaticLimit(4), **{name: 1})  # type: ignore[arg-type]

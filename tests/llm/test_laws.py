@@ -112,6 +112,12 @@ def test_the_prefill_admitted_at_another_limit_follows_littles_law() -> None:
     measured = observation(arrival_rps=1000.0, mean_gap_s=0.02)
     gap = ModelLimit.predicted_gap_s(measured, 200)
     assert gap == pytest.approx(fixed(200) / (1 - per_request * 200 / (1.0 + 200 * gap)))
+    # a fit of zeros (all coefficients may be 0) with the residence all gaps: a gap of 0
+    zero = StepFit(
+        base_s=0.0, per_seq_s=0.0, per_ktoken_s=0.0, per_prefill_ktoken_s=0.0, samples=500
+    )
+    idle = observation(step_fit=zero, residence_s=3.0, mean_gap_s=0.02, arrival_rps=10.0)
+    assert ModelLimit.predicted_gap_s(idle, 64) == 0.0
     # the arrivals admit where they are fewer than the departures
     light = observation(arrival_rps=2.0)
     assert ModelLimit.predicted_gap_s(light, 400) == pytest.approx(fixed(400) / (1 - 0.05))

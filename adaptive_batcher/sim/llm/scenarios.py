@@ -216,7 +216,9 @@ def _trace_window(name: str, rate_rps: float, duration_s: float) -> TokenArrival
 def workload(
     name: str, rate_rps: float, duration_s: float = 300.0, *, seed: int = 0
 ) -> TokenArrivals:
-    """The workload ``name`` (one of :data:`WORKLOADS`) at the mean rate ``rate_rps``.
+    """The workload ``name`` (one of :data:`WORKLOADS`) at the rate ``rate_rps``: the mean
+    rate of ``poisson``, the traces and ``long_output``; the reference rate that the phases of
+    ``steps`` and ``bursts`` are multiples of.
 
     * ``poisson``: Poisson arrivals, prompt and output lengths drawn in pairs from the Azure
       conversation trace.
