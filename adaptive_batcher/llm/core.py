@@ -116,11 +116,12 @@ class GateCore(Generic[H]):
         """``request``'s first token streamed at ``now``."""
         if request.state != RequestState.RUNNING or request.first_token_s is not None:
             return
-        self.gate.first_token(request, now)
         admitted = request.admitted_s if request.admitted_s is not None else now
+        # the controller first: a sample it refuses (a clock gone back) changes nothing
         self.controller.record_first_token(
             now, now - admitted, request.admit_backlog + request.prompt_tokens
         )
+        self.gate.first_token(request, now)
         self._context += 1.0
 
     def tokens(self, now: float, streams: int, gap_s: float) -> None:
@@ -138,12 +139,14 @@ class GateCore(Generic[H]):
             first = request.first_token_s if request.first_token_s is not None else now
             admitted = request.admitted_s if request.admitted_s is not None else request.arrival_s
             tpot = (now - first) / (output_tokens - 1) if output_tokens > 1 else 0.0
-            self._context -= request.prompt_tokens + output_tokens
-            running = self.gate.in_flight  # itself included, as Netflix's limiter counts
-            actions = self.gate.finish(request, now)
+            # the controller first, with the in-flight count that includes this request (as
+            # Netflix's limiter counts it): a sample it refuses leaves the request running
             self.controller.record_finish(
-                now, first - request.arrival_s, tpot, output_tokens, now - admitted, running
-            )
+                now, first - request.arrival_s, tpot, output_tokens, now - admitted,
+                self.gate.in_flight,
+            )  # fmt: skip
+            self._context -= request.prompt_tokens + output_tokens
+            actions = self.gate.finish(request, now)
         else:
             actions = self.gate.poll(now)
         self._observe(actions, now)

@@ -271,29 +271,28 @@ class ModelLimit:
         prompt, output = obs.mean_prompt, max(obs.mean_output, 1.0)
         per_admitted = fit.per_prefill_ktoken_s * prompt / 1e3  # seconds per request prefilled
 
-        def fixed(n: float) -> float:
+        def at_rate(fixed_s: float, admissions_rps: float) -> float:
+            load = per_admitted * admissions_rps
+            return fixed_s / (1.0 - load) if load < 1.0 else math.inf
+
+        def fixed(n: float) -> float:  # the step without prefill, n in flight
             return fit.step_s(n, n * (prompt + output / 2.0), 0.0)
 
-        def at_rate(n: float, admissions_rps: float) -> float:
-            load = per_admitted * admissions_rps
-            return fixed(n) / (1.0 - load) if load < 1.0 else math.inf
-
-        residence = obs.residence_s
-        arrivals = at_rate(limit, obs.arrival_rps)
+        fixed_s, residence = fixed(limit), obs.residence_s
+        arrivals = at_rate(fixed_s, obs.arrival_rps)
         if not residence > 0:  # none finished yet: the arrivals admit
             return arrivals
         gap_now = obs.mean_gap_s  # the streams' mean gap, else the fit's at the in-flight now
         if not gap_now > 0:
             now = max(obs.in_flight, 1)
-            gap_now = at_rate(now, min(obs.arrival_rps, now / residence))
-        r0 = residence - output * gap_now
-        r0 = max(r0, 0.0)  # (-inf: the prefill fills the engine now)
+            gap_now = at_rate(fixed(now), min(obs.arrival_rps, now / residence))
+        r0 = max(residence - output * gap_now, 0.0)  # (-inf: the prefill fills the engine now)
         stay = r0 + output * arrivals
         if arrivals < math.inf and (stay <= 0 or limit / stay >= obs.arrival_rps):
             return arrivals  # the limit does not bind: the arrivals admit
         # gap * (r0 + output * gap) = fixed * (r0 + output * gap) + per_admitted * limit * gap
-        b = r0 - per_admitted * limit - fixed(limit) * output
-        return (-b + math.sqrt(b * b + 4.0 * output * fixed(limit) * r0)) / (2.0 * output)
+        b = r0 - per_admitted * limit - fixed_s * output
+        return (-b + math.sqrt(b * b + 4.0 * output * fixed_s * r0)) / (2.0 * output)
 
     def _kv_guard(self, obs: GateObservation, wanted: int) -> int:
         engine = obs.engine

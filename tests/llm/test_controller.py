@@ -216,3 +216,18 @@ def test_switches_must_be_bools() -> None:
     for name in ("early_reject", "shed_late", "predict_free"):
         with pytest.raises(TypeError, match=rf"^{name} must be a bool, got int$"):
             TokenController(SLO, StaticLimit(4), **{name: 1})  # type: ignore[arg-type]
+
+
+def test_a_sample_the_controller_refuses_leaves_the_request_as_it_was() -> None:
+    core: GateCore[str] = GateCore(TokenController(SLO, StaticLimit(1), initial_limit=1))
+    request, _ = core.arrive("a", 1.0, 10)
+    waiting, _ = core.arrive("b", 1.0, 10)
+    with pytest.raises(ValueError, match=r"^engine_ttft_s must be"):
+        core.first_token(request, 0.5)  # a clock gone back: before its admission
+    assert request.first_token_s is None
+    core.first_token(request, 1.1)
+    with pytest.raises(ValueError, match=r"^tpot_s must be"):
+        core.finish(request, 1.05, output_tokens=3)  # its last token before its first
+    assert request.state == RequestState.RUNNING and waiting.state == RequestState.WAITING
+    actions = core.finish(request, 1.12, output_tokens=3)  # the slot frees for the waiting one
+    assert [a.request for a in actions if isinstance(a, Admit)] == [waiting]
