@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from adaptive_batcher._validate import (
@@ -37,6 +37,9 @@ from adaptive_batcher._validate import (
 from adaptive_batcher.cli._help import plain
 from adaptive_batcher.gateway._extra import missing_extra
 from adaptive_batcher.llm.slo import TokenSLO
+
+if TYPE_CHECKING:
+    from adaptive_batcher.llm.controller import TokenController
 
 __all__ = ["register", "slo_of"]
 
@@ -148,6 +151,12 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="hold the in-flight limit at N instead of letting the controller move it (a "
         "hand-tuned setting, or a fallback); the TTFT forecast still refuses early",
+    )
+    parser.add_argument(
+        "--no-prefill-pacing",
+        action="store_true",
+        help="admit into free slots at once, without pacing the prompt tokens to what the "
+        "running streams' TPOT target leaves (docs/llm.md, 'The controller')",
     )
     parser.add_argument(
         "--max-queue",
@@ -310,6 +319,35 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
     return factory
 
 
+def gateway_controller(args: argparse.Namespace, slo: TokenSLO) -> TokenController | None:
+    """The controller ``args`` ask for: a fixed limit, ours without prefill pacing, or None
+    (the gate's default, ours)."""
+    from adaptive_batcher.llm import ModelLimit, StaticLimit, TokenController
+
+    pace = not args.no_prefill_pacing
+    if args.fixed_limit is not None:
+        limit = args.fixed_limit
+        return TokenController(
+            slo,
+            StaticLimit(limit),
+            initial_limit=limit,
+            max_limit=limit,
+            max_queue=args.max_queue,
+            pace_prefill=pace,
+        )
+    if pace:
+        return None
+    top = args.max_in_flight
+    return TokenController(
+        slo,
+        ModelLimit(slo, maximum=top),
+        initial_limit=args.initial_limit or top,
+        max_limit=top,
+        max_queue=args.max_queue,
+        pace_prefill=False,
+    )
+
+
 class _TerminatedError(Exception):
     """SIGTERM arrived: uvicorn stops serving, then re-raises the signal, which this ends."""
 
@@ -334,7 +372,6 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
     from adaptive_batcher.gateway.server import WRITE_GRACE_S, DrainingServer
     from adaptive_batcher.gateway.shell import LLMGate
     from adaptive_batcher.gateway.telemetry import PrometheusEngineTelemetry
-    from adaptive_batcher.llm import StaticLimit, TokenController
 
     engine = OpenAIEngine(
         args.upstream,
@@ -346,19 +383,14 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         metrics_url = args.metrics_url or f"{args.upstream}/metrics"
         telemetry = PrometheusEngineTelemetry(metrics_url, interval_s=args.metrics_interval_s)
     slo = slo_of(args)
-    controller = None
-    if args.fixed_limit is not None:
-        limit = args.fixed_limit
-        controller = TokenController(
-            slo, StaticLimit(limit), initial_limit=limit, max_limit=limit, max_queue=args.max_queue
-        )
+    controller = gateway_controller(args, slo)
     gate = LLMGate(
         engine,
         slo,
         controller=controller,
         telemetry=telemetry,
         max_in_flight=args.max_in_flight,
-        initial_limit=args.initial_limit,
+        initial_limit=args.initial_limit if controller is None else None,
         max_queue=args.max_queue,
         name="gateway",
     )

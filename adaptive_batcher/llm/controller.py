@@ -15,6 +15,12 @@ each tick, and derives the rest of the gate's knobs the same way for every law:
   (``predict_free``);
 * the **flood guard**: an arrival that finds a free slot is refused while the prefill already
   admitted would put an empty prompt's first token past ``flood_factor`` times that threshold;
+* **prefill pacing**: the prompt tokens admitted a second are at most what leaves the running
+  streams' steps within the TPOT aim, ``(1 - decode step / (margin * tpot)) / cost per prefill
+  token`` from the step-time fit (a share of each step, at least ``min_prefill_share``), with a
+  burst of ``pacing_gaps`` aims' worth of prefill at once: a burst that finds the limit far
+  above what runs fills the free slots at that pace instead of stalling every stream's steps
+  behind its prompts (the requests it holds wait, and early rejection counts that wait);
 * **late shedding**: a request that waited so long that the engine's TTFT at its 90th
   percentile would make it miss expires (``max_wait_s = ttft - engine TTFT p90``; half the TTFT
   target before the first token is seen).
@@ -77,6 +83,10 @@ class TokenController:
             misses (:attr:`~adaptive_batcher.llm.gate.GateLimits.predict_free`): under
             overload the requests whose own prefill would miss give way to those that can
             make it.
+        pace_prefill: derive prefill pacing (off: the gate admits into free slots at once).
+        pacing_gaps: the pacing's burst, in aims of the TPOT target (``margin * tpot``) of
+            prefill time (> 0).
+        min_prefill_share: the least share of a step the pacing leaves to prefill, in (0, 1].
         peak_hold_s: the arrival rate a law sees is the larger of its 5 s mean and the
             highest rate of a tick, fading with this time constant, seconds (>= 0; 0: the
             mean alone): a bursty trace's bursts are planned for while they may recur.
@@ -104,7 +114,15 @@ class TokenController:
         ttft_quantile: float | None = None,
         peak_hold_s: float = 10.0,
         flood_factor: float | None = 1.0,
+        pace_prefill: bool = True,
+        pacing_gaps: float = 2.0,
+        min_prefill_share: float = 0.1,
     ) -> None:
+        self.pace_prefill = check_bool("pace_prefill", pace_prefill)
+        self.pacing_gaps = check_number("pacing_gaps", pacing_gaps, 0.0, strict=True)
+        self.min_prefill_share = check_in_range(
+            "min_prefill_share", min_prefill_share, 0.0, 1.0, open_low=True
+        )
         self.flood_factor = (
             None
             if flood_factor is None
@@ -354,6 +372,20 @@ class TokenController:
         per_token = None if step is None else step.per_prefill_ktoken_s / 1e3
         return self._prefill.fit(per_token, self.ttft_quantile)
 
+    def _prefill_pacing(self, obs: GateObservation | None) -> tuple[float | None, float | None]:
+        """``(tokens_per_s, burst_tokens)`` of prefill pacing, or ``(None, None)``: off, or
+        no step-time fit with a prefill cost yet."""
+        fit = None if obs is None else obs.step_fit
+        if not self.pace_prefill or obs is None or fit is None:
+            return None, None
+        per_token_s = fit.per_prefill_ktoken_s / 1e3
+        if not per_token_s > 0:
+            return None, None
+        aim_s = self.slo.margin * self.slo.tpot_s
+        decode_s = fit.step_s(max(obs.in_flight, 1), obs.context_tokens, 0.0)
+        share = max(1.0 - decode_s / aim_s, self.min_prefill_share)
+        return share / per_token_s, self.pacing_gaps * aim_s / per_token_s
+
     def _decide_knobs(
         self, now: float, in_flight: int | None = None, obs: GateObservation | None = None
     ) -> GateDecision:
@@ -378,6 +410,7 @@ class TokenController:
             max_wait = max(self.slo.ttft_s - engine_part, 0.0)
         admit = self.admit_fraction * self.slo.ttft_s if self.early_reject else None
         flood = None if admit is None or self.flood_factor is None else admit * self.flood_factor
+        rate, burst = self._prefill_pacing(obs)
         limits = GateLimits(
             self.limit,
             self.max_queue,
@@ -386,6 +419,8 @@ class TokenController:
             self.order,
             self.predict_free and self._pressed,
             flood,
+            rate,
+            burst,
         )
         self.history.append((now, float(self.limit), admit if admit is not None else math.nan))
         return GateDecision(limits, forecast)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
@@ -204,6 +205,13 @@ class GateLimits:
             slot is refused when the prefill already admitted (the backlog) would put even an
             empty prompt's first token beyond this (a burst flooded the engine); not while the
             engine's TTFT alone is forecast beyond it.
+        prefill_tokens_per_s: prefill pacing, prompt tokens a second (> 0), or None (no
+            pacing): a token bucket of this rate and ``prefill_burst_tokens`` depth; a request
+            is admitted only while the bucket holds more than 0 tokens and takes its prompt
+            from it (the bucket may go below 0 for a long prompt); the others wait, as for a
+            slot. It starts full.
+        prefill_burst_tokens: the bucket's depth, prompt tokens (> 0); needed with
+            ``prefill_tokens_per_s``, None without.
 
     Raises:
         TypeError, ValueError: a field of the wrong type or out of range (named).
@@ -216,6 +224,8 @@ class GateLimits:
     order: str = "fcfs"
     predict_free: bool = False
     flood_ttft_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    prefill_burst_tokens: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_in_flight", check_int("max_in_flight", self.max_in_flight, 1))
@@ -230,17 +240,31 @@ class GateLimits:
         if self.flood_ttft_s is not None:
             value = check_number("flood_ttft_s", self.flood_ttft_s, 0.0, strict=True)
             object.__setattr__(self, "flood_ttft_s", value)
+        rate, depth = self.prefill_tokens_per_s, self.prefill_burst_tokens
+        if (rate is None) != (depth is None):
+            raise ValueError(
+                "prefill_tokens_per_s and prefill_burst_tokens go together, got "
+                f"{rate!r} and {depth!r}"
+            )
+        if rate is not None and depth is not None:
+            rate = check_number("prefill_tokens_per_s", rate, 0.0, strict=True)
+            depth = check_number("prefill_burst_tokens", depth, 0.0, strict=True)
+            object.__setattr__(self, "prefill_tokens_per_s", rate)
+            object.__setattr__(self, "prefill_burst_tokens", depth)
 
 
 @dataclass(frozen=True, slots=True)
 class TTFTForecast:
     """What the gate needs to predict a newcomer's time to first token.
 
-    ``predicted = max(0, waiting + 1 - (limit - running)) / departure_rps + engine_ttft_s +
-    per_prompt_token_s * (prefill_backlog + prompt_tokens)``: the departures it must wait for
-    before a slot is its own (more when a lowered limit is below what runs), then the engine's
-    time from admission to first token, which grows with the prompt tokens ahead of it in the
-    engine's prefill (:attr:`AdmissionGate.prefill_backlog`) and its own.
+    ``predicted = max(slot_wait + per_prompt_token_s * prefill_backlog, pacing_wait) +
+    engine_ttft_s + per_prompt_token_s * prompt_tokens``, with ``slot_wait = max(0, waiting +
+    1 - (limit - running)) / departure_rps``: the departures it must wait for before a slot is
+    its own (more when a lowered limit is below what runs) and the prefill of the prompts ahead
+    of it in the engine (:attr:`AdmissionGate.prefill_backlog`), or, with prefill pacing, the
+    time the bucket needs for the prompts waiting ahead and its own first token (the engine
+    works the backlog off meanwhile), whichever is longer; then the engine's time from
+    admission to first token and its own prefill.
 
     Attributes:
         departure_rps: requests leaving the engine per second while the limit binds (> 0).
@@ -307,6 +331,9 @@ class AdmissionGate(Generic[H]):
         self._waiting = 0
         self._running = 0
         self._backlog = 0
+        self._waiting_tokens = 0  # prompt tokens of the waiting requests
+        self._bucket = math.inf  # prefill pacing: tokens in the bucket at _bucket_s
+        self._bucket_s: float | None = None
         self._submitted = 0
         self._admitted = 0
         self._ended = [0, 0, 0, 0, 0]  # completed, rejected, expired, failed, cancelled
@@ -339,6 +366,17 @@ class AdmissionGate(Generic[H]):
         return self._backlog
 
     @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting requests."""
+        return self._waiting_tokens
+
+    @property
+    def prefill_bucket_tokens(self) -> float:
+        """Prefill pacing's bucket at the last event, prompt tokens (below 0 after a long
+        prompt; infinite without pacing)."""
+        return self._bucket
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
@@ -368,14 +406,22 @@ class AdmissionGate(Generic[H]):
         # flight when a lowered limit is below what runs
         ahead = self._waiting + 1 - (self._limits.max_in_flight - self._running)
         wait = ahead / forecast.departure_rps if ahead > 0 else 0.0
-        prefill = forecast.per_prompt_token_s * (self._backlog + prompt_tokens)
-        return wait + forecast.engine_ttft_s + prefill
+        backlog_s = forecast.per_prompt_token_s * self._backlog
+        # the engine works off the backlog while the pacing holds the request back
+        ahead_s = max(wait + backlog_s, self._pacing_wait_s())
+        return ahead_s + forecast.engine_ttft_s + forecast.per_prompt_token_s * prompt_tokens
 
     def next_wakeup(self) -> float | None:
-        """When :meth:`poll` must run next (a deadline or expiry), or None."""
+        """When :meth:`poll` must run next (a deadline, an expiry, or prefill pacing's bucket
+        refilled for a request that waits with a slot free), or None."""
         _drop_stale(self._expiries, RequestState.WAITING)
         _drop_stale(self._deadlines, RequestState.RUNNING)
         times = [heap[0][0] for heap in (self._expiries, self._deadlines) if heap]
+        rate = self._limits.prefill_tokens_per_s
+        free = self._running < self._limits.max_in_flight
+        admitting = not self._closed or self._draining
+        if rate is not None and self._waiting and free and admitting and self._bucket_s is not None:
+            times.append(self._bucket_s + (1.0 - self._bucket) / rate)
         return min(times) if times else None
 
     # -- knobs -----------------------------------------------------------------------------
@@ -421,13 +467,16 @@ class AdmissionGate(Generic[H]):
         request.seq = next(self._seq)
         self._submitted += 1
         limits = self._limits
+        self._refill(now)
         error = self._refusal(request, limits)
         if error is not None:
             request.state = RequestState.REJECTED
             self._ended[1] += 1
             return [Reject(request, error), *self._settle(now)]
         request.state = RequestState.WAITING
-        admitted_now = self._waiting == 0 and self._running < limits.max_in_flight
+        admitted_now = (
+            self._waiting == 0 and self._running < limits.max_in_flight and self._paced_ok()
+        )
         if limits.max_wait_s is not None and not admitted_now:  # only a wait can expire
             request.expire_s = request.arrival_s + limits.max_wait_s
         if request.deadline_s is not None and (
@@ -437,6 +486,7 @@ class AdmissionGate(Generic[H]):
         if request.expire_s is not None:
             heapq.heappush(self._expiries, (request.expire_s, request.seq, request))
         self._waiting += 1
+        self._waiting_tokens += request.prompt_tokens
         self._enqueue(request)
         return self._settle(now)
 
@@ -463,6 +513,7 @@ class AdmissionGate(Generic[H]):
         if request.state == RequestState.WAITING:
             request.state = RequestState.CANCELLED
             self._waiting -= 1
+            self._waiting_tokens -= request.prompt_tokens
             self._ended[4] += 1
             return self._settle(now)
         if request.state == RequestState.RUNNING:
@@ -487,6 +538,7 @@ class AdmissionGate(Generic[H]):
             for request in self._queued_in_order():
                 request.state = RequestState.REJECTED
                 self._waiting -= 1
+                self._waiting_tokens -= request.prompt_tokens
                 self._ended[1] += 1
                 actions.append(Reject(request, BatcherClosedError("the gate closed")))
             self._fifo.clear()
@@ -499,7 +551,7 @@ class AdmissionGate(Generic[H]):
         if self._closed:
             return BatcherClosedError("the gate is closed")
         free = limits.max_in_flight - self._running - self._waiting
-        if free > 0 and not limits.predict_free:
+        if free > 0 and not limits.predict_free and self._paced_ok():
             return self._flooded(limits)
         if free <= 0 and limits.max_queue is not None and self._waiting >= limits.max_queue:
             return GateQueueFullError(limits.max_queue, self._retry_after(0.0))
@@ -524,6 +576,32 @@ class AdmissionGate(Generic[H]):
         if ahead <= limit:
             return None
         return TTFTUnreachableError(ahead, limit, ahead - limit)
+
+    def _refill(self, now: float) -> None:
+        """Bring prefill pacing's bucket to ``now`` (full at the first call, and whenever
+        pacing is off)."""
+        rate, depth = self._limits.prefill_tokens_per_s, self._limits.prefill_burst_tokens
+        if rate is None or depth is None:
+            self._bucket, self._bucket_s = math.inf, now
+            return
+        last = self._bucket_s
+        if last is None or math.isinf(self._bucket):  # pacing just began: a full bucket
+            self._bucket, self._bucket_s = depth, now
+            return
+        self._bucket = min(self._bucket + rate * max(now - last, 0.0), depth)
+        self._bucket_s = max(now, last)
+
+    def _paced_ok(self) -> bool:
+        """Whether prefill pacing lets a request in now (the bucket holds more than 0)."""
+        return self._limits.prefill_tokens_per_s is None or self._bucket > 0
+
+    def _pacing_wait_s(self) -> float:
+        """How long the bucket needs before an arrival behind the waiting requests may enter
+        (0 without pacing)."""
+        rate = self._limits.prefill_tokens_per_s
+        if rate is None:
+            return 0.0
+        return max(self._waiting_tokens - self._bucket + 1.0, 0.0) / rate
 
     def _retry_after(self, extra_s: float) -> float:
         forecast = self._forecast
@@ -576,6 +654,7 @@ class AdmissionGate(Generic[H]):
             if request.state == RequestState.WAITING:
                 request.state = RequestState.EXPIRED
                 self._waiting -= 1
+                self._waiting_tokens -= request.prompt_tokens
                 self._ended[2] += 1
                 actions.append(Expire(request))
         deadlines = self._deadlines
@@ -587,7 +666,8 @@ class AdmissionGate(Generic[H]):
                 actions.append(Abort(request, error))
         if not self._closed or self._draining:
             limit = self._limits.max_in_flight
-            while self._waiting and self._running < limit:
+            self._refill(now)
+            while self._waiting and self._running < limit and self._paced_ok():
                 next_up = self._next_waiting()
                 if next_up is None:  # pragma: no cover - the counts say one is waiting
                     break
@@ -596,7 +676,10 @@ class AdmissionGate(Generic[H]):
                 request.admitted_s = now
                 request.admit_backlog = self._backlog
                 self._backlog += request.prompt_tokens
+                if self._limits.prefill_tokens_per_s is not None:
+                    self._bucket -= request.prompt_tokens
                 self._waiting -= 1
+                self._waiting_tokens -= request.prompt_tokens
                 self._running += 1
                 self._admitted += 1
                 if request.deadline_s is not None:

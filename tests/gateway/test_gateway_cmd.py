@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adaptive_batcher.cli.gateway_cmd import slo_of
+from adaptive_batcher.cli.gateway_cmd import gateway_controller, slo_of
 from adaptive_batcher.cli.main import build_parser, main
-from adaptive_batcher.llm import ModelLimit, TokenSLO
+from adaptive_batcher.llm import ModelLimit, TokenController, TokenSLO
 from tests.gateway.fake_openai import FakeOpenAI
 from tests.gateway.servers import ROOT, serving
 
@@ -69,6 +69,21 @@ def test_the_defaults() -> None:
     assert args.upstream_health_path == "/health" and not args.no_upstream_health
     assert args.fixed_limit is None and args.initial_limit is None and args.loop == "auto"
     assert slo_of(args) == TokenSLO(ttft_ms=300, tpot_ms=50, percentile=99, margin=0.9)
+
+
+def test_prefill_pacing_is_on_unless_turned_off_for_ours_and_a_fixed_limit() -> None:
+    def controller(*flags: str) -> TokenController | None:
+        args = build_parser().parse_args(["gateway", "--upstream", "http://h", *flags])
+        return gateway_controller(args, slo_of(args))
+
+    assert controller() is None  # the gate's default: ours, pacing on
+    ours = controller("--no-prefill-pacing", "--initial-limit", "8", "--max-in-flight", "64")
+    assert ours is not None and not ours.pace_prefill and isinstance(ours.law, ModelLimit)
+    assert (ours.limit, ours.max_limit) == (8, 64)
+    fixed = controller("--fixed-limit", "16")
+    assert fixed is not None and fixed.pace_prefill and fixed.limit == 16
+    unpaced = controller("--fixed-limit", "16", "--no-prefill-pacing")
+    assert unpaced is not None and not unpaced.pace_prefill
 
 
 def test_the_slo_flags_reach_the_objective_and_the_controllers_aim() -> None:

@@ -109,6 +109,41 @@ def test_one_slow_request_does_not_set_a_tail_the_window_cannot_estimate() -> No
     assert many >= 0.079
 
 
+def fitted(controller: TokenController) -> None:
+    """Token gaps that fit a step of 6 ms + 0.5 ms a sequence + 40 ms per 1000 prompt tokens
+    (a gap shares the prefill of the prompts admitted the gap before the one before it)."""
+    prompts = [1000 * (i % 3) for i in range(300)]
+    for i, prompt in enumerate(prompts):
+        sequences = 4 + i % 8
+        prefill = prompts[i - 2] if i >= 2 else 0
+        gap = 0.006 + 0.0005 * sequences + 0.04 * prefill / 1000
+        controller.record_gap(0.001 * i, sequences, gap, sequences, 0.0)
+        controller.record_admit(0.001 * i, prompt)
+
+
+def test_prefill_pacing_leaves_the_running_streams_their_tpot_aim() -> None:
+    law = Recording(64)
+    controller = TokenController(SLO, law, initial_limit=64)
+    fitted(controller)
+    decision = controller.tick(1.0, in_flight=8, waiting=0, context_tokens=0.0)
+    fit = law.seen[0].step_fit
+    assert fit is not None and fit.per_prefill_ktoken_s == pytest.approx(0.04)
+    per_token = fit.per_prefill_ktoken_s / 1e3
+    aim = SLO.margin * SLO.tpot_s
+    share = 1 - fit.step_s(8, 0.0, 0.0) / aim  # what the decode steps leave to prefill
+    assert decision.limits.prefill_tokens_per_s == pytest.approx(share / per_token)
+    assert decision.limits.prefill_burst_tokens == pytest.approx(2 * aim / per_token)
+    off = TokenController(SLO, Recording(64), initial_limit=64, pace_prefill=False)
+    fitted(off)
+    limits = off.tick(1.0, in_flight=8, waiting=0, context_tokens=0.0).limits
+    assert limits.prefill_tokens_per_s is None and limits.prefill_burst_tokens is None
+    young = TokenController(SLO, Recording(64), initial_limit=64)  # no fit: no pacing
+    assert (
+        young.tick(1.0, in_flight=8, waiting=0, context_tokens=0.0).limits.prefill_tokens_per_s
+        is None
+    )
+
+
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match=r"^slo must be a TokenSLO, got float$"):
         TokenController(0.3, StaticLimit(1))  # type: ignore[arg-type]

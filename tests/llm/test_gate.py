@@ -115,6 +115,43 @@ def test_the_flood_guard_never_refuses_because_the_engine_alone_is_forecast_late
     assert handles(arrive(gate, "behind", 0.0, prompt_tokens=10)[1], Admit) == ["behind"]
 
 
+def test_prefill_pacing_lets_a_burst_in_at_the_buckets_pace() -> None:
+    # 1000 prompt tokens a second, a burst of 2000: five 1000-token prompts arrive at once
+    limits = GateLimits(100, prefill_tokens_per_s=1000.0, prefill_burst_tokens=2000.0)
+    gate: AdmissionGate[str] = AdmissionGate(limits)
+    admitted: dict[str, float] = {}
+    for name in "abcde":
+        _, actions = arrive(gate, name, 0.0, prompt_tokens=1000)
+        admitted.update({h: 0.0 for h in handles(actions, Admit)})  # type: ignore[misc]
+    assert sorted(admitted) == ["a", "b"] and gate.waiting == 3  # the burst, then the bucket
+    assert gate.waiting_prompt_tokens == 3000 and gate.prefill_bucket_tokens == 0
+    while gate.waiting:
+        wakeup = gate.next_wakeup()
+        assert wakeup is not None  # a waiting request with a free slot has a timer
+        for handle in handles(gate.poll(wakeup), Admit):
+            admitted[str(handle)] = wakeup
+    # each waits until the bucket holds more than 0 again: a token's time, then 1 s each
+    assert admitted["c"] == pytest.approx(0.001)
+    assert admitted["d"] == pytest.approx(1.001, abs=1e-6)
+    assert admitted["e"] == pytest.approx(2.001, abs=1e-6)
+    assert gate.waiting_prompt_tokens == 0
+
+
+def test_prefill_pacing_counts_in_the_predicted_ttft_and_refuses_what_it_delays_too_long() -> None:
+    limits = GateLimits(
+        100, admit_ttft_s=0.3, prefill_tokens_per_s=1000.0, prefill_burst_tokens=500.0
+    )
+    gate: AdmissionGate[str] = AdmissionGate(limits, TTFTForecast(10.0, 0.05))
+    _, actions = arrive(gate, "long", 0.0, prompt_tokens=800)  # the bucket is 500: admitted
+    assert handles(actions, Admit) == ["long"] and gate.prefill_bucket_tokens == -300
+    assert gate.predicted_ttft_s(100) == pytest.approx(0.301 + 0.05)  # 301 tokens to refill
+    _, actions = arrive(gate, "next", 0.0, prompt_tokens=100)  # a free slot, but paced
+    assert handles(actions, Reject) == ["next"]
+    _, actions = arrive(gate, "later", 0.2, prompt_tokens=100)  # 0.101 s left: it waits
+    assert handles(actions, Admit) == [] and gate.waiting == 1
+    assert handles(gate.poll(0.302), Admit) == ["later"]
+
+
 def test_the_bounded_queue_refuses_with_429_only_when_no_slot_is_free() -> None:
     gate: AdmissionGate[str] = AdmissionGate(GateLimits(1, max_queue=1))
     arrive(gate, "a", 0.0)
@@ -234,6 +271,16 @@ def test_a_request_is_submitted_once() -> None:
         ({"admit_ttft_s": 0}, ValueError, "admit_ttft_s must be a finite number > 0, got 0"),
         ({"order": "lifo"}, ValueError, "order must be one of 'fcfs', 'edf', got 'lifo'"),
         ({"predict_free": 1}, TypeError, "predict_free must be a bool, got int"),
+        (
+            {"prefill_tokens_per_s": 10.0},
+            ValueError,
+            "prefill_tokens_per_s and prefill_burst_tokens go together, got 10.0 and None",
+        ),
+        (
+            {"prefill_tokens_per_s": 0.0, "prefill_burst_tokens": 1.0},
+            ValueError,
+            "prefill_tokens_per_s must be a finite number > 0, got 0.0",
+        ),
     ],
 )
 def test_limits_are_checked(

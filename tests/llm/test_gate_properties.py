@@ -49,6 +49,7 @@ event = st.one_of(
         st.one_of(st.none(), st.floats(0.01, 0.5)),
         st.sampled_from(["fcfs", "edf"]),
         st.booleans(),
+        st.one_of(st.none(), st.floats(100.0, 50_000.0)),  # prefill pacing, tokens/s
     ),
     st.tuples(st.just("forecast"), st.floats(1.0, 100.0), st.floats(0.0, 0.3)),
     st.tuples(st.just("close"), st.booleans()),
@@ -99,6 +100,8 @@ class Harness:
             if r.state == RequestState.RUNNING and r.first_token_s is None
         )
         assert gate.prefill_backlog == backlog
+        waiting = [r for r in self.requests if r.state == RequestState.WAITING]
+        assert gate.waiting_prompt_tokens == sum(r.prompt_tokens for r in waiting)
 
 
 @settings(max_examples=150, deadline=None)
@@ -117,7 +120,8 @@ def test_every_request_ends_exactly_once_and_counts_add_up(events: list[tuple]) 
             free = gate.limits.max_in_flight - gate.in_flight - gate.waiting
             actions = gate.arrive(request, harness.now)
             refused = [a for a in actions if isinstance(a, Reject) and a.request is request]
-            if refused and not gate.closed and not gate.limits.predict_free:
+            paced = gate.prefill_bucket_tokens <= 0  # a free slot, but the pacing holds it
+            if refused and not gate.closed and not gate.limits.predict_free and not paced:
                 assert free <= 0  # never refused while a free slot could take it
             harness.carry_out(actions)
         elif kind in ("first", "finish", "fail", "cancel") and harness.requests:
@@ -144,15 +148,25 @@ def test_every_request_ends_exactly_once_and_counts_add_up(events: list[tuple]) 
             harness.now += item[1]
             harness.carry_out(gate.poll(harness.now))
         elif kind == "limits":
-            _, limit, queue, wait, admit, order, predict = item
+            _, limit, queue, wait, admit, order, predict, pace = item
             harness.lowered = limit < gate.in_flight
-            gate.set_limits(GateLimits(limit, queue, wait, admit, order, predict))
+            burst = None if pace is None else 1000.0
+            limits = GateLimits(limit, queue, wait, admit, order, predict, None, pace, burst)
+            gate.set_limits(limits)
             harness.carry_out(gate.poll(harness.now))
         elif kind == "forecast":
             gate.set_forecast(TTFTForecast(item[1], item[2], 1e-4))
         elif kind == "close":
             harness.carry_out(gate.close(harness.now, drain=item[1]))
         harness.check()
+    # the pacing's timer: a request waiting with a slot free is admitted once it fires
+    wakeup = gate.next_wakeup()
+    if wakeup is not None and not gate.closed:
+        harness.now = max(harness.now, wakeup)
+        harness.carry_out(gate.poll(harness.now))
+        harness.check()
+        if gate.waiting and gate.in_flight < gate.limits.max_in_flight:
+            assert gate.next_wakeup() is not None  # never a waiting request without a timer
     # drain: finish whatever runs, advance past every deadline; everything ends
     harness.carry_out(gate.close(harness.now, drain=False))
     for _ in range(len(harness.requests) + 1):

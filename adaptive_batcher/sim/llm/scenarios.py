@@ -6,7 +6,9 @@
 * :func:`contender`: ``vllm_defaults`` (no gate, the engine's caps, an unbounded engine
   queue), ``trtllm_tuner`` (TensorRT-LLM's dynamic batch tuner sets the engine's caps, no
   gate), ``aimd_gate`` (Netflix's AIMD limit in our gate), ``static_<N>`` (a fixed limit in our
-  gate) and ``ours`` (:class:`~adaptive_batcher.llm.laws.ModelLimit`).
+  gate), both without prefill pacing (a hand-set limit and Netflix's limiter pace nothing),
+  ``aimd_gate_paced`` (the AIMD limit with our prefill pacing) and ``ours``
+  (:class:`~adaptive_batcher.llm.laws.ModelLimit`, with prefill pacing).
 * :func:`workload`: ``poisson``, ``azure_conv``, ``azure_code`` at a mean rate; ``steps`` and
   ``bursts`` around a reference rate; ``long_output`` (KV-cache pressure).
 * :func:`replay`, :func:`static_grid`, :func:`best_static`, :func:`best_static_per_phase`,
@@ -144,12 +146,17 @@ def contender(name: str, device: Device, slo: TokenSLO = CHAT) -> LLMContender:
         return LLMContender(name, engine)
     if name == "trtllm_tuner":
         return LLMContender(name, engine, trtllm_tuner=True)
-    if name == "aimd_gate":
+    if name in ("aimd_gate", "aimd_gate_paced"):
+        paced = name == "aimd_gate_paced"
         return LLMContender(
             name,
             engine,
             lambda: TokenController(
-                slo, AIMDLimit(20, 0.9, 1, cap), initial_limit=20, max_limit=cap
+                slo,
+                AIMDLimit(20, 0.9, 1, cap),
+                initial_limit=20,
+                max_limit=cap,
+                pace_prefill=paced,
             ),
             reads_engine_metrics=False,
         )
@@ -172,7 +179,11 @@ def contender(name: str, device: Device, slo: TokenSLO = CHAT) -> LLMContender:
             name,
             engine,
             lambda: TokenController(
-                slo, StaticLimit(limit), initial_limit=limit, max_limit=max(limit, 1)
+                slo,
+                StaticLimit(limit),
+                initial_limit=limit,
+                max_limit=max(limit, 1),
+                pace_prefill=False,
             ),
             reads_engine_metrics=False,
         )
