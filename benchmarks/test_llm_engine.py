@@ -4,8 +4,9 @@ Llama written by the benchmark, all on 127.0.0.1.
 
 Contenders, interleaved in one run (their order rotated at each load): the bare engine (clients
 straight to vLLM, whose own admission is ``--max-num-seqs``), our gateway with a fixed in-flight
-limit (each of a small grid; the best in hindsight is the reference) and our gateway with its
-controller, at its defaults and with ``--slo-margin 0.95``. The SLOs come from the engine's
+limit (each of a small grid, without prefill pacing, as a hand-set limit is; the best in
+hindsight is the reference) and our gateway with its controller, at its defaults and with
+``--no-prefill-pacing``. The SLOs come from the engine's
 unloaded TTFT and TPOT (5x and 3x); the loads are multiples of the engine's sustainable rate,
 which the benchmark measures first: the SLO knee, the highest Poisson rate at which the bare
 engine still answers 90 % of its requests within both SLOs (a bisection below the completion
@@ -68,7 +69,7 @@ KNEE_STEPS = 5
 STATIC_GRID = (8, 16, 32)
 # ours with its defaults, and with less headroom under the TPOT target (the trade-off of
 # --slo-margin, docs/llm.md)
-OURS = {"ours": [], "ours_margin_0.95": ["--slo-margin", "0.95"]}
+OURS = {"ours": [], "ours_unpaced": ["--no-prefill-pacing"]}
 PHASE_S = 15.0
 DRAIN_S = 10.0
 IDLE_BOUND_S = 60.0
@@ -252,7 +253,7 @@ async def _contender(
     if name in OURS:
         arguments += OURS[name]
     else:
-        arguments += ["--fixed-limit", name.removeprefix("static_")]
+        arguments += ["--fixed-limit", name.removeprefix("static_"), "--no-prefill-pacing"]
     gate = GatewayProcess(arguments, log)
     try:
         yield await gate.start(), gate

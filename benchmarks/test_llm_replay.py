@@ -15,6 +15,9 @@ Each cell replays 300 s; step times carry a 5 % lognormal jitter; everything is 
 * ``test_capacity`` scans each contender's rates from 0.7 to 2 x the knee in 5 % steps: its
   capacity is the highest at which it keeps >= 90 % attainment (two misses in a row end it).
 * ``test_speed`` replays one simulated hour of the Azure conversation trace at its knee.
+* ``test_llm_bursts_redrawn`` replays ``bursts`` drawn again with :data:`BURST_SEEDS` (the
+  contenders only, no static grid): one draw of a bursty trace cannot tell whether a p99
+  target holds.
 
 ``test_targets`` runs last: it writes ``benchmarks/results/llm_replay.md`` and the plots, then
 checks the targets (docs/benchmarks.md, "LLM serving"): the misses recorded there
@@ -60,9 +63,10 @@ STATIONARY = ("poisson", "azure_conv", "azure_code")
 LOADS = (0.5, 0.8, 1.0, 1.5, 2.0)
 GRID_LOADS = (0.5, 1.0, 1.5, 2.0)  # the cells judged against the best static gate
 NONSTATIONARY = ("steps", "bursts")
+BURST_SEEDS = (1, 2, 3, 4)  # bursts drawn again (the main cell is seed 0)
 LONG_OUTPUT_RATE = 14.0  # vllm_defaults runs out of KV cache here (about a quarter preempted)
 NOISE = 0.03  # goodput differences below 3 % are not told apart (docs/benchmarks.md)
-ALL = (*CONTENDERS, "ours_client_only")
+ALL = (*CONTENDERS, "ours_client_only", "aimd_gate_paced")
 FIT = "h100x4_llama70b_fit"
 FIT_SLO = TokenSLO(ttft_ms=1000, tpot_ms=100)
 
@@ -177,6 +181,14 @@ def test_llm_nonstationary_grid(benchmark: Any, workload_name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CONTENDERS)
+@pytest.mark.parametrize("seed", BURST_SEEDS)
+def test_llm_bursts_redrawn(benchmark: Any, seed: int, name: str) -> None:
+    work = workload("bursts", knee_of("poisson"), seed=seed)
+    scenario = scenario_name(f"bursts-seed{seed}", 1.0)
+    run_cell(benchmark, scenario, name, lambda: replay(device(), name, work))
+
+
+@pytest.mark.parametrize("name", CONTENDERS)
 @pytest.mark.parametrize("load", GRID_LOADS)
 def test_llm_fitted_profile(benchmark: Any, load: float, name: str) -> None:
     dev = device(FIT)
@@ -288,8 +300,6 @@ KNOWN_MISSES = frozenset(
     {
         "vs_vllm:azure_code@1.5x",
         "vs_vllm:azure_code@2x",
-        "vs_static:steps@1x",
-        "vs_static:bursts@1x",
         "light:poisson@0.5x",
         "light:azure_code@0.5x",
         "light:poisson@0.8x",
@@ -302,7 +312,10 @@ KNOWN_MISSES = frozenset(
         "capacity:poisson",
         "capacity:azure_conv",
         "capacity:azure_code",
-        "beats:bursts@1x:aimd_gate",
+        # bursts drawn again: ours' admitted TTFT p99 past the SLO on seed 1 (301 ms) and
+        # seed 3 (a burst at start, before any forecast)
+        "slo:bursts-seed1@1x",
+        "slo:bursts-seed3@1x",
     }
 )
 
