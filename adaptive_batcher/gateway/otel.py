@@ -84,6 +84,7 @@ _GAUGES: tuple[tuple[r.GateMetric, _Read], ...] = (
     (r.IN_FLIGHT, _one(lambda s: s.in_flight)),
     (r.WAITING, _one(lambda s: s.waiting)),
     (r.ADMIT_TTFT, _one(lambda s: s.decision.limits.admit_ttft_s)),
+    (r.PREFILL_PACING, _one(lambda s: s.decision.limits.prefill_tokens_per_s)),
     (r.SLO_TTFT, _one(lambda s: s.slo.ttft_s)),
     (r.SLO_TPOT, _one(lambda s: s.slo.tpot_s)),
 )

@@ -149,6 +149,11 @@ def _admit_ttft(stats: LLMGateStats) -> float:
     return math.nan if limit is None else limit
 
 
+def _prefill_pacing(stats: LLMGateStats) -> float:
+    rate = stats.decision.limits.prefill_tokens_per_s
+    return math.nan if rate is None else rate
+
+
 def _families(readings: list[LLMGateStats]) -> Iterator[Metric]:
     yield _histogram(r.TTFT, readings, lambda s: s.ttft_histogram)
     yield _histogram(r.TPOT, readings, lambda s: s.tpot_histogram)
@@ -160,6 +165,7 @@ def _families(readings: list[LLMGateStats]) -> Iterator[Metric]:
         (r.IN_FLIGHT, lambda s: s.in_flight),
         (r.WAITING, lambda s: s.waiting),
         (r.ADMIT_TTFT, _admit_ttft),
+        (r.PREFILL_PACING, _prefill_pacing),
         (r.SLO_TTFT, lambda s: s.slo.ttft_s),
         (r.SLO_TPOT, lambda s: s.slo.tpot_s),
     ]

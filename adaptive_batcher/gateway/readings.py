@@ -25,6 +25,7 @@ __all__ = [
     "GATE_METRICS",
     "IN_FLIGHT",
     "IN_FLIGHT_LIMIT",
+    "PREFILL_PACING",
     "QUANTILES",
     "QUEUE_WAIT",
     "REJECTED",
@@ -119,6 +120,13 @@ ADMIT_TTFT = _metric(
     "The predicted TTFT above which an arrival is refused at once (only while early "
     "rejection is on).",
 )
+PREFILL_PACING = _metric(
+    "prefill_pacing_tokens_per_second",
+    "gauge",
+    "{token}/s",
+    "The prompt tokens a second prefill pacing lets into the engine (only while pacing is on "
+    "and the step-time fit has a prefill cost).",
+)
 SLO_TTFT = _metric("slo_ttft_seconds", "gauge", "s", "The SLO's TTFT target.")
 SLO_TPOT = _metric("slo_tpot_seconds", "gauge", "s", "The SLO's TPOT target.")
 SUBMITTED = _metric(
@@ -157,6 +165,7 @@ GATE_METRICS: Final = (
     IN_FLIGHT,
     WAITING,
     ADMIT_TTFT,
+    PREFILL_PACING,
     SLO_TTFT,
     SLO_TPOT,
     SUBMITTED,

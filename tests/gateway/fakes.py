@@ -121,10 +121,17 @@ def fixed(
     max_queue: int | None = None,
     admit_ttft_s: float | None = None,
     forecast: TTFTForecast | None = None,
+    prefill_tokens_per_s: float | None = None,
 ) -> FixedController:
-    return FixedController(
-        GateLimits(limit, max_queue=max_queue, admit_ttft_s=admit_ttft_s), forecast
+    burst = None if prefill_tokens_per_s is None else 1000.0
+    limits = GateLimits(
+        limit,
+        max_queue=max_queue,
+        admit_ttft_s=admit_ttft_s,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        prefill_burst_tokens=burst,
     )
+    return FixedController(limits, forecast)
 
 
 def request(key: Any, *, timeout_s: float | None = None, prompt_tokens: int = 10) -> LLMRequest:

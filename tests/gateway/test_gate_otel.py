@@ -53,7 +53,12 @@ async def test_collections_show_the_gates_counts_and_gauges() -> None:
     ttft = point(points, "adaptive_batcher.llm.ttft_quantile", gate="llm", quantile="0.99")
     assert ttft.value == pytest.approx(0.5, rel=0.011)
     reported = {spec.otel_name for spec in GATE_METRICS if spec.kind != "histogram"}
-    assert reported - set(points) == {"adaptive_batcher.llm.admit_ttft"}  # early rejection off
+    # early rejection and prefill pacing off
+    off = {
+        "adaptive_batcher.llm.admit_ttft",
+        "adaptive_batcher.llm.prefill_pacing_tokens_per_second",
+    }
+    assert reported - set(points) == off
     uninstrument_otel(gate, provider)
     assert gate not in instruments
     with pytest.raises(ValueError, match="not exported here"):

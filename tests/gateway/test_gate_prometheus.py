@@ -41,6 +41,7 @@ async def test_a_scrape_shows_the_gates_counts_and_histograms() -> None:
     assert value(samples, "adaptive_batcher_llm_waiting", **g) == 0
     assert value(samples, "adaptive_batcher_llm_slo_ttft_seconds", **g) == 0.3
     assert "adaptive_batcher_llm_admit_ttft_seconds" not in samples  # no early rejection
+    assert "adaptive_batcher_llm_prefill_pacing_tokens_per_second" not in samples  # no pacing
     # TTFT: 0.25 s for the first, 0.5 s for the last; the one failed before any token
     assert value(samples, "adaptive_batcher_llm_ttft_seconds_count", **g) == 2
     assert value(samples, "adaptive_batcher_llm_ttft_seconds_sum", **g) == pytest.approx(0.75)
@@ -67,8 +68,8 @@ async def test_every_listed_metric_is_exposed_with_its_type() -> None:
         text = generate_latest(registry).decode()
     families = {f.name: f.type for f in text_string_to_metric_families(text)}
     for spec in GATE_METRICS:
-        if spec.name.endswith("admit_ttft_seconds"):
-            continue  # shown only while early rejection is on
+        if spec.name.endswith(("admit_ttft_seconds", "prefill_pacing_tokens_per_second")):
+            continue  # shown only while early rejection, or prefill pacing, is on
         base = spec.name.removesuffix("_total")
         assert spec.kind in (families.get(base), families.get(spec.name)), spec.name
         assert f"# TYPE {spec.name} {spec.kind}" in text or (
@@ -110,3 +111,13 @@ async def test_gates_share_a_registry_and_leave_it() -> None:
         register_prometheus("llm", registry)  # type: ignore[arg-type]
     await second.aclose()
     await same_name.aclose()
+
+
+async def test_the_prefill_pacing_rate_in_force_is_a_gauge() -> None:
+    registry = CollectorRegistry()
+    gate = make_gate(FakeEngine(), prefill_tokens_per_s=5000.0)
+    register_prometheus(gate, registry)
+    samples = parse(generate_latest(registry).decode())
+    rate = value(samples, "adaptive_batcher_llm_prefill_pacing_tokens_per_second", gate="llm")
+    assert rate == 5000.0
+    await gate.aclose()
