@@ -195,7 +195,7 @@ class GateCore(Generic[H]):
                 waiting=self.gate.waiting,
                 context_tokens=self._context,
             )
-            self.gate.set_limits(decision.limits)
+            self.gate.set_limits(decision.limits, now)
             self.gate.set_forecast(decision.forecast)
 
     def _observe(self, actions: list[GateAction], now: float) -> None:

@@ -32,6 +32,7 @@ from adaptive_batcher._validate import (
     check_int,
     check_number,
     check_optional_int,
+    check_real,
 )
 from adaptive_batcher.core.engine import SetTimer
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
@@ -91,6 +92,10 @@ class GateRequest(Generic[H]):
             :class:`~adaptive_batcher.errors.DeadlineExceededError`).
         ttft_deadline_s: when its first token is due, the key of ``"edf"`` order (default:
             ``arrival_s``, which makes EDF first come first served).
+
+    Raises:
+        TypeError, ValueError: a time that is not a finite number, ``prompt_tokens`` not an
+            int >= 0, ``max_tokens`` not an int >= 1 or None (named).
     """
 
     __slots__ = (
@@ -119,11 +124,15 @@ class GateRequest(Generic[H]):
         ttft_deadline_s: float | None = None,
     ) -> None:
         self.handle = handle
-        self.arrival_s = arrival_s
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.deadline_s = deadline_s
-        self.ttft_deadline_s = arrival_s if ttft_deadline_s is None else ttft_deadline_s
+        self.arrival_s = _finite("arrival_s", arrival_s)
+        self.prompt_tokens = check_int("prompt_tokens", prompt_tokens, 0)
+        self.max_tokens = check_optional_int("max_tokens", max_tokens, 1)
+        self.deadline_s = None if deadline_s is None else _finite("deadline_s", deadline_s)
+        self.ttft_deadline_s = (
+            self.arrival_s
+            if ttft_deadline_s is None
+            else _finite("ttft_deadline_s", ttft_deadline_s)
+        )
         self.expire_s: float | None = None
         self.admitted_s: float | None = None
         self.admit_backlog = (
@@ -421,19 +430,26 @@ class AdmissionGate(Generic[H]):
         free = self._running < self._limits.max_in_flight
         admitting = not self._closed or self._draining
         if rate is not None and self._waiting and free and admitting and self._bucket_s is not None:
-            times.append(self._bucket_s + (1.0 - self._bucket) / rate)
+            if math.isinf(self._bucket):  # pacing began since the last event: a full bucket
+                times.append(self._bucket_s)
+            else:
+                times.append(self._bucket_s + max(1.0 - self._bucket, 0.0) / rate)
         return min(times) if times else None
 
     # -- knobs -----------------------------------------------------------------------------
 
-    def set_limits(self, limits: GateLimits) -> None:
+    def set_limits(self, limits: GateLimits, now: float | None = None) -> None:
         """New knobs; a raised limit admits at the next event or :meth:`poll`. Changing
-        ``order`` re-sorts the queue.
+        ``order`` re-sorts the queue. With ``now``, prefill pacing's bucket is first filled up
+        to ``now`` at the old rate (without it, the time since the last event is filled at
+        the new rate).
 
         Raises:
             TypeError: not a :class:`GateLimits`.
         """
         limits = _check_limits(limits)
+        if now is not None:
+            self._refill(now)
         if limits.order != self._limits.order:
             live = self._queued_in_order()
             self._fifo.clear()
@@ -442,6 +458,8 @@ class AdmissionGate(Generic[H]):
             for request in live:
                 self._enqueue(request)
         self._limits = limits
+        if now is not None:
+            self._refill(now)  # pacing just began: a full bucket; ended: none
 
     def set_forecast(self, forecast: TTFTForecast | None) -> None:
         """A new TTFT forecast (None: no early rejection).
@@ -553,7 +571,8 @@ class AdmissionGate(Generic[H]):
         free = limits.max_in_flight - self._running - self._waiting
         if free > 0 and not limits.predict_free and self._paced_ok():
             return self._flooded(limits)
-        if free <= 0 and limits.max_queue is not None and self._waiting >= limits.max_queue:
+        enters_now = free > 0 and self._paced_ok()
+        if not enters_now and limits.max_queue is not None and self._waiting >= limits.max_queue:
             return GateQueueFullError(limits.max_queue, self._retry_after(0.0))
         predicted = self.predicted_ttft_s(request.prompt_tokens)
         limit = limits.admit_ttft_s
@@ -588,8 +607,9 @@ class AdmissionGate(Generic[H]):
         if last is None or math.isinf(self._bucket):  # pacing just began: a full bucket
             self._bucket, self._bucket_s = depth, now
             return
+        # a clock gone back credits nothing, and the bucket counts on from the new time
         self._bucket = min(self._bucket + rate * max(now - last, 0.0), depth)
-        self._bucket_s = max(now, last)
+        self._bucket_s = now
 
     def _paced_ok(self) -> bool:
         """Whether prefill pacing lets a request in now (the bucket holds more than 0)."""
@@ -687,6 +707,13 @@ class AdmissionGate(Generic[H]):
                 actions.append(Admit(request))
         actions.append(SetTimer(self.next_wakeup()))
         return actions
+
+
+def _finite(name: str, value: object) -> float:
+    number = check_real(name, value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
 
 
 def _drop_stale(heap: list[tuple[float, int, GateRequest[Any]]], live: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from adaptive_batcher.core.engine import SetTimer
@@ -150,6 +152,66 @@ def test_prefill_pacing_counts_in_the_predicted_ttft_and_refuses_what_it_delays_
     _, actions = arrive(gate, "later", 0.2, prompt_tokens=100)  # 0.101 s left: it waits
     assert handles(actions, Admit) == [] and gate.waiting == 1
     assert handles(gate.poll(0.302), Admit) == ["later"]
+
+
+def test_prefill_pacing_with_no_queue_refuses_what_it_would_hold() -> None:
+    limits = GateLimits(100, max_queue=0, prefill_tokens_per_s=100.0, prefill_burst_tokens=100.0)
+    gate: AdmissionGate[str] = AdmissionGate(limits)
+    _, actions = arrive(gate, "a", 0.0, prompt_tokens=200)
+    assert handles(actions, Admit) == ["a"]  # a full bucket takes it
+    _, actions = arrive(gate, "b", 0.0, prompt_tokens=200)  # a free slot, the bucket empty
+    assert handles(actions, Reject) == ["b"] and gate.waiting == 0  # 0: none waits
+
+
+def test_a_pacing_change_fills_the_bucket_at_the_old_rate_up_to_now() -> None:
+    limits = GateLimits(4, prefill_tokens_per_s=100.0, prefill_burst_tokens=100.0)
+    for now, due in ((3.99, 3.99 + 2.0), (None, 3.99 + 397.01)):
+        gate: AdmissionGate[str] = AdmissionGate(limits)
+        arrive(gate, "long", 0.0, prompt_tokens=500)  # the bucket at 100 - 500 = -400
+        arrive(gate, "next", 0.0, prompt_tokens=10)
+        assert gate.next_wakeup() == pytest.approx(4.01)
+        slower = GateLimits(4, prefill_tokens_per_s=1.0, prefill_burst_tokens=100.0)
+        gate.set_limits(slower, now)
+        gate.poll(3.99)
+        # with now: 3.99 s at 100 a second leave -1, then 2 s at 1; without: 3.99 s at 1
+        assert gate.next_wakeup() == pytest.approx(due)
+
+
+def test_pacing_turned_on_between_events_is_due_at_once_and_a_clock_gone_back_counts_on() -> None:
+    gate: AdmissionGate[str] = AdmissionGate(GateLimits(1))
+    running, _ = arrive(gate, "a", 0.0, prompt_tokens=10)
+    arrive(gate, "b", 1.0, prompt_tokens=10)  # waits for the slot
+    paced = GateLimits(4, prefill_tokens_per_s=10.0, prefill_burst_tokens=100.0)
+    gate.set_limits(paced)  # a free slot, pacing on, no event since
+    assert gate.next_wakeup() == 1.0  # a full bucket: due at the last event, not -inf
+    assert handles(gate.poll(1.5), Admit) == ["b"]
+    arrive(gate, "c", 1000.0, prompt_tokens=500)  # a full bucket (100) takes it: -400
+    arrive(gate, "d", 1000.0, prompt_tokens=10)  # waits on the bucket
+    wakeup = gate.next_wakeup()
+    assert wakeup is not None and wakeup > 1000.0
+    gate.poll(5.0)  # the clock went back: nothing credited, the bucket counts on from 5 s
+    back = gate.next_wakeup()
+    assert back is not None and back == pytest.approx(5.0 + (wakeup - 1000.0))
+    assert running.state == RequestState.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"prompt_tokens": math.nan}, TypeError, "prompt_tokens must be an int"),
+        ({"prompt_tokens": -1}, ValueError, "prompt_tokens must be >= 0, got -1"),
+        ({"prompt_tokens": "10"}, TypeError, "prompt_tokens must be an int"),
+        ({"arrival_s": math.nan}, ValueError, "arrival_s must be a finite number, got nan"),
+        ({"deadline_s": math.inf}, ValueError, "deadline_s must be a finite number, got inf"),
+        ({"max_tokens": 0}, ValueError, "max_tokens must be >= 1, got 0"),
+    ],
+)
+def test_a_request_with_a_bad_field_is_refused_by_name(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    arguments: dict[str, object] = {"handle": "x", "arrival_s": 0.0, **kwargs}
+    with pytest.raises(error, match=f"^{message}"):
+        GateRequest(**arguments)  # type: ignore[arg-type]
 
 
 def test_the_bounded_queue_refuses_with_429_only_when_no_slot_is_free() -> None:
