@@ -33,6 +33,7 @@ __all__ = [
     "check_bool",
     "check_callable",
     "check_choice",
+    "check_finite",
     "check_in_range",
     "check_increasing_ints",
     "check_int",
@@ -109,6 +110,14 @@ def check_number(name: str, value: object, minimum: float, *, strict: bool = Fal
     if not math.isfinite(number) or too_small:
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
+    return number
+
+
+def check_finite(name: str, value: object) -> float:
+    """``value`` as a finite float (a time on any clock), else TypeError or ValueError."""
+    number = check_real(name, value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return number
 
 

@@ -13,6 +13,7 @@ import pytest
 from adaptive_batcher._validate import (
     argument_type,
     check_bool,
+    check_finite,
     check_in_range,
     check_increasing_ints,
     check_int,
@@ -84,6 +85,15 @@ def test_check_number_wants_finite_values_in_range(value: object) -> None:
     message = f"x must be a finite number >= 0, got {value!r}"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_number("x", value, 0.0)
+
+
+def test_check_finite_takes_any_finite_real_and_names_the_rest() -> None:
+    assert check_finite("t", -5) == -5.0 and type(check_finite("t", np.float32(1.5))) is float
+    for value in (math.nan, -math.inf):
+        with pytest.raises(ValueError, match=f"^t must be a finite number, got {value!r}$"):
+            check_finite("t", value)
+    with pytest.raises(TypeError, match=r"^t must be a number, got str$"):
+        check_finite("t", "1")
 
 
 def test_check_real_has_no_range() -> None:

@@ -320,31 +320,20 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
 
 
 def gateway_controller(args: argparse.Namespace, slo: TokenSLO) -> TokenController | None:
-    """The controller ``args`` ask for: a fixed limit, ours without prefill pacing, or None
-    (the gate's default, ours)."""
-    from adaptive_batcher.llm import ModelLimit, StaticLimit, TokenController
+    """The fixed-limit controller ``args`` ask for, or None (the gate's default, ours, with
+    prefill pacing as ``args`` say)."""
+    from adaptive_batcher.llm import StaticLimit, TokenController
 
-    pace = not args.no_prefill_pacing
-    if args.fixed_limit is not None:
-        limit = args.fixed_limit
-        return TokenController(
-            slo,
-            StaticLimit(limit),
-            initial_limit=limit,
-            max_limit=limit,
-            max_queue=args.max_queue,
-            pace_prefill=pace,
-        )
-    if pace:
+    if args.fixed_limit is None:
         return None
-    top = args.max_in_flight
+    limit = args.fixed_limit
     return TokenController(
         slo,
-        ModelLimit(slo, maximum=top),
-        initial_limit=args.initial_limit or top,
-        max_limit=top,
+        StaticLimit(limit),
+        initial_limit=limit,
+        max_limit=limit,
         max_queue=args.max_queue,
-        pace_prefill=False,
+        pace_prefill=not args.no_prefill_pacing,
     )
 
 
@@ -390,7 +379,8 @@ async def _serve(args: argparse.Namespace, listener: socket.socket) -> None:
         controller=controller,
         telemetry=telemetry,
         max_in_flight=args.max_in_flight,
-        initial_limit=args.initial_limit if controller is None else None,
+        initial_limit=args.initial_limit,
+        pace_prefill=controller is not None or not args.no_prefill_pacing,
         max_queue=args.max_queue,
         name="gateway",
     )

@@ -115,7 +115,7 @@ class LLMGate:
         controller: the controller (its ``slo`` must be ``slo``); None: ours,
             ``TokenController(slo, ModelLimit(slo, maximum=max_in_flight),
             initial_limit=initial_limit or max_in_flight, max_limit=max_in_flight,
-            max_queue=max_queue)``.
+            max_queue=max_queue, pace_prefill=pace_prefill)``.
         telemetry: a source of the engine's metrics, read every ``telemetry.interval_s`` in a
             background task (its failures are logged and never reach a request), or None.
             The gate closes it in :meth:`aclose`.
@@ -125,6 +125,8 @@ class LLMGate:
             burst at start-up from flooding the engine before the first requests finish (the
             controller then raises it as it learns); refused with a ``controller`` of your own.
         max_queue: the default controller's bounded queue (>= 0), or None: unbounded.
+        pace_prefill: the default controller's prefill pacing (False: admit into free slots
+            at once); refused False with a ``controller`` of your own.
         name: the gate's name in logs and metrics.
         abort_timeout_s: the longest wait for an adapter to abort a request or to close
             (> 0), seconds: a stuck adapter cannot hang a caller or :meth:`aclose`.
@@ -149,6 +151,7 @@ class LLMGate:
         max_in_flight: int = 256,
         initial_limit: int | None = None,
         max_queue: int | None = None,
+        pace_prefill: bool = True,
         name: str = "llm",
         abort_timeout_s: float = 5.0,
         max_buffered_chunks: int | None = 8192,
@@ -183,9 +186,12 @@ class LLMGate:
                 initial_limit=initial_limit or max_in_flight,
                 max_limit=max_in_flight,
                 max_queue=max_queue,
+                pace_prefill=check_bool("pace_prefill", pace_prefill),
             )
         elif initial_limit is not None:
             raise ValueError("initial_limit is the default controller's: give it to yours")
+        elif pace_prefill is not True:
+            raise ValueError("pace_prefill is the default controller's: give it to yours")
         elif not isinstance(controller, TokenController):
             raise TypeError(
                 f"controller must be a TokenController or None, got {type(controller).__name__}"

@@ -29,10 +29,10 @@ from typing import Any, Final, Generic, TypeVar
 from adaptive_batcher._validate import (
     check_bool,
     check_choice,
+    check_finite,
     check_int,
     check_number,
     check_optional_int,
-    check_real,
 )
 from adaptive_batcher.core.engine import SetTimer
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
@@ -124,14 +124,14 @@ class GateRequest(Generic[H]):
         ttft_deadline_s: float | None = None,
     ) -> None:
         self.handle = handle
-        self.arrival_s = _finite("arrival_s", arrival_s)
+        self.arrival_s = check_finite("arrival_s", arrival_s)
         self.prompt_tokens = check_int("prompt_tokens", prompt_tokens, 0)
         self.max_tokens = check_optional_int("max_tokens", max_tokens, 1)
-        self.deadline_s = None if deadline_s is None else _finite("deadline_s", deadline_s)
+        self.deadline_s = None if deadline_s is None else check_finite("deadline_s", deadline_s)
         self.ttft_deadline_s = (
             self.arrival_s
             if ttft_deadline_s is None
-            else _finite("ttft_deadline_s", ttft_deadline_s)
+            else check_finite("ttft_deadline_s", ttft_deadline_s)
         )
         self.expire_s: float | None = None
         self.admitted_s: float | None = None
@@ -707,13 +707,6 @@ class AdmissionGate(Generic[H]):
                 actions.append(Admit(request))
         actions.append(SetTimer(self.next_wakeup()))
         return actions
-
-
-def _finite(name: str, value: object) -> float:
-    number = check_real(name, value)
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return number
 
 
 def _drop_stale(heap: list[tuple[float, int, GateRequest[Any]]], live: int) -> None:

@@ -74,12 +74,11 @@ def test_the_defaults() -> None:
 def test_prefill_pacing_is_on_unless_turned_off_for_ours_and_a_fixed_limit() -> None:
     def controller(*flags: str) -> TokenController | None:
         args = build_parser().parse_args(["gateway", "--upstream", "http://h", *flags])
+        assert args.no_prefill_pacing == ("--no-prefill-pacing" in flags)
         return gateway_controller(args, slo_of(args))
 
-    assert controller() is None  # the gate's default: ours, pacing on
-    ours = controller("--no-prefill-pacing", "--initial-limit", "8", "--max-in-flight", "64")
-    assert ours is not None and not ours.pace_prefill and isinstance(ours.law, ModelLimit)
-    assert (ours.limit, ours.max_limit) == (8, 64)
+    assert controller() is None  # the gate's default: ours
+    assert controller("--no-prefill-pacing") is None  # ours, told LLMGate(pace_prefill=False)
     fixed = controller("--fixed-limit", "16")
     assert fixed is not None and fixed.pace_prefill and fixed.limit == 16
     unpaced = controller("--fixed-limit", "16", "--no-prefill-pacing")

@@ -372,6 +372,7 @@ async def test_the_default_controller_is_ours_bounded_by_max_in_flight() -> None
     gate = LLMGate(fake.engine, SLO, max_in_flight=8, max_queue=3, name="chat")
     assert isinstance(gate.controller.law, ModelLimit)
     assert gate.controller.max_limit == 8 and gate.controller.max_queue == 3
+    assert gate.controller.pace_prefill  # prefill pacing on unless told otherwise
     assert gate.stats().limit == 8
     assert (gate.name, gate.slo) == ("chat", SLO)
     await gate.aclose()
@@ -382,6 +383,12 @@ async def test_the_default_controller_can_start_below_max_in_flight() -> None:
     engine at once, TPOT p99 94 ms against 50, then the limit cut to 2 for 10 s."""
     gate = LLMGate(FakeEngine().engine, SLO, max_in_flight=64, initial_limit=8)
     assert gate.stats().limit == 8 and gate.controller.max_limit == 64
+    await gate.aclose()
+
+
+async def test_the_default_controller_can_go_without_prefill_pacing() -> None:
+    gate = LLMGate(FakeEngine().engine, SLO, pace_prefill=False)
+    assert not gate.controller.pace_prefill and isinstance(gate.controller.law, ModelLimit)
     await gate.aclose()
 
 
@@ -427,6 +434,12 @@ def test_submit_needs_a_running_loop() -> None:
             ValueError,
             "initial_limit is the default controller's",
         ),
+        (
+            {"pace_prefill": False, "controller": TokenController(SLO, StaticLimit(4))},
+            ValueError,
+            "pace_prefill is the default controller's",
+        ),
+        ({"pace_prefill": 0}, TypeError, "pace_prefill must be a bool"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str) -> None:
