@@ -222,4 +222,21 @@ def test_every_setting_is_an_argument_of_the_batcher() -> None:
 
     parameters = inspect.signature(AdaptiveBatcher).parameters
     assert set(parameters) >= SETTING_ARGUMENTS
-    assert {f.name for f in fields(BatcherSettings)} - SETTING_ARGUMENTS == {"window_origin"}
+    only_in_settings = {f.name for f in fields(BatcherSettings)} - SETTING_ARGUMENTS
+    assert only_in_settings == {"window_origin", "window_slack"}
+
+
+def test_the_window_slack_reaches_the_controller_and_is_checked() -> None:
+    slo = SLO(latency_ms=50)
+    plain = AdaptiveBatcher(lambda b: b, settings=BatcherSettings(slo=slo, window_slack=1.0))
+    assert plain._core.controller is not None
+    assert plain._core.controller.tail_slack.max_scale == 1.0
+    default = AdaptiveBatcher(lambda b: b, slo=slo)
+    assert default._core.controller is not None
+    assert default._core.controller.tail_slack.max_scale == 1.25
+    for bad in (0.99, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="window_slack must be a finite number >= 1"):
+            BatcherSettings(window_slack=bad)
+    for wrong in ("1.1", True, None):
+        with pytest.raises(TypeError, match="window_slack"):
+            BatcherSettings(window_slack=wrong)  # type: ignore[arg-type]

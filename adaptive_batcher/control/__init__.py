@@ -14,6 +14,7 @@ from adaptive_batcher.control.guards import (
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
+from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ShedGuard",
     "StallGuard",
     "StepGuard",
+    "TailSlack",
     "UnusedWindowGuard",
     "default_guards",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from adaptive_batcher._log import get_logger
@@ -29,6 +29,7 @@ from adaptive_batcher.control.guards import (
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
+from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.metrics.recorder import Counts, Recorder
 from adaptive_batcher.slo import SLO
@@ -89,11 +90,15 @@ class Controller:
         service_estimator: the controller's online estimate of batch service time, fed every
             tick (default: a new one).
         latency_span_s: the span of recent latencies the observation reports.
+        tail_slack: how far the window's planning budget may follow the room the measured
+            tail leaves (default: a new :class:`~adaptive_batcher.control.slack.TailSlack`;
+            ``TailSlack(max_scale=1)``: the plan's bound alone).
 
     ``decisions`` counts the decisions taken, ``reasons`` the same by their ``reason`` tag.
 
     Raises:
         ValueError: a non-positive ``interval_s`` or ``latency_span_s``.
+        TypeError: a ``tail_slack`` that is not a ``TailSlack`` (or None).
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class Controller:
         guards: Sequence[GuardFactory] | None = None,
         service_estimator: ServiceTimeEstimator | None = None,
         latency_span_s: float = 2.0,
+        tail_slack: TailSlack | None = None,
     ) -> None:
         if not interval_s > 0 or not latency_span_s > 0:
             raise ValueError("interval_s and latency_span_s must be > 0")
@@ -118,6 +124,11 @@ class Controller:
         self.interval_s = interval_s
         self.latency_span_s = latency_span_s
         self.service_estimator = service_estimator or ServiceTimeEstimator()
+        if tail_slack is not None and not isinstance(tail_slack, TailSlack):
+            raise TypeError(
+                f"tail_slack must be a TailSlack or None, got {type(tail_slack).__name__}"
+            )
+        self.tail_slack = TailSlack() if tail_slack is None else tail_slack
         self._guard_factories = list(default_guards() if guards is None else guards)
         self.policy = policy
         self.chain: Policy = self._wrap(policy)
@@ -156,8 +167,10 @@ class Controller:
             self.chain.reset(self.decision)
 
     def set_slo(self, slo: SLO | None) -> None:
-        """Change the objective; it applies from the next tick."""
+        """Change the objective; it applies from the next tick (the window is planned to its
+        budget alone until the measured tail shows room again)."""
         self.slo = slo
+        self.tail_slack.scale = 1.0
 
     def note_loop_stall(self, start_s: float, end_s: float) -> None:
         """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its
@@ -210,6 +223,8 @@ class Controller:
         observation = self._observe(
             now, recorder, counts, (queue_depth, queued_units, slots), telemetry
         )
+        scale = self.tail_slack.update(observation)
+        observation = replace(observation, window_budget_scale=scale)
         self._last = _Snapshot(now, counts)
         try:
             proposed = self.chain.decide(observation)
@@ -345,6 +360,7 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         latency_ms=_round(observation.latency_ms),
         target_ms=_round(observation.target_ms),
         latency_samples=observation.latency_samples,
+        window_budget_scale=round(observation.window_budget_scale, 4),
         queue_depth=observation.queue_depth,
         arrival_rate_rps=round(observation.arrival_rate_rps, 1),
         throughput_rps=round(observation.throughput_rps, 1),

@@ -173,7 +173,8 @@ class BudgetGuard(Guard):
       two-batch latency fits the SLO's room, or the stability cap if larger); under overload (no
       cap keeps up) it is the highest-throughput cap, whatever the policy said;
     * the window is cut to the widest whose predicted tail latency, for the batch that will
-      really form at that cap, fits the budget; under overload it is 0.
+      really form at that cap, fits the budget (with the slack the measured tail has shown,
+      ``Observation.window_budget_ms``); under overload it is 0.
 
     Before the service-time fit is ready (its first batches), the guard still acts on the
     measured latency: when ``min_samples`` latencies put the SLO's percentile above the target,
@@ -218,7 +219,8 @@ class BudgetGuard(Guard):
         else:
             ceiling = plan.cap(budget, observation.room_ms) or decision.max_batch_size
             cap = min(max(decision.max_batch_size, stable), ceiling)
-            window = 0.0 if unreachable else plan.widest_window_ms(budget, cap)
+            window_budget = observation.window_budget_ms  # the budget, with measured slack
+            window = 0.0 if unreachable else plan.widest_window_ms(window_budget, cap)
         if cap == decision.max_batch_size and decision.window_ms <= window and not unreachable:
             return decision
         reason = "slo_unreachable" if unreachable else "budget"

@@ -260,6 +260,9 @@ class Observation:
             answers): the tick's device cost.
         device_busy_fraction: the batcher's own model calls' share of the tick, per slot.
         telemetry: the latest GPU reading (all unknown without a GPU).
+        window_budget_scale: the window's planning budget over :attr:`budget_ms` (>= 1): the
+            slack the measured tail has shown in the plan's bound
+            (:class:`~adaptive_batcher.control.slack.TailSlack`; 1: none, or not measured).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -305,6 +308,7 @@ class Observation:
     device_ms_per_request: float = math.nan
     device_busy_fraction: float = math.nan
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
+    window_budget_scale: float = 1.0
     _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -387,3 +391,19 @@ class Observation:
     def budget_ms(self) -> float:
         """Queueing + compute time allowed inside the batcher (NaN without an SLO)."""
         return self.slo.batcher_budget_ms if self.slo is not None else math.nan
+
+    @property
+    def window_budget_ms(self) -> float:
+        """The budget the window is planned to: :attr:`budget_ms` times
+        :attr:`window_budget_scale` (NaN without an SLO)."""
+        return self.budget_ms * self.window_budget_scale
+
+    def stall_set_latency(self, settle_s: float) -> bool:
+        """True when the event loop stalled within ``settle_s`` seconds, or when an outlier
+        batch ended within it and outliers do not scale with the batch
+        (``outlier_elasticity`` below 0.5, or unknown): the latency measured now is then the
+        queue behind the stall, no sign of the window (docs/policies.md, "PID")."""
+        if self.now_s - self.loop_stall_s < settle_s:
+            return True  # the loop stood still: its latency is no sign of the window's
+        recent = self.now_s - self.last_stall_s < settle_s
+        return recent and not self.outlier_elasticity >= 0.5

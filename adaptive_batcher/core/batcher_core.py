@@ -43,6 +43,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
+from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision
 from adaptive_batcher.core.engine import (
     Action,
@@ -566,6 +567,7 @@ class BatcherCore(Generic[H]):
             interval_batches=settings.control_interval_batches,
             guards=guards,
             service_estimator=ServiceTimeEstimator(seed=self._service_seed),
+            tail_slack=TailSlack(max_scale=settings.window_slack),
         )
 
     def _shed_after_now(self, shed_after: float) -> float:

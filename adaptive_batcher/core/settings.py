@@ -40,6 +40,7 @@ from adaptive_batcher._validate import (
     check_sequence,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
+from adaptive_batcher.control.slack import DEFAULT_MAX_SCALE
 from adaptive_batcher.control.types import Bounds
 from adaptive_batcher.core.buckets import check_buckets
 from adaptive_batcher.slo import SLO, check_slo
@@ -121,6 +122,9 @@ class BatcherSettings:
             (``AdaptiveBatcher``, ``SimConfig``: at their construction), never here.
         shed_late: fail at once the queued requests that can no longer meet the SLO.
         window_origin: ``"arrival"`` (default) or ``"slot_free"`` (a baseline only).
+        window_slack: the most the window's planning budget may widen over the SLO's budget
+            where the measured tail leaves room (>= 1; 1: the plan's bound alone; see
+            :class:`~adaptive_batcher.control.slack.TailSlack`).
 
     Raises:
         TypeError: a setting of the wrong type (the message names it).
@@ -142,6 +146,7 @@ class BatcherSettings:
     service_profile: ServiceProfile | None = None
     shed_late: bool = False
     window_origin: str = "arrival"
+    window_slack: float = DEFAULT_MAX_SCALE
 
     def __post_init__(self) -> None:
         cap = check_int("max_batch_size", self.max_batch_size, 1)
@@ -161,6 +166,7 @@ class BatcherSettings:
         if self.shed_late and self.slo is None:
             raise ValueError(SHED_LATE_NEEDS_SLO)
         check_choice("window_origin", self.window_origin, WINDOW_ORIGINS)
+        self._set("window_slack", check_number("window_slack", self.window_slack, 1.0))
         self._check_bounds(self.controller_bounds)
         if self.service_profile is not None:  # rows checked; a file is the shells' to read
             self._set("service_profile", check_service_profile(self.service_profile))

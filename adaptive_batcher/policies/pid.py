@@ -3,7 +3,9 @@
 Each tick :class:`PID` asks the tick's :class:`~adaptive_batcher.control.plan.Plan` for the cap
 (the largest whose two batches fit the SLO's room, never below the smallest that keeps up with
 demand; under overload, the highest-throughput cap) and for the widest window whose predicted
-tail latency fits the planning budget ``budget * (1 + u)``. ``u`` in [-1, 0] is the output of a
+tail latency fits the planning budget ``window_budget * (1 + u)`` (the SLO's budget, widened
+by the room the measured tail shows: :class:`~adaptive_batcher.control.slack.TailSlack`). ``u``
+in [-1, 0] is the output of a
 velocity-form PID on the normalised latency error ``(target - latency) / target``, with
 conditional integration (none while overloaded, nor for ``settle_s`` after an overload or a
 stall) and derivative on the measurement. The law, its reason tags and the figures behind it:
@@ -89,15 +91,18 @@ class PID:
             cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
             return Decision(0.0, cap, "pid.overload")
         stalled = self._feedback(observation)
+        if observation.window_budget_scale > 1.0:
+            self.output = 0.0  # the measured tail shows room: the slack, not a trim, is in force
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
-        trimmed = budget * (1.0 + self.output)
+        trimmed = observation.window_budget_ms * (1.0 + self.output)
         if plan.padded:  # a bucket that batches fill may beat a wider, padded one
             floor = min(plan.floor_cap(budget) or cap, cap)
             cap = plan.fitting_cap(budget, floor, plan.cheapest_cap(trimmed, floor, cap))
         window = plan.widest_window_ms(trimmed, cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
-        return Decision(window, cap, _reason(stalled, self.output))
+        slack = observation.window_budget_scale > 1.0
+        return Decision(window, cap, _reason(stalled, self.output, slack))
 
     def _feedback(self, observation: Observation) -> bool:
         """Update ``u`` from the latency error (conditional integration, see the module);
@@ -109,7 +114,7 @@ class PID:
             return False
         target = observation.target_ms
         error = max(-2.0, min(1.0, (target - latency) / target))
-        if error < 0 and _stall_set_latency(observation, self.settle_s):
+        if error < 0 and observation.stall_set_latency(self.settle_s):
             # the overshoot follows a stall (of the loop, or a batch far beyond the error
             # bars) still in the measurement: the queue behind it, not the window, set it
             self._error = None
@@ -128,21 +133,12 @@ class PID:
         return change
 
 
-def _reason(stalled: bool, output: float) -> str:
-    """``pid.stall`` while a stall holds the window, else ``pid.plan`` (the plan trusted) or
-    ``pid.trim`` (narrowed by the feedback)."""
+def _reason(stalled: bool, output: float, slack: bool) -> str:
+    """``pid.stall`` while a stall holds the window, else ``pid.trim`` (narrowed by the
+    feedback), ``pid.slack`` (the plan, to a budget widened by the measured tail's room) or
+    ``pid.plan`` (the plan trusted)."""
     if stalled:
         return "pid.stall"
-    return "pid.plan" if output == 0.0 else "pid.trim"
-
-
-def _stall_set_latency(observation: Observation, settle_s: float) -> bool:
-    """True when the event loop stalled within ``settle_s``, or when an outlier batch ended
-    within it and outliers do not scale with the batch (``outlier_elasticity`` below 0.5, or
-    unknown): narrowing the window would then only add batches, each risking a stall, where
-    outliers that scale with the batch's work are shortened by a narrower window's smaller
-    batches (docs/policies.md, "PID")."""
-    if observation.now_s - observation.loop_stall_s < settle_s:
-        return True  # the loop stood still: its latency is no sign of the window's
-    recent = observation.now_s - observation.last_stall_s < settle_s
-    return recent and not observation.outlier_elasticity >= 0.5
+    if output != 0.0:
+        return "pid.trim"
+    return "pid.slack" if slack else "pid.plan"

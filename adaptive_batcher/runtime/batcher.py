@@ -79,9 +79,13 @@ _log = get_logger()
 _UNKNOWN = TelemetrySample(source="none")
 _running_loop = asyncio.get_running_loop
 
-SETTING_ARGUMENTS = frozenset(f.name for f in fields(BatcherSettings)) - {"window_origin"}
+SETTING_ARGUMENTS = frozenset(f.name for f in fields(BatcherSettings)) - {
+    "window_origin",
+    "window_slack",
+}
 """The constructor's arguments that are settings: the fields of ``BatcherSettings`` but
-``window_origin`` (a baseline for replays, given only through ``settings``)."""
+``window_origin`` (a baseline for replays) and ``window_slack`` (a replay's comparison, or a
+batcher that must keep the plan's bound alone), given only through ``settings``."""
 
 STREAM_OVERFLOWS = ("fail", "hold")
 """What a stream whose reader fell ``max_buffered_elements`` behind does (see the batcher)."""
@@ -171,7 +175,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         name: the ``batcher`` field of this batcher's log events.
         cuda_event_factory: for ``executor="cuda"``: makes completion events (tests pass a fake).
         settings: every setting in one checked object, in place of the setting arguments
-            (``max_batch_size`` to ``shed_late``; also ``window_origin``): a
+            (``max_batch_size`` to ``shed_late``; also ``window_origin`` and ``window_slack``): a
             :class:`~adaptive_batcher.core.settings.BatcherSettings` (a ``SimConfig`` too).
 
     Raises:

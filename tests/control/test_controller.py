@@ -202,3 +202,30 @@ def test_the_stall_rate_needs_stalls_that_recur_and_fades() -> None:
     assert controller.loop_stall_rate_hz(3.0) == pytest.approx(1.0)  # 2 gaps in 2 s
     assert controller.loop_stall_rate_hz(11.0) == pytest.approx(0.2)  # quiet since: it fades
     assert controller.loop_stall_rate_hz(32.5) == 0.0  # the first two left the memory
+
+
+def test_the_policy_sees_the_measured_slack_and_a_new_slo_starts_without_it() -> None:
+    spy = Spy()
+    controller, recorder = started(spy, slo=SLO(latency_ms=100))  # target 80 ms
+    now = 0.0
+    for _ in range(4):  # p99 40 ms on 1000 samples a tick: half the target to spare
+        now += 0.5
+        recorder.record_latencies([0.04] * 1000, 0, now=now)
+        controller.tick(now, recorder, 0, 0, UNKNOWN)
+    scales = [obs.window_budget_scale for obs in spy.seen]
+    assert scales[0] > 1.0 and scales == sorted(scales)
+    assert controller.tail_slack.scale == scales[-1]
+    controller.set_slo(SLO(latency_ms=60))
+    assert controller.tail_slack.scale == 1.0
+    with capture_logs() as logs:
+        controller.tick(now + 0.5, recorder, 0, 0, UNKNOWN)
+    (event,) = [e for e in logs if e["event"] == "controller.decision"]
+    assert event["window_budget_scale"] > 1.0  # 40 ms against a 48 ms target: still room
+
+
+@pytest.mark.parametrize("wrong", [1.0, 0, False, "1.25"])
+def test_tail_slack_must_be_a_tail_slack(wrong: object) -> None:
+    """A scale given for the object (1.0 meaning max_scale=1) is refused at construction,
+    not at the first tick; False or 0 do not quietly give the default."""
+    with pytest.raises(TypeError, match="tail_slack must be a TailSlack or None"):
+        Controller(Spy(), Bounds(0.0, 50.0, 1, 128), tail_slack=wrong)  # type: ignore[arg-type]

@@ -150,6 +150,18 @@ def test_budget_guard_table(proposed: Decision, window: float, cap: int, reason:
     assert (decision.max_batch_size, decision.reason) == (cap, reason)
 
 
+def test_budget_guard_lets_the_window_follow_the_measured_slack() -> None:
+    """With the measured tail's room (window budget 1.2 x 40 = 48 ms) a 40 ms window stands,
+    where the bound alone cuts it to about 33.6 ms; beyond the widened budget it is cut."""
+    roomy = observe(window_budget_scale=1.2)
+    kept = guarded(BudgetGuard, Decision(40.0, 64, "p")).decide(roomy)
+    assert (kept.window_ms, kept.reason) == (40.0, "p")
+    cut = guarded(BudgetGuard, Decision(40.0, 64, "p")).decide(observe())
+    assert cut.window_ms == pytest.approx(33.6, abs=0.2)
+    beyond = guarded(BudgetGuard, Decision(50.0, 64, "p")).decide(roomy)
+    assert beyond.reason == "budget" and 40.0 < beyond.window_ms < 50.0
+
+
 def test_budget_guard_cuts_a_cap_that_cannot_fit() -> None:
     slow = linear_ms(4.0, 0.2)  # 256 -> 55 ms, 128 -> 29.6, 64 -> 16.8
     decision = guarded(BudgetGuard, Decision(0.0, 256, "p")).decide(observe(service_median_ms=slow))

@@ -81,6 +81,28 @@ def test_after_an_overload_the_window_plans_for_the_load_of_now() -> None:
     assert during.window_ms == 0.0
 
 
+def test_the_window_is_planned_to_the_budget_widened_by_the_measured_slack() -> None:
+    """The same tick with the measured tail's room (scale 1.2: a 48 ms window budget) plans a
+    wider window at the same cap, and says why."""
+    plain = PID().decide(observe())
+    roomy = PID().decide(observe(window_budget_scale=1.2))
+    assert roomy.reason == "pid.slack"
+    assert roomy.window_ms > plain.window_ms + 5.0
+    assert roomy.max_batch_size == plain.max_batch_size == 256  # the cap keeps to the SLO
+
+
+def test_while_the_measured_tail_shows_room_no_trim_is_held() -> None:
+    """A trim from an earlier overshoot gives way once the slack is above 1: the two do not
+    stack (a trim under a widened budget read ``pid.trim`` while the window was planned wider
+    than the bound)."""
+    pid = PID()
+    pid.decide(observe(latency_ms=30.0))
+    pid.decide(observe(latency_ms=60.0))
+    assert pid.output < 0.0
+    roomy = pid.decide(observe(latency_ms=30.0, window_budget_scale=1.1))
+    assert pid.output == 0.0 and roomy.reason == "pid.slack"
+
+
 def test_latency_over_target_trims_the_planned_window() -> None:
     pid = PID()
     planned = pid.decide(observe(latency_ms=30.0)).window_ms
