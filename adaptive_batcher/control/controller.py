@@ -170,7 +170,7 @@ class Controller:
         """Change the objective; it applies from the next tick (the window is planned to its
         budget alone until the measured tail shows room again)."""
         self.slo = slo
-        self.tail_slack.scale = 1.0
+        self.tail_slack.reset()
 
     def note_loop_stall(self, start_s: float, end_s: float) -> None:
         """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its

@@ -36,11 +36,17 @@ class TailSlack:
       of the model (:meth:`~adaptive_batcher.control.types.Observation.stall_set_latency`),
       whose latency is the queue behind it, not the window's.
 
+    After a :meth:`reset` (a new SLO) it does not rise for ``settle_s`` from its next tick: the
+    span then holds latencies of settings planned for the old SLO, no measure of the window
+    planned now. (Holding it after the first tick as well was measured and not kept:
+    docs/benchmarks.md, "Measured slack".)
+
     Args:
         max_scale: the largest scale, >= 1 (1: the plan's bound alone, as before).
         gain: the share of the relative room taken per tick, > 0.
         rise_samples: requests above the percentile before the scale may rise, > 0.
-        settle_s: how long after a stall the scale is held, seconds (>= 0).
+        settle_s: how long after a stall the scale is held, and after a :meth:`reset` it may
+            not rise, seconds (>= 0; the latency span's length).
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range (named).
@@ -58,16 +64,26 @@ class TailSlack:
         self.rise_samples = check_number("TailSlack.rise_samples", rise_samples, 0.0, strict=True)
         self.settle_s = check_number("TailSlack.settle_s", settle_s, 0.0)
         self.scale = 1.0
+        self._reset_pending = False  # a reset whose first tick has not come yet
+        self._reset_at_s = -math.inf  # that tick's time, seconds
+
+    def reset(self) -> None:
+        """Back to 1, and no rise for ``settle_s`` from the next tick (a new SLO)."""
+        self.scale = 1.0
+        self._reset_pending = True
 
     def update(self, observation: Observation) -> float:
         """The scale after this tick's measurement (see the class)."""
+        if self._reset_pending:
+            self._reset_at_s, self._reset_pending = observation.now_s, False
         slo, latency = observation.slo, observation.latency_ms
         if slo is None or math.isnan(latency) or observation.stall_set_latency(self.settle_s):
             return self.scale
         target = slo.target_ms
+        settled = observation.now_s - self._reset_at_s >= self.settle_s
         if latency > target:
             self.scale = max(1.0, self.scale * target / latency)
-        elif observation.latency_samples >= self.rise_samples / (1.0 - slo.quantile):
+        elif settled and observation.latency_samples >= self.rise_samples / (1.0 - slo.quantile):
             room = (target - latency) / target
             self.scale = min(self.max_scale, self.scale * (1.0 + self.gain * room))
         return self.scale

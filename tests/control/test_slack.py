@@ -31,6 +31,18 @@ def test_the_scale_is_bounded() -> None:
     assert scale == 1.1
 
 
+def test_no_rise_after_a_reset_until_the_span_holds_latencies_of_its_own() -> None:
+    """After a new SLO the span holds latencies of settings planned for the old one: the scale
+    may not rise on them for settle_s from the first tick after the reset."""
+    slack = TailSlack()
+    assert slack.update(observe(now_s=5.0, **ROOMY)) > 1.0  # no hold at the start
+    slack.reset()
+    assert slack.scale == 1.0
+    assert slack.update(observe(now_s=8.0, **ROOMY)) == 1.0  # the first tick after it
+    assert slack.update(observe(now_s=9.9, **ROOMY)) == 1.0
+    assert slack.update(observe(now_s=10.0, **ROOMY)) > 1.0
+
+
 def test_too_few_samples_for_the_percentile_hold_the_scale() -> None:
     """At 250 samples, two or three requests lie above the p99: no ground to widen on."""
     slack = TailSlack()
