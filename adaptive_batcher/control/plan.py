@@ -15,7 +15,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = ["BISTABLE_RATIO", "CHEAPER_BY", "POISSON_Z", "STABILITY_HEADROOM", "Plan"]
+__all__ = [
+    "BISTABLE_RATIO",
+    "CHEAPER_BY",
+    "POISSON_Z",
+    "STABILITY_HEADROOM",
+    "THROUGHPUT_TIE",
+    "Plan",
+]
 
 STABILITY_HEADROOM = 1.15
 """Serve 15 % more than arrives when possible, so queues drain after bursts."""
@@ -26,6 +33,11 @@ POISSON_Z = 2.33
 CHEAPER_BY = 1.1
 """A smaller cap is chosen for its cost only when it is at least 10 % cheaper per unit: the
 arrivals are not quite Poisson, and a smaller cap gives up headroom for bursts."""
+
+THROUGHPUT_TIE = 0.01
+"""Throughputs within 1 % of the best are a tie the fit cannot resolve; the throughput cap takes
+the largest cap among them, whose full batches drain a backlog fastest where the time per item
+falls with the batch (docs/policies.md, "The plan")."""
 
 BISTABLE_RATIO = 1.25
 """With buckets, a cycle whose batches are this many times those it settles at from small ones
@@ -151,11 +163,14 @@ class Plan:
 
     def throughput_cap(self, budget_ms: float = math.inf) -> int | None:
         """The cap with the highest throughput among those whose two-batch latency fits
-        ``budget_ms`` (among all if none fits); None if the model is not ready."""
+        ``budget_ms`` (among all if none fits), the largest within ``THROUGHPUT_TIE`` of it;
+        None if the model is not ready."""
         if not self.ready:
             return None
-        fitting = self._fitting(budget_ms)
-        return max(fitting or self.caps, key=self.throughput_units_per_s)
+        candidates = self._fitting(budget_ms) or self.caps
+        best = max(self.throughput_units_per_s(cap) for cap in candidates)
+        tied = best * (1.0 - THROUGHPUT_TIE)
+        return max(cap for cap in candidates if self.throughput_units_per_s(cap) >= tied)
 
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the
