@@ -168,9 +168,11 @@ class Plan:
         if not self.ready:
             return None
         candidates = self._fitting(budget_ms) or self.caps
-        best = max(self.throughput_units_per_s(cap) for cap in candidates)
-        tied = best * (1.0 - THROUGHPUT_TIE)
-        return max(cap for cap in candidates if self.throughput_units_per_s(cap) >= tied)
+        best = max(candidates, key=self.throughput_units_per_s)
+        tied = self.throughput_units_per_s(best) * (1.0 - THROUGHPUT_TIE)
+        return max(
+            cap for cap in candidates if cap == best or self.throughput_units_per_s(cap) >= tied
+        )
 
     def _fitting(self, budget_ms: float) -> list[int]:
         """The caps whose two-batch latency fits ``budget_ms`` (never optimistic beyond the

@@ -88,6 +88,12 @@ def test_throughput_cap_takes_the_larger_of_caps_the_fit_cannot_tell_apart(
     assert tied.throughput_cap() == expected
 
 
+def test_throughput_cap_with_a_size_the_fit_has_no_time_for() -> None:
+    """A NaN time at one size (no estimate there) neither wins nor ties: the argmax stands."""
+    unknown = plan(service_median_ms=lambda n: math.nan if n == 256 else 4.0 + 0.05 * n)
+    assert unknown.throughput_cap() == 128
+
+
 @pytest.mark.parametrize(
     ("arrival_rps", "budget_ms", "expected"),
     [
