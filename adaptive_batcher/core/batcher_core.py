@@ -489,8 +489,11 @@ class BatcherCore(Generic[H]):
         self._start_controller(policy, now)
 
     def _start_controller(self, policy: Policy, now: float | None) -> None:
-        """A new controller with ``policy``, started at ``now`` if given."""
+        """A new controller with ``policy``, started at ``now`` if given. Its measured slack
+        starts held (as after a new SLO): the latencies recorded so far are of settings it did
+        not plan."""
         self.controller = self._make_controller(policy)
+        self.controller.tail_slack.reset()
         if now is not None:
             self.start(now)
 

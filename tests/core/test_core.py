@@ -18,6 +18,7 @@ from adaptive_batcher.errors import (
 )
 from adaptive_batcher.policies import PID, Static
 from adaptive_batcher.slo import SLO
+from tests.control.factories import observe
 
 
 def make_core(**settings: object) -> BatcherCore[int]:
@@ -256,6 +257,24 @@ def test_set_slo_starts_the_default_controller_unless_stopped() -> None:
     assert core.controller is None  # stopped on purpose: an SLO does not restart it
     assert core.slo == SLO(latency_ms=80.0)
     assert core.recorder.slo_latency_s == pytest.approx(0.08)
+
+
+@pytest.mark.parametrize("start", ["set_slo", "set_policy"])
+def test_a_controller_started_mid_run_holds_its_slack_as_after_a_new_slo(start: str) -> None:
+    """The latencies recorded before it started are of settings it did not plan (no SLO, or
+    no controller): its measured slack may not rise on them for settle_s (2 s)."""
+    core = make_core(slo=SLO(latency_ms=50.0) if start == "set_policy" else None)
+    if start == "set_policy":
+        core.set_policy(None)
+        core.set_policy(PID(), 0.0)
+    else:
+        core.set_slo(SLO(latency_ms=50.0), 0.0)
+    assert core.controller is not None
+    slack = core.controller.tail_slack
+    roomy = {"latency_ms": 20.0, "latency_samples": 1000}  # half the 40 ms target to spare
+    assert slack.update(observe(now_s=5.0, **roomy)) == 1.0
+    assert slack.update(observe(now_s=6.9, **roomy)) == 1.0
+    assert slack.update(observe(now_s=7.0, **roomy)) > 1.0
 
 
 def test_set_slo_none_is_refused_while_shedding_late() -> None:
