@@ -4,12 +4,12 @@ Each tick :class:`PID` asks the tick's :class:`~adaptive_batcher.control.plan.Pl
 (the largest whose two batches fit the SLO's room, never below the smallest that keeps up with
 demand; under overload, the highest-throughput cap) and for the widest window whose predicted
 tail latency fits the planning budget ``window_budget * (1 + u)`` (the SLO's budget, widened
-by the room the measured tail shows: :class:`~adaptive_batcher.control.slack.TailSlack`). ``u``
-in [-1, 0] is the output of a
-velocity-form PID on the normalised latency error ``(target - latency) / target``, with
-conditional integration (none while overloaded, nor for ``settle_s`` after an overload or a
-stall) and derivative on the measurement. The law, its reason tags and the figures behind it:
-docs/policies.md, "PID". Source: Åström & Hägglund, "Advanced PID Control", 2006.
+by the room the measured tail shows: :class:`~adaptive_batcher.control.slack.TailSlack`).
+``u`` in [-1, 0] is the output of a velocity-form PID on the normalised latency error
+``(target - latency) / target``, with conditional integration (none while overloaded, nor for
+``settle_s`` after an overload or a stall) and derivative on the measurement. The law, its
+reason tags and the figures behind it: docs/policies.md, "PID". Source: Åström & Hägglund,
+"Advanced PID Control", 2006.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class PID:
             cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
             return Decision(0.0, cap, "pid.overload")
         stalled = self._feedback(observation)
-        if observation.window_budget_scale > 1.0:
+        slack = observation.window_budget_scale > 1.0
+        if slack:
             self.output = 0.0  # the measured tail shows room: the slack, not a trim, is in force
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
         trimmed = observation.window_budget_ms * (1.0 + self.output)
@@ -101,7 +102,6 @@ class PID:
         window = plan.widest_window_ms(trimmed, cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
-        slack = observation.window_budget_scale > 1.0
         return Decision(window, cap, _reason(stalled, self.output, slack))
 
     def _feedback(self, observation: Observation) -> bool:
