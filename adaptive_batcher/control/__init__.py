@@ -10,12 +10,12 @@ from adaptive_batcher.control.guards import (
     ShedGuard,
     StallGuard,
     StepGuard,
-    UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.control.unused_window import UnusedWindowGuard
 
 __all__ = [
     "Bounds",

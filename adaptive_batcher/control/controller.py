@@ -25,12 +25,12 @@ from adaptive_batcher.control.guards import (
     ShedGuard,
     StallGuard,
     StepGuard,
-    UnusedWindowGuard,
 )
 from adaptive_batcher.control.policy import GuardFactory, Policy
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import Counts, Recorder
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample

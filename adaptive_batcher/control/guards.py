@@ -3,8 +3,9 @@
 Each guard is itself a :class:`~adaptive_batcher.policies.Policy`: it asks the policy it wraps,
 then corrects the answer (smoothing and safety as decorators around the algorithm, as in Netflix
 concurrency-limits). The default chain (:func:`~adaptive_batcher.control.default_guards`),
-innermost first: unused window, budget, power back-off, step limit, memory, then SLO-aware
-shedding when asked for, then buckets; the controller clamps the result to the bounds.
+innermost first: unused window (its own module, :mod:`adaptive_batcher.control.unused_window`),
+budget, power back-off, step limit, memory, then SLO-aware shedding when asked for, then
+buckets; the controller clamps the result to the bounds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "ShedGuard",
     "StallGuard",
     "StepGuard",
-    "UnusedWindowGuard",
 ]
 
 _log = get_logger()
@@ -51,116 +51,6 @@ class Guard:
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         """Return ``decision`` or a safer one."""
         raise NotImplementedError
-
-
-class UnusedWindowGuard(Guard):
-    """Window to 0 when waiting brings no company (MLServer #777).
-
-    It fires when a tick's batches bring much less company than the arrival rate promises (a
-    closed-loop client with one request in flight), or when the batches the window releases
-    waited most of it after their last arrival, far more than Poisson arrivals would leave
-    (closed-loop clients fewer than the cap); the window then stays at 0 until the arrival rate
-    rises by ``rearm_factor`` or, at most, for ``retry_s`` (doubled after each try that shuts it
-    again). The law and its figures: docs/policies.md, "UnusedWindowGuard".
-
-    Args:
-        min_company: the least share of the expected company that counts as company.
-        max_idle_fraction: a window whose released batches waited more than this share of it
-            after their last arrival (and ``idle_excess`` times the Poisson share) is unused.
-        idle_excess: how far beyond what Poisson arrivals leave the idle share must be.
-        min_batches: batches a tick must have for its figures to count.
-        rearm_factor: arrival-rate growth that lets the policy open the window again.
-        alike_factor: batches whose largest holds at most this many times their mean (plus
-            one) are alike.
-        retry_s: how long the window stays shut before it is tried again, s (doubled after
-            each try that shuts it again, up to ``max_retry_s``).
-        max_retry_s: the longest the window stays shut without a try, s.
-        stall_hold_s: ticks this soon after a stall of the event loop are not judged, s.
-    """
-
-    def __init__(
-        self,
-        inner: Policy,
-        min_company: float = 0.5,
-        max_idle_fraction: float = 0.5,
-        idle_excess: float = 2.0,
-        min_batches: int = 5,
-        rearm_factor: float = 1.5,
-        alike_factor: float = 1.5,
-        retry_s: float = 2.0,
-        max_retry_s: float = 64.0,
-        stall_hold_s: float = 1.0,
-    ) -> None:
-        super().__init__(inner)
-        self.alike_factor = alike_factor
-        self.retry_s = retry_s
-        self.max_retry_s = max_retry_s
-        self.stall_hold_s = stall_hold_s
-        self._shut_for_s = retry_s  # how long the window stays shut now
-        self._shut_at_s = -math.inf
-        self._tried_at_s: float | None = None  # when the window was last tried again
-        self.min_company = min_company
-        self.max_idle_fraction = max_idle_fraction
-        self.idle_excess = idle_excess
-        self.min_batches = min_batches
-        self.rearm_factor = rearm_factor
-        self.closed = False
-        self.closed_at_rate_rps: float | None = None
-
-    def _unused(self, observation: Observation) -> bool:
-        window_ms = observation.current.window_ms
-        if window_ms <= 0 or observation.batches < self.min_batches:
-            return False
-        company = observation.arrival_rate_rps * window_ms / 1e3  # expected, per batch
-        # the cap ends a batch before the window when the window would bring more: full
-        # batches hold at most cap - 1 companions, however wide the window
-        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
-        promised = min(company, max(room - 1.0, 0.0))
-        lonely = (
-            company >= 0.5 and observation.mean_batch_size - 1.0 < self.min_company * promised
-        )  # False for NaN
-        poisson_idle = (1.0 - math.exp(-company)) / company if company > 0 else 1.0
-        idle_limit = max(self.max_idle_fraction, self.idle_excess * poisson_idle)
-        alike = (
-            observation.largest_batch_size <= self.alike_factor * observation.mean_batch_size + 1
-        )
-        return lonely or (alike and observation.window_idle_fraction > idle_limit)  # NaN: False
-
-    def correct(self, observation: Observation, decision: Decision) -> Decision:
-        now = observation.now_s
-        judged = now - observation.loop_stall_s >= self.stall_hold_s
-        rate = observation.arrival_rate_rps
-        if judged and self._unused(observation):
-            self._shut(now)
-        elif self.closed:
-            reference = self.closed_at_rate_rps
-            if reference is None:
-                # closed-loop clients come faster once the window is shut: that rate, not the
-                # one seen with the window open, is what a real rise in load must exceed
-                self.closed_at_rate_rps = rate
-            elif rate > self.rearm_factor * reference:
-                self.closed = False
-                self._shut_for_s = self.retry_s
-            else:
-                self.closed_at_rate_rps = max(reference, rate)
-            if self.closed and now - self._shut_at_s >= self._shut_for_s:
-                self.closed = False  # try the window again
-                self._tried_at_s = now
-        if self.closed and decision.window_ms > 0:
-            return decision.with_(window_ms=0.0, reason="window_unused")
-        return decision
-
-    def _shut(self, now: float) -> None:
-        """Shut the window at ``now``: for twice as long as before if a try just failed."""
-        tried = self._tried_at_s
-        if tried is not None and now - tried <= self._shut_for_s:
-            self._shut_for_s = min(self.max_retry_s, 2.0 * self._shut_for_s)
-        elif not self.closed:
-            self._shut_for_s = self.retry_s
-        self._tried_at_s = None
-        self.closed = True
-        self._shut_at_s = now
-        self.closed_at_rate_rps = None  # measured on the first tick with the window shut
 
 
 class BudgetGuard(Guard):

@@ -16,10 +16,10 @@ from adaptive_batcher.control.guards import (
     ShedGuard,
     StallGuard,
     StepGuard,
-    UnusedWindowGuard,
 )
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import BatchSample
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
@@ -795,6 +795,129 @@ def test_a_window_that_reopens_on_its_own_resets_the_wait() -> None:
     assert guard.decide(observe(now_s=20.0, current=Decision(10.0, 64), **lonely)).window_ms == 0
     assert guard.decide(observe(now_s=21.0, current=Decision(0.0, 64), **lonely)).window_ms == 0
     assert guard.decide(observe(now_s=22.0, current=Decision(0.0, 64), **lonely)).window_ms == 10
+
+
+# The README's FastAPI app (16 closed-loop HTTP clients, docs/benchmarks.md): a 45 ms window
+# gathers all 16 in each batch, then waits; 4 batches a 250 ms tick.
+CLOSED_LOOP_WIDE = {
+    "arrival_rate_rps": 260.0,
+    "mean_batch_size": 16.0,
+    "largest_batch_size": 16,
+    "window_idle_fraction": 0.8,
+    "batches": 4,
+}
+
+
+def test_a_wide_window_is_judged_on_batches_pooled_over_ticks() -> None:
+    """A window of 45 ms releases 4 batches a tick, under the 5 a verdict needs: the ticks'
+    batches are pooled, so a try costs two ticks, not as many as chance takes to bring 5."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    wide = Decision(45.0, 64)
+    assert guard.decide(observe(now_s=10.0, current=wide, **CLOSED_LOOP_WIDE)).window_ms == 45
+    second = guard.decide(observe(now_s=10.25, current=wide, **CLOSED_LOOP_WIDE))
+    assert second == Decision(0.0, 64, "window_unused")
+
+
+def test_pooled_evidence_starts_again_after_the_window_was_shut() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    wide = Decision(45.0, 64)
+    guard.decide(observe(now_s=10.0, current=wide, **CLOSED_LOOP_WIDE))  # 4 batches pooled
+    guard.decide(observe(now_s=10.25, current=Decision(0.0, 64), **CLOSED_LOOP_WIDE))
+    # the pool was dropped with the window: 4 batches again, no verdict
+    assert guard.decide(observe(now_s=10.5, current=wide, **CLOSED_LOOP_WIDE)).window_ms == 45
+
+
+def test_a_try_that_a_loop_stall_interrupts_still_doubles_the_wait() -> None:
+    """The FastAPI app: a try began 0.5 s before a 20 s stall and shut once the stall's hold
+    had passed; the wait went back to 2 s (it was measured from the try), so closed-loop
+    clients paid a try every 2-4 s after the stall."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    wide, shut = Decision(45.0, 64), Decision(0.0, 64)
+
+    def tick(now_s: float, current: Decision, stall_end_s: float = -math.inf) -> float:
+        observation = observe(
+            now_s=now_s, current=current, loop_stall_s=stall_end_s, **CLOSED_LOOP_WIDE
+        )
+        return guard.decide(observation).window_ms
+
+    tick(2.0, wide)
+    assert tick(2.25, wide) == 0.0  # shut for 2 s
+    assert tick(4.25, shut) == 45.0  # tried again
+    assert tick(4.5, wide, stall_end_s=24.4) == 45.0  # a 20 s stall: not judged
+    assert tick(25.5, wide, stall_end_s=24.4) == 45.0  # 4 batches: no verdict yet
+    assert tick(25.75, wide, stall_end_s=24.4) == 0.0  # shut, for 4 s: the try failed
+    assert tick(27.8, shut) == 0.0
+    assert tick(29.75, shut) == 45.0
+
+
+def test_the_burst_after_a_loop_stall_does_not_reopen_a_shut_window() -> None:
+    """Requests held up by a stall arrive at once when it ends: a rate that says nothing about
+    the load, neither a reason to re-arm nor the reference a real rise must exceed."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=60.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    guard.decide(observe(now_s=10.0, current=Decision(10.0, 64), **lonely))  # shut
+    guard.decide(observe(now_s=10.25, current=Decision(0.0, 64), **lonely))  # reference 50
+    burst = observe(
+        now_s=30.0, current=Decision(0.0, 64), arrival_rate_rps=4000.0, loop_stall_s=29.9
+    )
+    assert guard.decide(burst).window_ms == 0.0
+    busier = observe(now_s=32.0, current=Decision(0.0, 64), arrival_rate_rps=100.0)
+    assert guard.decide(busier).window_ms == 10.0  # a real rise over 50 req/s re-arms
+
+
+# HTTP clients whose requests reach the batcher spread over the window (parsing on a busy loop):
+# every batch holds all 16 of them, the window waits little after the last; no company test fires
+SPREAD_CLOSED_LOOP = {
+    "arrival_rate_rps": 300.0,
+    "mean_batch_size": 16.0,
+    "largest_batch_size": 16,
+    "window_idle_fraction": 0.3,
+    "batches": 5,
+}
+
+
+def _open_ticks(guard: Any, start_s: float, ticks: int, **changes: Any) -> list[Decision]:
+    fields = {**SPREAD_CLOSED_LOOP, **changes}
+    return [
+        guard.decide(observe(now_s=start_s + 0.25 * k, current=Decision(45.0, 64), **fields))
+        for k in range(ticks)
+    ]
+
+
+def test_a_window_that_slows_its_clients_is_probed_and_shut() -> None:
+    """Closed-loop clients come as fast as they are answered: a tick at window 0 brings them
+    four times faster than the 45 ms window does, so the window throttles them (fewer answers,
+    each later) instead of batching the same traffic."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    decisions = _open_ticks(guard, 10.0, 2)
+    assert [d.window_ms for d in decisions] == [45.0, 0.0]  # open 0.5 s: probed
+    assert decisions[-1].reason == "window_probe"
+    probe = observe(now_s=10.5, current=Decision(0.0, 64), arrival_rate_rps=1200.0)
+    assert guard.decide(probe) == Decision(0.0, 64, "window_unused")
+    # tried again after 2 s: arrivals fall back to the open window's rate, so it shuts again
+    guard.decide(observe(now_s=10.75, current=Decision(0.0, 64), arrival_rate_rps=1200.0))
+    assert guard.decide(observe(now_s=12.5, current=Decision(0.0, 64))).window_ms == 45.0
+    assert _open_ticks(guard, 12.75, 1)[0] == Decision(0.0, 64, "window_unused")
+    assert guard.decide(observe(now_s=16.0, current=Decision(0.0, 64))).window_ms == 0.0
+    assert guard.decide(observe(now_s=16.75, current=Decision(0.0, 64))).window_ms == 45.0
+
+
+def test_a_probe_that_finds_the_rate_unmoved_doubles_the_time_to_the_next() -> None:
+    """Open-loop traffic comes at its own rate: the probe costs one tick at window 0, ever
+    rarer (0.5, 1, 2 ... 64 s of open window between probes)."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    assert _open_ticks(guard, 10.0, 2)[-1].reason == "window_probe"
+    steady = observe(now_s=10.5, current=Decision(0.0, 64), arrival_rate_rps=330.0)
+    assert guard.decide(steady).window_ms == 45.0  # Poisson noise, not a throttle
+    # open again for 1 s (four ticks): the next probe
+    assert [d.window_ms for d in _open_ticks(guard, 10.75, 4)] == [45.0] * 3 + [0.0]
+
+
+def test_batches_unlike_a_fixed_set_of_clients_are_never_probed() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    poisson = _open_ticks(guard, 10.0, 40, mean_batch_size=13.5, largest_batch_size=21)
+    full = _open_ticks(guard, 20.0, 40, mean_batch_size=64.0, largest_batch_size=64)
+    assert all(d.window_ms == 45.0 for d in poisson + full)
 
 
 def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:

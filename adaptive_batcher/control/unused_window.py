@@ -1,0 +1,255 @@
+"""The unused-window guard: window to 0 when waiting brings no company (MLServer #777)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from adaptive_batcher.control.guards import Guard
+from adaptive_batcher.control.policy import Policy
+from adaptive_batcher.control.types import Decision, Observation
+
+__all__ = ["UnusedWindowGuard"]
+
+
+@dataclass(slots=True)
+class _Evidence:
+    """What the ticks with an open window showed since the last verdict, batch-weighted."""
+
+    batches: int = 0
+    batch_size: float = 0.0  # sum over ticks of batches * mean batch size
+    company: float = 0.0  # ... of batches * the company the arrival rate promises
+    promised: float = 0.0  # ... of batches * that company, at most the cap's room
+    poisson_idle: float = 0.0  # ... of batches * the idle share Poisson arrivals leave
+    idle: float = 0.0  # ... of batches * the measured idle share (ticks that measured it)
+    idle_batches: int = 0
+    largest: int = 0
+
+    def add(self, observation: Observation) -> None:
+        batches = observation.batches
+        window_ms = observation.current.window_ms
+        company = observation.arrival_rate_rps * window_ms / 1e3  # expected, per batch
+        # the cap ends a batch before the window when the window would bring more: full
+        # batches hold at most cap - 1 companions, however wide the window
+        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
+        self.batches += batches
+        self.batch_size += batches * observation.mean_batch_size
+        self.company += batches * company
+        self.promised += batches * min(company, max(room - 1.0, 0.0))
+        self.poisson_idle += batches * ((1.0 - math.exp(-company)) / company if company > 0 else 1)
+        if not math.isnan(observation.window_idle_fraction):
+            self.idle += batches * observation.window_idle_fraction
+            self.idle_batches += batches
+        self.largest = max(self.largest, observation.largest_batch_size)
+
+
+@dataclass(slots=True)
+class _Stretch:
+    """Arrivals over a run of ticks (the window open without a break, or shut)."""
+
+    arrivals: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, observation: Observation) -> None:
+        self.arrivals += observation.arrival_rate_rps * observation.interval_s
+        self.seconds += observation.interval_s
+
+    @property
+    def rate_rps(self) -> float:
+        return self.arrivals / self.seconds if self.seconds > 0 else math.nan
+
+
+def rate_rose(base_rps: float, seconds: float, arrivals: float, factor: float) -> bool:
+    """Whether ``arrivals`` in ``seconds`` are ``factor`` times what a rate of ``base_rps`` brings,
+    beyond Poisson noise (4 standard deviations)."""
+    expected = base_rps * seconds
+    return arrivals >= factor * expected and arrivals - expected >= 4.0 * math.sqrt(expected)
+
+
+class UnusedWindowGuard(Guard):
+    """Window to 0 when waiting brings no company (MLServer #777), or when the window throttles
+    its clients instead of batching them.
+
+    It fires when the batches bring much less company than the arrival rate promises (a
+    closed-loop client with one request in flight), when the batches the window releases
+    waited most of it after their last arrival, far more than Poisson arrivals would leave
+    (closed-loop clients fewer than the cap), or when the arrival rate answers the window
+    (closed-loop clients whose round trips the window lengthens: open-loop traffic comes at its
+    own rate, whatever the window). The last is tested by a probe: once the window has been open
+    for ``probe_s`` (doubled after each probe that finds the rate unmoved, up to
+    ``max_retry_s``) while its batches look like a fixed set of clients (alike within one
+    request, below the cap), one tick runs at window 0 (reason ``window_probe``); arrivals
+    ``throttle_factor`` times the open window's rate, beyond Poisson noise, shut it. The window
+    then stays at 0 until the arrival rate rises by ``rearm_factor`` or, at most, for
+    ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
+    ``throttle_factor`` below the shut window's shuts again). A verdict waits for
+    ``min_batches`` batches, pooled over consecutive ticks with the window open: a wide window
+    releases few batches a tick, and a try must not last longer for it. The law and its
+    figures: docs/policies.md, "UnusedWindowGuard".
+
+    Args:
+        min_company: the least share of the expected company that counts as company.
+        max_idle_fraction: a window whose released batches waited more than this share of it
+            after their last arrival (and ``idle_excess`` times the Poisson share) is unused.
+        idle_excess: how far beyond what Poisson arrivals leave the idle share must be.
+        min_batches: batches a verdict needs (pooled over ticks with the window open).
+        rearm_factor: arrival-rate growth that lets the policy open the window again.
+        alike_factor: batches whose largest holds at most this many times their mean (plus
+            one) are alike.
+        retry_s: how long the window stays shut before it is tried again, s (doubled after
+            each try that shuts it again, up to ``max_retry_s``).
+        max_retry_s: the longest the window stays shut without a try, and the longest between
+            probes, s.
+        stall_hold_s: ticks this soon after a stall of the event loop are not judged and do
+            not re-arm, s.
+        probe_s: how long the window stays open before the first probe, s.
+        throttle_factor: how much faster clients must come at window 0 than with the window
+            open for the window to count as a throttle.
+    """
+
+    def __init__(
+        self,
+        inner: Policy,
+        min_company: float = 0.5,
+        max_idle_fraction: float = 0.5,
+        idle_excess: float = 2.0,
+        min_batches: int = 5,
+        rearm_factor: float = 1.5,
+        alike_factor: float = 1.5,
+        retry_s: float = 2.0,
+        max_retry_s: float = 64.0,
+        stall_hold_s: float = 1.0,
+        probe_s: float = 0.5,
+        throttle_factor: float = 1.5,
+    ) -> None:
+        super().__init__(inner)
+        self.alike_factor = alike_factor
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self.stall_hold_s = stall_hold_s
+        self.min_company = min_company
+        self.max_idle_fraction = max_idle_fraction
+        self.idle_excess = idle_excess
+        self.min_batches = min_batches
+        self.rearm_factor = rearm_factor
+        self.probe_s = probe_s
+        self.throttle_factor = throttle_factor
+        self._shut_for_s = retry_s  # how long the window stays shut now
+        self._shut_at_s = -math.inf
+        self._on_trial = False  # the window was tried again and has had no verdict since
+        self._probe_every_s = probe_s
+        self._probing: _Stretch | None = None  # the open stretch a probe tick is compared with
+        self._fixed_set = False  # the latest verdict's batches looked like a fixed set of clients
+        self._evidence = _Evidence()
+        self._stretch = _Stretch()
+        self._shut_stretch = _Stretch()  # arrivals while the window was last shut
+        self.closed = False
+        self.closed_at_rate_rps: float | None = None
+
+    def correct(self, observation: Observation, decision: Decision) -> Decision:
+        now = observation.now_s
+        judged = now - observation.loop_stall_s >= self.stall_hold_s
+        if observation.current.window_ms > 0 and judged:
+            self._stretch.add(observation)
+        else:
+            self._stretch = _Stretch()
+            self._fixed_set = False
+        if self.closed and judged:
+            self._shut_stretch.add(observation)
+        if not judged:
+            self._evidence = _Evidence()  # the batches waited out the stall, not for company
+        probed, self._probing = self._probing, None
+        verdict = self._verdict(observation) if judged else None
+        if probed is not None and judged and self._throttled_at_probe(observation, probed):
+            verdict = True
+        if verdict:
+            self._shut(now)
+        elif verdict is False:
+            self._on_trial = False
+        elif self.closed and judged:
+            self._rearm_on_load(observation.arrival_rate_rps)
+        if self.closed and now - self._shut_at_s >= self._shut_for_s:
+            self.closed = False  # try the window again
+            self._on_trial = True
+        if self.closed and decision.window_ms > 0:
+            return decision.with_(window_ms=0.0, reason="window_unused")
+        if decision.window_ms > 0 and self._probe_due():
+            self._probing, self._stretch = self._stretch, _Stretch()
+            return decision.with_(window_ms=0.0, reason="window_probe")
+        return decision
+
+    def _verdict(self, observation: Observation) -> bool | None:
+        """True: the window is unused; False: it brings company; None: too few batches yet."""
+        if observation.current.window_ms <= 0:
+            self._evidence = _Evidence()
+            return None
+        if observation.batches > 0:
+            self._evidence.add(observation)
+        pool = self._evidence
+        if pool.batches < self.min_batches:
+            return None
+        self._evidence = _Evidence()
+        mean_batch = pool.batch_size / pool.batches
+        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
+        self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
+        company = pool.company / pool.batches
+        lonely = (
+            company >= 0.5 and mean_batch - 1.0 < self.min_company * pool.promised / pool.batches
+        )  # False for NaN
+        idle = pool.idle / pool.idle_batches if pool.idle_batches else math.nan
+        idle_limit = max(
+            self.max_idle_fraction, self.idle_excess * pool.poisson_idle / pool.batches
+        )
+        alike = pool.largest <= self.alike_factor * mean_batch + 1
+        return lonely or (alike and idle > idle_limit) or self._throttled_on_trial()
+
+    def _throttled_on_trial(self) -> bool:
+        """Whether a window tried again brought fewer arrivals than it did while shut."""
+        shut, stretch = self._shut_stretch, self._stretch
+        if not self._on_trial or shut.seconds <= 0 or stretch.seconds <= 0:
+            return False
+        return rate_rose(stretch.rate_rps, stretch.seconds, shut.rate_rps * stretch.seconds,
+                         self.throttle_factor)  # fmt: skip
+
+    def _throttled_at_probe(self, observation: Observation, open_stretch: _Stretch) -> bool:
+        """Whether the probe tick (window 0) brought arrivals faster than the open window's;
+        a probe that did not doubles the time to the next."""
+        arrivals = observation.arrival_rate_rps * observation.interval_s
+        if rate_rose(open_stretch.rate_rps, observation.interval_s, arrivals, self.throttle_factor):
+            self._probe_every_s = self.probe_s
+            return True
+        self._probe_every_s = min(self.max_retry_s, 2.0 * self._probe_every_s)
+        return False
+
+    def _probe_due(self) -> bool:
+        """Whether the window has been open long enough, with the batches of its latest verdict
+        like a fixed set of clients' (alike within one request, at least two, below the cap),
+        to probe it."""
+        return self._fixed_set and self._stretch.seconds >= self._probe_every_s
+
+    def _rearm_on_load(self, rate_rps: float) -> None:
+        """Open the window when the arrival rate has grown ``rearm_factor`` times since it shut."""
+        reference = self.closed_at_rate_rps
+        if reference is None:
+            # closed-loop clients come faster once the window is shut: that rate, not the one
+            # seen with the window open, is what a real rise in load must exceed
+            self.closed_at_rate_rps = rate_rps
+        elif rate_rps > self.rearm_factor * reference:
+            self.closed = False
+            self._on_trial = False
+            self._shut_for_s = self.retry_s
+        else:
+            self.closed_at_rate_rps = max(reference, rate_rps)
+
+    def _shut(self, now: float) -> None:
+        """Shut the window at ``now``: for twice as long as before if it was on trial (tried
+        again after a shut and shut again at its first verdict)."""
+        if self._on_trial:
+            self._shut_for_s = min(self.max_retry_s, 2.0 * self._shut_for_s)
+        elif not self.closed:
+            self._shut_for_s = self.retry_s
+        self._on_trial = False
+        self.closed = True
+        self._shut_at_s = now
+        self._shut_stretch = _Stretch()
+        self.closed_at_rate_rps = None  # measured on the first tick with the window shut
