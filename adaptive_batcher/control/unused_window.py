@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adaptive_batcher.control.guards import Guard
 from adaptive_batcher.control.policy import Policy
@@ -59,11 +59,20 @@ class _Stretch:
         return self.arrivals / self.seconds if self.seconds > 0 else math.nan
 
 
+@dataclass(slots=True)
+class _Probe:
+    """A probe in progress: the open stretch before it, and its own ticks at window 0."""
+
+    opened: _Stretch
+    ticks_left: int
+    shut: _Stretch = field(default_factory=_Stretch)
+
+
 def rate_rose(base_rps: float, seconds: float, arrivals: float, factor: float) -> bool:
     """Whether ``arrivals`` in ``seconds`` are ``factor`` times what a rate of ``base_rps`` brings,
-    beyond Poisson noise (4 standard deviations)."""
+    beyond Poisson noise (3 standard deviations)."""
     expected = base_rps * seconds
-    return arrivals >= factor * expected and arrivals - expected >= 4.0 * math.sqrt(expected)
+    return arrivals >= factor * expected and arrivals - expected >= 3.0 * math.sqrt(expected)
 
 
 class UnusedWindowGuard(Guard):
@@ -78,10 +87,10 @@ class UnusedWindowGuard(Guard):
     own rate, whatever the window). The last is tested by a probe: once the window has been open
     for ``probe_s`` (doubled after each probe that finds the rate unmoved, up to
     ``max_retry_s``) while its batches look like a fixed set of clients (alike within one
-    request, below the cap), one tick runs at window 0 (reason ``window_probe``); arrivals
-    ``throttle_factor`` times the open window's rate, beyond Poisson noise, shut it. The window
-    then stays at 0 until the arrival rate rises by ``rearm_factor`` or, at most, for
-    ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
+    request, below the cap), ``probe_ticks`` ticks run at window 0 (reason ``window_probe``);
+    arrivals ``throttle_factor`` times the open window's rate, beyond Poisson noise, shut it.
+    The window then stays at 0 until the arrival rate rises by ``rearm_factor`` or, at most,
+    for ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
     ``throttle_factor`` below the shut window's shuts again). A verdict waits for
     ``min_batches`` batches, pooled over consecutive ticks with the window open: a wide window
     releases few batches a tick, and a try must not last longer for it. The law and its
@@ -103,6 +112,7 @@ class UnusedWindowGuard(Guard):
         stall_hold_s: ticks this soon after a stall of the event loop are not judged and do
             not re-arm, s.
         probe_s: how long the window stays open before the first probe, s.
+        probe_ticks: how many ticks a probe runs at window 0.
         throttle_factor: how much faster clients must come at window 0 than with the window
             open for the window to count as a throttle.
     """
@@ -120,7 +130,8 @@ class UnusedWindowGuard(Guard):
         max_retry_s: float = 64.0,
         stall_hold_s: float = 1.0,
         probe_s: float = 0.5,
-        throttle_factor: float = 1.5,
+        probe_ticks: int = 2,
+        throttle_factor: float = 1.3,
     ) -> None:
         super().__init__(inner)
         self.alike_factor = alike_factor
@@ -133,12 +144,13 @@ class UnusedWindowGuard(Guard):
         self.min_batches = min_batches
         self.rearm_factor = rearm_factor
         self.probe_s = probe_s
+        self.probe_ticks = probe_ticks
         self.throttle_factor = throttle_factor
         self._shut_for_s = retry_s  # how long the window stays shut now
         self._shut_at_s = -math.inf
         self._on_trial = False  # the window was tried again and has had no verdict since
         self._probe_every_s = probe_s
-        self._probing: _Stretch | None = None  # the open stretch a probe tick is compared with
+        self._probe: _Probe | None = None
         self._fixed_set = False  # the latest verdict's batches looked like a fixed set of clients
         self._evidence = _Evidence()
         self._stretch = _Stretch()
@@ -158,10 +170,18 @@ class UnusedWindowGuard(Guard):
             self._shut_stretch.add(observation)
         if not judged:
             self._evidence = _Evidence()  # the batches waited out the stall, not for company
-        probed, self._probing = self._probing, None
         verdict = self._verdict(observation) if judged else None
-        if probed is not None and judged and self._throttled_at_probe(observation, probed):
-            verdict = True
+        probe = self._probe
+        if probe is not None:
+            probe.ticks_left -= 1
+            if not judged:
+                self._probe = None  # a stall spoils the probe: no verdict
+            else:
+                probe.shut.add(observation)
+                if probe.ticks_left > 0:
+                    return decision.with_(window_ms=0.0, reason="window_probe")
+                self._probe = None
+                verdict = self._throttled_at_probe(probe)
         if verdict:
             self._shut(now)
         elif verdict is False:
@@ -174,7 +194,8 @@ class UnusedWindowGuard(Guard):
         if self.closed and decision.window_ms > 0:
             return decision.with_(window_ms=0.0, reason="window_unused")
         if decision.window_ms > 0 and self._probe_due():
-            self._probing, self._stretch = self._stretch, _Stretch()
+            self._probe = _Probe(opened=self._stretch, ticks_left=self.probe_ticks)
+            self._stretch = _Stretch()
             return decision.with_(window_ms=0.0, reason="window_probe")
         return decision
 
@@ -211,11 +232,11 @@ class UnusedWindowGuard(Guard):
         return rate_rose(stretch.rate_rps, stretch.seconds, shut.rate_rps * stretch.seconds,
                          self.throttle_factor)  # fmt: skip
 
-    def _throttled_at_probe(self, observation: Observation, open_stretch: _Stretch) -> bool:
-        """Whether the probe tick (window 0) brought arrivals faster than the open window's;
+    def _throttled_at_probe(self, probe: _Probe) -> bool:
+        """Whether the probe's ticks (window 0) brought arrivals faster than the open window's;
         a probe that did not doubles the time to the next."""
-        arrivals = observation.arrival_rate_rps * observation.interval_s
-        if rate_rose(open_stretch.rate_rps, observation.interval_s, arrivals, self.throttle_factor):
+        shut = probe.shut
+        if rate_rose(probe.opened.rate_rps, shut.seconds, shut.arrivals, self.throttle_factor):
             self._probe_every_s = self.probe_s
             return True
         self._probe_every_s = min(self.max_retry_s, 2.0 * self._probe_every_s)

@@ -885,21 +885,28 @@ def _open_ticks(guard: Any, start_s: float, ticks: int, **changes: Any) -> list[
 
 
 def test_a_window_that_slows_its_clients_is_probed_and_shut() -> None:
-    """Closed-loop clients come as fast as they are answered: a tick at window 0 brings them
-    four times faster than the 45 ms window does, so the window throttles them (fewer answers,
-    each later) instead of batching the same traffic."""
+    """Closed-loop clients come as fast as they are answered: at window 0 they come 1.4 times
+    as fast as with the 45 ms window (the FastAPI app on a busy machine), so the window
+    throttles them (fewer answers, each later) instead of batching the same traffic."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     decisions = _open_ticks(guard, 10.0, 2)
     assert [d.window_ms for d in decisions] == [45.0, 0.0]  # open 0.5 s: probed
     assert decisions[-1].reason == "window_probe"
-    probe = observe(now_s=10.5, current=Decision(0.0, 64), arrival_rate_rps=1200.0)
-    assert guard.decide(probe) == Decision(0.0, 64, "window_unused")
+    probe = [observe(now_s=10.5 + 0.25 * k, current=Decision(0.0, 64), arrival_rate_rps=420.0)
+             for k in range(2)]  # fmt: skip
+    assert guard.decide(probe[0]) == Decision(0.0, 64, "window_probe")  # two ticks at window 0
+    assert guard.decide(probe[1]) == Decision(0.0, 64, "window_unused")  # 1.4x: a throttle
+
     # tried again after 2 s: arrivals fall back to the open window's rate, so it shuts again
-    guard.decide(observe(now_s=10.75, current=Decision(0.0, 64), arrival_rate_rps=1200.0))
-    assert guard.decide(observe(now_s=12.5, current=Decision(0.0, 64))).window_ms == 45.0
-    assert _open_ticks(guard, 12.75, 1)[0] == Decision(0.0, 64, "window_unused")
-    assert guard.decide(observe(now_s=16.0, current=Decision(0.0, 64))).window_ms == 0.0
-    assert guard.decide(observe(now_s=16.75, current=Decision(0.0, 64))).window_ms == 45.0
+    def shut_tick(now_s: float) -> float:
+        observation = observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=420.0)
+        return guard.decide(observation).window_ms
+
+    assert shut_tick(11.0) == 0.0
+    assert shut_tick(12.75) == 45.0
+    assert _open_ticks(guard, 13.0, 1)[0] == Decision(0.0, 64, "window_unused")
+    assert shut_tick(16.25) == 0.0  # shut for 4 s now
+    assert shut_tick(17.0) == 45.0
 
 
 def test_a_probe_that_finds_the_rate_unmoved_doubles_the_time_to_the_next() -> None:
@@ -907,10 +914,12 @@ def test_a_probe_that_finds_the_rate_unmoved_doubles_the_time_to_the_next() -> N
     rarer (0.5, 1, 2 ... 64 s of open window between probes)."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     assert _open_ticks(guard, 10.0, 2)[-1].reason == "window_probe"
-    steady = observe(now_s=10.5, current=Decision(0.0, 64), arrival_rate_rps=330.0)
-    assert guard.decide(steady).window_ms == 45.0  # Poisson noise, not a throttle
+    for now_s in (10.5, 10.75):
+        steady = observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=340.0)
+        decision = guard.decide(steady)
+    assert decision.window_ms == 45.0  # Poisson noise, not a throttle
     # open again for 1 s (four ticks): the next probe
-    assert [d.window_ms for d in _open_ticks(guard, 10.75, 4)] == [45.0] * 3 + [0.0]
+    assert [d.window_ms for d in _open_ticks(guard, 11.0, 4)] == [45.0] * 3 + [0.0]
 
 
 def test_batches_unlike_a_fixed_set_of_clients_are_never_probed() -> None:
