@@ -20,6 +20,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
+    Guard,
     MemoryGuard,
     PowerGuard,
     ShedGuard,
@@ -161,10 +162,13 @@ class Controller:
 
     def set_policy(self, policy: Policy) -> None:
         """Switch policy; it takes over from the settings in force at the next tick (bumpless)."""
-        self.policy = policy
+        old, self.policy = self.chain, policy
         self.chain = self._wrap(policy)
         if self.decision is not None:
-            self.chain.reset(self.decision)
+            # from the settings the old policy chose: a guard's temporary window 0 (a probe,
+            # an unused window) would be kept for good by a policy that keeps what is in force
+            in_force = old.chosen(self.decision) if isinstance(old, Guard) else self.decision
+            self.chain.reset(in_force)
 
     def set_slo(self, slo: SLO | None) -> None:
         """Change the objective; it applies from the next tick (the window is planned to its

@@ -48,6 +48,13 @@ class Guard:
     def decide(self, observation: Observation) -> Decision:
         return self.correct(observation, self.inner.decide(observation))
 
+    def chosen(self, in_force: Decision) -> Decision:
+        """The settings the policy chose, given ``in_force``: a guard that holds a temporary
+        override (the unused-window guard's 0) gives back what it displaced; by default, what
+        the guard inside says, else ``in_force``."""
+        inner = self.inner
+        return inner.chosen(in_force) if isinstance(inner, Guard) else in_force
+
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         """Return ``decision`` or a safer one."""
         raise NotImplementedError

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 from adaptive_batcher.control.guards import Guard
 from adaptive_batcher.control.policy import Policy
@@ -88,12 +89,15 @@ class UnusedWindowGuard(Guard):
     for ``probe_s`` (doubled after each probe that finds the rate unmoved, up to
     ``max_retry_s``) while its batches look like a fixed set of clients (alike within one
     request, below the cap), ``probe_ticks`` ticks run at window 0 (reason ``window_probe``);
-    arrivals ``throttle_factor`` times the open window's rate, beyond Poisson noise, shut it.
+    arrivals ``throttle_factor`` times the open window's rate over its latest second, beyond
+    Poisson noise, shut it.
     The window then stays at 0 until the arrival rate rises by ``rearm_factor`` or, at most,
     for ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
     ``throttle_factor`` below the shut window's shuts again). A verdict waits for
-    ``min_batches`` batches, pooled over consecutive ticks with the window open: a wide window
-    releases few batches a tick, and a try must not last longer for it. The law and its
+    ``min_batches`` batches, pooled over consecutive ticks with the window open (a wide window
+    releases few batches a tick, and a try must not last longer for it), and a shortfall of
+    company beyond Poisson noise. While the guard holds the window at 0, the policy inside sees
+    the window it chose in force (:meth:`chosen` gives it to a new policy). The law and its
     figures: docs/policies.md, "UnusedWindowGuard".
 
     Args:
@@ -151,20 +155,44 @@ class UnusedWindowGuard(Guard):
         self._on_trial = False  # the window was tried again and has had no verdict since
         self._probe_every_s = probe_s
         self._probe: _Probe | None = None
+        self._displaced_ms: float | None = None  # the policy's window while this guard holds 0
         self._fixed_set = False  # the latest verdict's batches looked like a fixed set of clients
         self._evidence = _Evidence()
         self._stretch = _Stretch()
         self._shut_stretch = _Stretch()  # arrivals while the window was last shut
+        self._open_ticks: deque[Observation] = deque(maxlen=4)  # the open stretch's latest
         self.closed = False
         self.closed_at_rate_rps: float | None = None
+
+    def decide(self, observation: Observation) -> Decision:
+        """The inner policy's decision, corrected; while this guard holds the window at 0, the
+        policy sees the window it chose in force, not the guard's 0 (a policy that keeps the
+        settings in force, as ``PID`` without an SLO or ``Static()``, would keep the 0 for good)."""
+        seen = observation
+        if self._displaced_ms is not None and observation.current.window_ms == 0:
+            current = observation.current.with_(window_ms=self._displaced_ms)
+            seen = replace(observation, current=current)
+        chosen = self.inner.decide(seen)
+        decision = self.correct(observation, chosen)
+        held = decision.window_ms == 0 and chosen.window_ms > 0
+        self._displaced_ms = chosen.window_ms if held else None
+        return decision
+
+    def chosen(self, in_force: Decision) -> Decision:
+        chosen = super().chosen(in_force)
+        if self._displaced_ms is not None and chosen.window_ms == 0:
+            return chosen.with_(window_ms=self._displaced_ms)
+        return chosen
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         now = observation.now_s
         judged = now - observation.loop_stall_s >= self.stall_hold_s
         if observation.current.window_ms > 0 and judged:
             self._stretch.add(observation)
+            self._open_ticks.append(observation)
         else:
             self._stretch = _Stretch()
+            self._open_ticks.clear()
             self._fixed_set = False
         if self.closed and judged:
             self._shut_stretch.add(observation)
@@ -194,7 +222,7 @@ class UnusedWindowGuard(Guard):
         if self.closed and decision.window_ms > 0:
             return decision.with_(window_ms=0.0, reason="window_unused")
         if decision.window_ms > 0 and self._probe_due():
-            self._probe = _Probe(opened=self._stretch, ticks_left=self.probe_ticks)
+            self._probe = _Probe(opened=self._recent_open(), ticks_left=self.probe_ticks)
             self._stretch = _Stretch()
             return decision.with_(window_ms=0.0, reason="window_probe")
         return decision
@@ -209,20 +237,30 @@ class UnusedWindowGuard(Guard):
         pool = self._evidence
         if pool.batches < self.min_batches:
             return None
-        self._evidence = _Evidence()
         mean_batch = pool.batch_size / pool.batches
-        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
-        self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
-        company = pool.company / pool.batches
-        lonely = (
-            company >= 0.5 and mean_batch - 1.0 < self.min_company * pool.promised / pool.batches
-        )  # False for NaN
         idle = pool.idle / pool.idle_batches if pool.idle_batches else math.nan
         idle_limit = max(
             self.max_idle_fraction, self.idle_excess * pool.poisson_idle / pool.batches
         )
         alike = pool.largest <= self.alike_factor * mean_batch + 1
-        return lonely or (alike and idle > idle_limit) or self._throttled_on_trial()
+        unused = (alike and idle > idle_limit) or self._throttled_on_trial()  # NaN: False
+        lonely = self._lonely(pool)
+        if lonely is None and not unused and pool.batches < 4 * self.min_batches:
+            return None  # too few companions promised yet to tell chance from clients
+        self._evidence = _Evidence()
+        room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
+        self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
+        return unused or bool(lonely)
+
+    def _lonely(self, pool: _Evidence) -> bool | None:
+        """Whether the batches brought under ``min_company`` of the companions the arrival rate
+        promises, beyond Poisson noise (3 standard deviations; a pool of five thin batches,
+        c = 0.9 each, falls under half by chance one time in six). None: under half, but
+        within the noise."""
+        seen, promised = pool.batch_size - pool.batches, pool.promised
+        if not (pool.company / pool.batches >= 0.5 and seen < self.min_company * promised):
+            return False  # NaN: False
+        return True if promised - seen >= 3.0 * math.sqrt(promised) else None
 
     def _throttled_on_trial(self) -> bool:
         """Whether a window tried again brought fewer arrivals than it did while shut."""
@@ -231,6 +269,14 @@ class UnusedWindowGuard(Guard):
             return False
         return rate_rose(stretch.rate_rps, stretch.seconds, shut.rate_rps * stretch.seconds,
                          self.throttle_factor)  # fmt: skip
+
+    def _recent_open(self) -> _Stretch:
+        """Arrivals over the open stretch's latest ticks (at most four): what the probe is
+        compared with (over the whole stretch, up to 64 s, a growing load read as a throttle)."""
+        recent = _Stretch()
+        for observation in self._open_ticks:
+            recent.add(observation)
+        return recent
 
     def _throttled_at_probe(self, probe: _Probe) -> bool:
         """Whether the probe's ticks (window 0) brought arrivals faster than the open window's;

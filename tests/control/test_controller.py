@@ -7,6 +7,7 @@ from structlog.testing import capture_logs
 
 from adaptive_batcher.control.controller import AFTER_STALL_S, Controller
 from adaptive_batcher.control.types import Bounds, Decision, Observation
+from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies import PID, Static
 from adaptive_batcher.slo import SLO
@@ -137,6 +138,24 @@ def test_switching_policy_is_bumpless() -> None:
     assert second.resets == [Decision(8.0, 64, "first")]
     controller.tick(2.0, recorder, 0, 0, UNKNOWN)
     assert second.seen[-1].current.window_ms == 8.0
+
+
+def test_a_new_policy_takes_over_the_window_the_old_one_chose_not_a_guards_zero() -> None:
+    """A fresh user's trial: ``set_policy(Static())`` while the unused-window guard held the
+    window at 0 (a probe) kept 0 for good, since ``Static()`` keeps the settings in force."""
+    recorder = Recorder()
+    controller = Controller(
+        Spy(Decision(8.0, 64, "first")), Bounds(0.0, 50.0, 1, 128), guards=[UnusedWindowGuard]
+    )
+    controller.start(Decision(5.0, 32), 0.0, recorder.counts())
+    guard = controller.chain
+    assert isinstance(guard, UnusedWindowGuard)
+    guard.closed, guard._shut_at_s, guard._shut_for_s = True, 0.0, 60.0  # shut, as by a probe
+    controller.tick(1.0, recorder, 0, 0, UNKNOWN)
+    assert controller.decision is not None and controller.decision.window_ms == 0.0
+    second = Spy()
+    controller.set_policy(second)
+    assert second.resets[-1].window_ms == 8.0
 
 
 def test_slo_change_reaches_the_next_observation() -> None:

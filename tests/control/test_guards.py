@@ -922,11 +922,65 @@ def test_a_probe_that_finds_the_rate_unmoved_doubles_the_time_to_the_next() -> N
     assert [d.window_ms for d in _open_ticks(guard, 11.0, 4)] == [45.0] * 3 + [0.0]
 
 
+def test_thin_open_loop_traffic_is_not_shut_by_a_few_lonely_batches() -> None:
+    """At 30 req/s a 30 ms window promises 0.9 companions a batch; five batches with 0.35 each
+    are under half by chance (one pool in six): a fresh user's trial saw the window shut on 31
+    of 80 ticks. The verdict waits until the shortfall is beyond Poisson noise."""
+    guard = guarded(UnusedWindowGuard, Decision(30.0, 64, "policy"))
+    thin = {"arrival_rate_rps": 30.0, "mean_batch_size": 1.35, "largest_batch_size": 3}
+    decisions = [
+        guard.decide(observe(now_s=10.0 + 0.25 * k, current=Decision(30.0, 64), batches=1, **thin))
+        for k in range(8)
+    ]
+    assert all(d.window_ms == 30.0 for d in decisions)
+
+
+def test_a_growing_load_is_not_read_as_a_throttle() -> None:
+    """The probe is compared with the open window's latest second, not its whole stretch: a
+    load growing 50 % over a 4 s stretch (a fresh user's ramp) read as clients the window
+    slowed."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), probe_s=4.0)
+    ramp = [100.0] * 12 + [150.0] * 4
+    decisions = [
+        _open_ticks(guard, 10.0 + 0.25 * k, 1, arrival_rate_rps=rate)[0]
+        for k, rate in enumerate(ramp)
+    ]
+    assert decisions[-1].reason == "window_probe"
+    for now_s in (14.0, 14.25):
+        probe = observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=190.0)
+        decision = guard.decide(probe)
+    assert decision.window_ms == 45.0  # 1.27x the latest second's rate (1.7x the stretch's)
+
+
 def test_batches_unlike_a_fixed_set_of_clients_are_never_probed() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     poisson = _open_ticks(guard, 10.0, 40, mean_batch_size=13.5, largest_batch_size=21)
     full = _open_ticks(guard, 20.0, 40, mean_batch_size=64.0, largest_batch_size=64)
     assert all(d.window_ms == 45.0 for d in poisson + full)
+
+
+class Holding:
+    """A policy that keeps the settings in force (as ``PID`` without an SLO, or ``Static()``)."""
+
+    name = "holding"
+
+    def reset(self, current: Decision) -> None:
+        del current
+
+    def decide(self, observation: Observation) -> Decision:
+        return observation.current.with_(reason="hold")
+
+
+def test_a_policy_that_keeps_the_settings_in_force_does_not_keep_the_guards_zero() -> None:
+    """A fresh user's trial: ``set_slo(None)`` during a probe left the batcher at window 0 for
+    good (4-5x the device time), since ``PID`` then keeps the settings in force and the
+    probe's 0 was in force. The policy sees the window it chose while the guard holds 0."""
+    guard = UnusedWindowGuard(Holding(), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    assert guard.decide(observe(now_s=10.0, current=Decision(30.0, 64), **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=11.0, current=Decision(0.0, 64), **lonely)).window_ms == 0
+    tried = guard.decide(observe(now_s=12.0, current=Decision(0.0, 64), **lonely))
+    assert tried == Decision(30.0, 64, "hold")  # tried again at the window the policy chose
 
 
 def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:
