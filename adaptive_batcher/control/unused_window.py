@@ -6,11 +6,14 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.guards import Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
 __all__ = ["UnusedWindowGuard"]
+
+_log = get_logger()
 
 
 @dataclass(slots=True)
@@ -155,6 +158,7 @@ class UnusedWindowGuard(Guard):
         self._on_trial = False  # the window was tried again and has had no verdict since
         self._probe_every_s = probe_s
         self._probe: _Probe | None = None
+        self._fired = ""  # the test behind the latest verdict (the window_shut event says it)
         self._displaced_ms: float | None = None  # the policy's window while this guard holds 0
         self._fixed_set = False  # the latest verdict's batches looked like a fixed set of clients
         self._evidence = _Evidence()
@@ -210,6 +214,7 @@ class UnusedWindowGuard(Guard):
                     return decision.with_(window_ms=0.0, reason="window_probe")
                 self._probe = None
                 verdict = self._throttled_at_probe(probe)
+                self._fired = "probe"
         if verdict:
             self._shut(now)
         elif verdict is False:
@@ -243,13 +248,16 @@ class UnusedWindowGuard(Guard):
             self.max_idle_fraction, self.idle_excess * pool.poisson_idle / pool.batches
         )
         alike = pool.largest <= self.alike_factor * mean_batch + 1
-        unused = (alike and idle > idle_limit) or self._throttled_on_trial()  # NaN: False
+        idle_test = alike and idle > idle_limit  # NaN: False
+        trial_test = self._throttled_on_trial()
+        unused = idle_test or trial_test
         lonely = self._lonely(pool)
         if lonely is None and not unused and pool.batches < 4 * self.min_batches:
             return None  # too few companions promised yet to tell chance from clients
         self._evidence = _Evidence()
         room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
         self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
+        self._fired = "idle" if idle_test else "try_rate" if trial_test else "lonely"
         return unused or bool(lonely)
 
     def _lonely(self, pool: _Evidence) -> bool | None:
@@ -311,6 +319,7 @@ class UnusedWindowGuard(Guard):
     def _shut(self, now: float) -> None:
         """Shut the window at ``now``: for twice as long as before if it was on trial (tried
         again after a shut and shut again at its first verdict)."""
+        _log.info("controller.window_shut", test=self._fired, on_trial=self._on_trial)
         if self._on_trial:
             self._shut_for_s = min(self.max_retry_s, 2.0 * self._shut_for_s)
         elif not self.closed:

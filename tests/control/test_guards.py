@@ -952,6 +952,18 @@ def test_a_growing_load_is_not_read_as_a_throttle() -> None:
     assert decision.window_ms == 45.0  # 1.27x the latest second's rate (1.7x the stretch's)
 
 
+def test_a_shut_says_which_test_fired() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    with capture_logs() as events:
+        _open_ticks(guard, 10.0, 2)
+        for now_s in (10.5, 10.75):
+            guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=600.0))
+        guard.decide(observe(now_s=20.0, current=Decision(45.0, 64), **CLOSED_LOOP_WIDE))
+        guard.decide(observe(now_s=20.25, current=Decision(45.0, 64), **CLOSED_LOOP_WIDE))
+    shuts = [e for e in events if e["event"] == "controller.window_shut"]
+    assert [e["test"] for e in shuts] == ["probe", "idle"]
+
+
 def test_batches_unlike_a_fixed_set_of_clients_are_never_probed() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     poisson = _open_ticks(guard, 10.0, 40, mean_batch_size=13.5, largest_batch_size=21)
