@@ -15,6 +15,8 @@ __all__ = ["UnusedWindowGuard"]
 
 _log = get_logger()
 
+NOISE_Z = 3.0  # a count beyond Poisson noise: this many standard deviations from its mean
+
 
 @dataclass(slots=True)
 class _Evidence:
@@ -72,11 +74,16 @@ class _Probe:
     shut: _Stretch = field(default_factory=_Stretch)
 
 
+def beyond_noise(expected: float, seen: float) -> bool:
+    """Whether a Poisson count ``seen`` is ``NOISE_Z`` standard deviations from ``expected``."""
+    return abs(seen - expected) >= NOISE_Z * math.sqrt(expected)
+
+
 def rate_rose(base_rps: float, seconds: float, arrivals: float, factor: float) -> bool:
     """Whether ``arrivals`` in ``seconds`` are ``factor`` times what a rate of ``base_rps`` brings,
-    beyond Poisson noise (3 standard deviations)."""
+    beyond Poisson noise."""
     expected = base_rps * seconds
-    return arrivals >= factor * expected and arrivals - expected >= 3.0 * math.sqrt(expected)
+    return arrivals >= factor * expected and beyond_noise(expected, arrivals)
 
 
 class UnusedWindowGuard(Guard):
@@ -164,7 +171,7 @@ class UnusedWindowGuard(Guard):
         self._evidence = _Evidence()
         self._stretch = _Stretch()
         self._shut_stretch = _Stretch()  # arrivals while the window was last shut
-        self._open_ticks: deque[Observation] = deque(maxlen=4)  # the open stretch's latest
+        self._open_ticks: deque[_Stretch] = deque(maxlen=4)  # the open stretch's latest
         self.closed = False
         self.closed_at_rate_rps: float | None = None
 
@@ -193,7 +200,8 @@ class UnusedWindowGuard(Guard):
         judged = now - observation.loop_stall_s >= self.stall_hold_s
         if observation.current.window_ms > 0 and judged:
             self._stretch.add(observation)
-            self._open_ticks.append(observation)
+            self._open_ticks.append(_Stretch(observation.arrival_rate_rps * observation.interval_s,
+                                             observation.interval_s))  # fmt: skip
         else:
             self._stretch = _Stretch()
             self._open_ticks.clear()
@@ -268,7 +276,7 @@ class UnusedWindowGuard(Guard):
         seen, promised = pool.batch_size - pool.batches, pool.promised
         if not (pool.company / pool.batches >= 0.5 and seen < self.min_company * promised):
             return False  # NaN: False
-        return True if promised - seen >= 3.0 * math.sqrt(promised) else None
+        return True if beyond_noise(promised, seen) else None
 
     def _throttled_on_trial(self) -> bool:
         """Whether a window tried again brought fewer arrivals than it did while shut."""
@@ -281,10 +289,8 @@ class UnusedWindowGuard(Guard):
     def _recent_open(self) -> _Stretch:
         """Arrivals over the open stretch's latest ticks (at most four): what the probe is
         compared with (over the whole stretch, up to 64 s, a growing load read as a throttle)."""
-        recent = _Stretch()
-        for observation in self._open_ticks:
-            recent.add(observation)
-        return recent
+        ticks = self._open_ticks
+        return _Stretch(sum(t.arrivals for t in ticks), sum(t.seconds for t in ticks))
 
     def _throttled_at_probe(self, probe: _Probe) -> bool:
         """Whether the probe's ticks (window 0) brought arrivals faster than the open window's;
