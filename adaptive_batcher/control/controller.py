@@ -141,7 +141,7 @@ class Controller:
         self._rates: deque[tuple[float, float]] = deque()  # (time, per-tick arrival rate)
         self.loop_stall: tuple[float, float] = (-math.inf, -math.inf)  # the latest, (start, end)
         self.loop_stalls = 0
-        self._stall_starts: deque[float] = deque()  # starts within STALL_MEMORY_S
+        self._stalls: deque[tuple[float, float]] = deque()  # (start, end), began in memory
 
     @property
     def slo_unreachable(self) -> bool:
@@ -182,17 +182,34 @@ class Controller:
         measured the stall), and the next observations say so (``loop_stall_s``)."""
         self.loop_stall = (start_s, end_s)
         self.loop_stalls += 1
-        self._stall_starts.append(start_s)
+        self._stalls.append((start_s, end_s))
 
     def loop_stall_rate_hz(self, now: float) -> float:
-        """Recent stalls per second: ``(n - 1) / (now - first)`` over the ``n >= 2`` stalls
-        that began within ``STALL_MEMORY_S`` of ``now``, else 0."""
-        starts = self._stall_starts
-        while starts and now - starts[0] > STALL_MEMORY_S:
-            starts.popleft()
+        """Recent stalls per second over the ``n >= 2`` stalls that began within
+        ``STALL_MEMORY_S`` of ``now`` (else 0): ``(n - 1)`` gaps over the span from the first
+        start to the last, stretched only by the time the next stall is overdue (the span
+        since the last start beyond the mean gap), so the rate holds until a stall fails to
+        come when the last ones would have it come."""
+        starts = [start for start, _ in self._recent_stalls(now)]
         if len(starts) < 2 or now <= starts[0]:
             return 0.0
-        return (len(starts) - 1) / (now - starts[0])
+        gaps = len(starts) - 1
+        span = starts[-1] - starts[0]
+        overdue = now - starts[-1] - span / gaps
+        stretched = span + max(0.0, overdue)
+        return gaps / stretched if stretched > 0 else 0.0
+
+    def loop_stall_durations_s(self, now: float) -> tuple[float, ...]:
+        """How long each stall counted in :meth:`loop_stall_rate_hz` lasted, s (empty with
+        fewer than two)."""
+        stalls = self._recent_stalls(now)
+        return tuple(end - start for start, end in stalls) if len(stalls) >= 2 else ()
+
+    def _recent_stalls(self, now: float) -> deque[tuple[float, float]]:
+        stalls = self._stalls
+        while stalls and now - stalls[0][0] > STALL_MEMORY_S:
+            stalls.popleft()
+        return stalls
 
     def due(self, now: float, batches: int | None = None) -> bool:
         """True when a tick is due at ``now`` (``batches``: batches finished so far, for
@@ -335,6 +352,7 @@ class Controller:
             last_stall_s=model.last_stall_s,
             loop_stall_s=self.loop_stall[1],
             loop_stall_rate_hz=self.loop_stall_rate_hz(now),
+            loop_stall_durations_s=self.loop_stall_durations_s(now),
             outlier_elasticity=model.outlier_elasticity,
             slots=slots,
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,

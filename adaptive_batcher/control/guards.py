@@ -20,6 +20,7 @@ from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.plan import Plan
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
+from adaptive_batcher.slo import SLO
 
 __all__ = [
     "BucketGuard",
@@ -337,11 +338,15 @@ class StallGuard(Guard):
 
     A lone stall is an outlier (the PID and the estimator leave it alone); stalls that recur
     are part of the load. Every request waiting in a window when the loop stalls misses with
-    it, so each ms of window costs ``stall rate x arrival rate`` answers per second. While the
-    loop stalls at ``loop_stall_rate_hz`` (0 unless two or more stalls began in the last 30 s),
-    the window is at most ``tail_share * (1 - percentile / 100) / loop_stall_rate_hz``: the
-    requests it exposes to stalls spend at most ``tail_share`` of the SLO's tail. The ceiling
-    lifts as the rate decays. Source: docs/policies.md, "StallGuard".
+    it, so each ms of window costs ``stall rate x arrival rate`` answers per second. The
+    stalls spend part of the SLO's tail (``1 - percentile / 100``) themselves: whatever the
+    batcher does, a request that arrives in the last ``stall - SLO latency`` of a stall
+    misses, a share ``rate x mean(max(0, stall - latency))`` of the answers. While the loop
+    stalls at ``loop_stall_rate_hz`` (0 unless two or more stalls began in the last 30 s),
+    the window is at most ``tail_share * (tail - that share) / loop_stall_rate_hz``: the
+    requests it exposes spend at most ``tail_share`` of the tail the stalls leave (window 0
+    once they leave none). The ceiling lifts as the rate decays. Source: docs/policies.md,
+    "StallGuard".
 
     Args:
         tail_share: the share of the SLO's tail (``1 - percentile / 100``) the window may spend
@@ -357,10 +362,23 @@ class StallGuard(Guard):
         slo = observation.slo
         if rate <= 0.0 or slo is None:
             return decision
-        ceiling_ms = 1e3 * self.tail_share * (1.0 - slo.percentile / 100.0) / rate
+        tail = 1.0 - slo.percentile / 100.0
+        left = max(0.0, tail - _stalls_miss_share(observation, slo))
+        ceiling_ms = 1e3 * self.tail_share * left / rate
         if decision.window_ms <= ceiling_ms:
             return decision
         return decision.with_(window_ms=ceiling_ms, reason="stall.recurring")
+
+
+def _stalls_miss_share(observation: Observation, slo: SLO) -> float:
+    """The share of arrivals that the recent loop stalls send past ``slo`` by themselves:
+    those arriving in the last ``stall - latency`` of each, ``rate x mean`` of that part."""
+    durations = observation.loop_stall_durations_s
+    if not durations:
+        return 0.0
+    latency_s = slo.latency_ms / 1e3
+    late_s = sum(max(0.0, d - latency_s) for d in durations) / len(durations)
+    return observation.loop_stall_rate_hz * late_s
 
 
 SHED_SWITCH_GAIN: Final = 0.05

@@ -244,10 +244,12 @@ class Observation:
             :meth:`~adaptive_batcher.core.batcher_core.BatcherCore.poll`). The batches that ran
             across it measured the stall, not the model, and are kept out of the service-time
             fit.
-        loop_stall_rate_hz: how often the loop has stalled lately, stalls/s: ``(n - 1) /
-            (now - first)`` over the ``n >= 2`` stalls that began in the last
-            ``STALL_MEMORY_S`` (30 s, in the controller; 0 with fewer: a lone stall is an
-            outlier, not a rate).
+        loop_stall_rate_hz: how often the loop has stalled lately, stalls/s: ``n - 1`` gaps
+            over the span of the ``n >= 2`` stalls that began in the last ``STALL_MEMORY_S``
+            (30 s, in the controller), stretched by the time the next one is overdue; 0 with
+            fewer (a lone stall is an outlier, not a rate).
+        loop_stall_durations_s: how long each of those stalls lasted, s (empty with fewer
+            than two).
         outlier_elasticity: how the excess time of outlier batches grows with the batch's
             predicted time (about 1: outliers scale with the batch, and a narrower window
             shortens them; about 0: pauses added whatever the batch; NaN: not known); see
@@ -302,6 +304,7 @@ class Observation:
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
     loop_stall_rate_hz: float = 0.0
+    loop_stall_durations_s: tuple[float, ...] = ()
     outlier_elasticity: float = math.nan
     arrival_rate_peak_rps: float = math.nan
     slots: int = 1

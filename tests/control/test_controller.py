@@ -219,8 +219,11 @@ def test_the_stall_rate_needs_stalls_that_recur_and_fades() -> None:
     controller.note_loop_stall(2.0, 2.1)
     controller.note_loop_stall(3.0, 3.1)
     assert controller.loop_stall_rate_hz(3.0) == pytest.approx(1.0)  # 2 gaps in 2 s
-    assert controller.loop_stall_rate_hz(11.0) == pytest.approx(0.2)  # quiet since: it fades
+    assert controller.loop_stall_rate_hz(3.95) == pytest.approx(1.0)  # the next is not due yet
+    assert controller.loop_stall_rate_hz(11.0) == pytest.approx(2 / 9)  # 7 s overdue: fades
+    assert controller.loop_stall_durations_s(11.0) == pytest.approx((0.1, 0.1, 0.1))
     assert controller.loop_stall_rate_hz(32.5) == 0.0  # the first two left the memory
+    assert controller.loop_stall_durations_s(32.5) == ()
 
 
 def test_the_policy_sees_the_measured_slack_and_a_new_slo_starts_without_it() -> None:

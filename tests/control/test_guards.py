@@ -413,6 +413,27 @@ def test_stall_guard_narrows_the_window_while_stalls_recur(
     assert (decision.max_batch_size, decision.reason) == (64, reason)
 
 
+@pytest.mark.parametrize(
+    ("stall_s", "window_ms"),
+    [
+        (0.05, 5.0),  # within the SLO's 60 ms: arrivals in it can still make it
+        (0.065, 2.5),  # 5 ms of each stall misses whatever the window: 0.5 % of the 1 % tail
+        (0.1, 0.0),  # 40 ms of each: 4 %, the tail is spent, so is any window
+    ],
+)
+def test_stall_guard_leaves_the_window_the_tail_that_the_stalls_leave(
+    stall_s: float, window_ms: float
+) -> None:
+    guard = guarded(StallGuard, Decision(40.0, 64, "p"))
+    observation = observe(
+        current=Decision(40.0, 64),
+        slo=SLO(latency_ms=60.0),
+        loop_stall_rate_hz=1.0,
+        loop_stall_durations_s=(stall_s, stall_s, stall_s),
+    )
+    assert guard.decide(observation).window_ms == pytest.approx(window_ms)
+
+
 def test_stall_guard_needs_an_slo() -> None:
     guard = guarded(StallGuard, Decision(40.0, 64, "p"))
     decision = guard.decide(observe(current=Decision(40.0, 64), slo=None, loop_stall_rate_hz=5.0))

@@ -193,3 +193,32 @@ def test_a_slowdown_past_two_batches_runs_the_cap_whose_wait_fills_a_batch() -> 
     slowed = (series.start_s >= 3.0) & (series.start_s < 8.0)
     assert series.goodput_rps[slowed].mean() > 1000.0
     assert series.goodput_rps[series.start_s >= 8.0].min() > 4500.0  # and back after it
+
+
+def _stalls_every_second(slo_ms: float) -> Any:
+    """Poisson 2000/s on 4 ms + 0.1 ms per item, 0.1 s loop stalls each second from 2 s: the
+    controller's decisions ``(time_s, window_ms, cap)``."""
+    service = LinearService(fixed_s=0.004, per_unit_s=0.0001)
+    profile = tuple((n, 4.0 + 0.1 * n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    config = SimConfig(
+        256,
+        0.0,
+        slo=SLO(latency_ms=slo_ms),
+        policy=PID(),
+        guards=default_guards(),
+        service_profile=profile,
+    )
+    faults = Faults(tuple(LoopStall(2.0 + i, 0.1) for i in range(6)))
+    arrivals = Poisson(2000.0).generate(9.0, np.random.default_rng(1))
+    return Simulator(service, config, seed=1, faults=faults).run(arrivals).series.decisions
+
+
+def test_stalls_that_spend_the_slos_tail_by_themselves_leave_no_window() -> None:
+    """Every arrival in the last 50 ms of a 0.1 s stall misses a 50 ms SLO whatever the
+    batcher does: 5 % of the answers at one stall a second, beyond the p99's 1 %. From the
+    second stall on, a window only adds to the misses, and the controller shuts it; with a
+    100 ms SLO the stalls spend none of the tail and the window keeps its share (5 ms)."""
+    spent = [w for t, w, _ in _stalls_every_second(50.0) if 3.1 < t < 8.0]
+    assert spent and max(spent) == 0.0
+    kept = [w for t, w, _ in _stalls_every_second(100.0) if 3.2 < t < 8.0]
+    assert kept and max(kept) == pytest.approx(5.0, rel=0.05)
