@@ -372,11 +372,12 @@ class StallGuard(Guard):
 
 def _stalls_miss_share(observation: Observation, slo: SLO) -> float:
     """The share of arrivals that the recent loop stalls send past ``slo`` by themselves:
-    those arriving in the last ``stall - latency`` of each, ``rate x mean`` of that part."""
+    those arriving in the last ``stall - room`` of each (the room: the SLO's latency less
+    preprocessing), ``rate x mean`` of that part."""
     durations = observation.loop_stall_durations_s
     if not durations:
         return 0.0
-    latency_s = slo.latency_ms / 1e3
+    latency_s = (slo.latency_ms - slo.preprocess_ms) / 1e3
     late_s = sum(max(0.0, d - latency_s) for d in durations) / len(durations)
     return observation.loop_stall_rate_hz * late_s
 

@@ -434,6 +434,19 @@ def test_stall_guard_leaves_the_window_the_tail_that_the_stalls_leave(
     assert guard.decide(observation).window_ms == pytest.approx(window_ms)
 
 
+def test_stall_guard_measures_the_stalls_share_against_the_batchers_room() -> None:
+    """Preprocessing takes 10 ms of a 60 ms SLO: 5 ms of each 55 ms stall misses the 50 ms
+    the batcher has, 0.5 % of the answers at one stall a second."""
+    guard = guarded(StallGuard, Decision(40.0, 64, "p"))
+    observation = observe(
+        current=Decision(40.0, 64),
+        slo=SLO(latency_ms=60.0, preprocess_ms=10.0),
+        loop_stall_rate_hz=1.0,
+        loop_stall_durations_s=(0.055, 0.055),
+    )
+    assert guard.decide(observation).window_ms == pytest.approx(2.5)
+
+
 def test_stall_guard_needs_an_slo() -> None:
     guard = guarded(StallGuard, Decision(40.0, 64, "p"))
     decision = guard.decide(observe(current=Decision(40.0, 64), slo=None, loop_stall_rate_hz=5.0))
