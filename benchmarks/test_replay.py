@@ -18,6 +18,7 @@ only the cells that ran in the same session).
 from __future__ import annotations
 
 import math
+from statistics import fmean
 from typing import Any
 
 import pytest
@@ -326,18 +327,14 @@ def _fault(name: str) -> list[str]:
         ok = below_triton <= 0.0001 and below_static <= 0.01 and low_s <= AFTER_FAULT_S
         shown = " ".join(f"{100 * d:+.2f}" for d in diffs)
         out.append(
-            f"{_tag(ok)} {name} ({contender}): SLO attainment {_mean(ours_all):.4f} over "
-            f"{len(diffs)} seeds, Triton-like {_mean(triton_all):.4f} (never below, to 0.01 "
+            f"{_tag(ok)} {name} ({contender}): SLO attainment {fmean(ours_all):.4f} over "
+            f"{len(diffs)} seeds, Triton-like {fmean(triton_all):.4f} (never below, to 0.01 "
             f"points; ours - Triton-like by seed, points: {shown}); seed 0: "
             f"{ours.slo_attainment:.4f}, {static_name} {static.slo_attainment:.4f} (within 1 "
             f"point); after the fault {low_s:.2f} s below the stability cap "
             f"(<= {AFTER_FAULT_S:g})"
         )
     return out
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def _seconds_below_stability_cap(case: Scenario, result: SimResult) -> float:

@@ -56,9 +56,15 @@ class _Stretch:
     arrivals: float = 0.0
     seconds: float = 0.0
 
+    @classmethod
+    def of(cls, observation: Observation) -> _Stretch:
+        """The tick's own arrivals and length."""
+        return cls(observation.arrival_rate_rps * observation.interval_s, observation.interval_s)
+
     def add(self, observation: Observation) -> None:
-        self.arrivals += observation.arrival_rate_rps * observation.interval_s
-        self.seconds += observation.interval_s
+        tick = _Stretch.of(observation)
+        self.arrivals += tick.arrivals
+        self.seconds += tick.seconds
 
     @property
     def rate_rps(self) -> float:
@@ -200,8 +206,7 @@ class UnusedWindowGuard(Guard):
         judged = now - observation.loop_stall_s >= self.stall_hold_s
         if observation.current.window_ms > 0 and judged:
             self._stretch.add(observation)
-            self._open_ticks.append(_Stretch(observation.arrival_rate_rps * observation.interval_s,
-                                             observation.interval_s))  # fmt: skip
+            self._open_ticks.append(_Stretch.of(observation))
         else:
             self._stretch = _Stretch()
             self._open_ticks.clear()
