@@ -340,8 +340,9 @@ class StallGuard(Guard):
     are part of the load. Every request waiting in a window when the loop stalls misses with
     it, so each ms of window costs ``stall rate x arrival rate`` answers per second. The
     stalls spend part of the SLO's tail (``1 - percentile / 100``) themselves: whatever the
-    batcher does, a request that arrives in the last ``stall - SLO latency`` of a stall
-    misses, a share ``rate x mean(max(0, stall - latency))`` of the answers. While the loop
+    batcher does, a request that arrives in the last ``stall - (room - batch)`` of a stall
+    misses (the room: the SLO's latency less preprocessing; the batch: a batch of one's
+    fitted time, which runs after the stall), a share ``rate x mean`` of that part. While the loop
     stalls at ``loop_stall_rate_hz`` (0 unless two or more stalls began in the last 30 s),
     the window is at most ``tail_share * (tail - that share) / loop_stall_rate_hz``: the
     requests it exposes spend at most ``tail_share`` of the tail the stalls leave (window 0
@@ -372,12 +373,15 @@ class StallGuard(Guard):
 
 def _stalls_miss_share(observation: Observation, slo: SLO) -> float:
     """The share of arrivals that the recent loop stalls send past ``slo`` by themselves:
-    those arriving in the last ``stall - room`` of each (the room: the SLO's latency less
-    preprocessing), ``rate x mean`` of that part."""
+    those arriving in the last ``stall - (room - batch)`` of each (the room: the SLO's latency
+    less preprocessing; the batch: the fitted time of a batch of one, which runs after the
+    stall), ``rate x mean`` of that part."""
     durations = observation.loop_stall_durations_s
     if not durations:
         return 0.0
-    latency_s = (slo.latency_ms - slo.preprocess_ms) / 1e3
+    batch_ms = observation.service_median_ms(1)
+    batch_ms = 0.0 if math.isnan(batch_ms) else batch_ms
+    latency_s = (slo.latency_ms - slo.preprocess_ms - batch_ms) / 1e3
     late_s = sum(max(0.0, d - latency_s) for d in durations) / len(durations)
     return observation.loop_stall_rate_hz * late_s
 

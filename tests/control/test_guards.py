@@ -416,9 +416,9 @@ def test_stall_guard_narrows_the_window_while_stalls_recur(
 @pytest.mark.parametrize(
     ("stall_s", "window_ms"),
     [
-        (0.05, 5.0),  # within the SLO's 60 ms: arrivals in it can still make it
-        (0.065, 2.5),  # 5 ms of each stall misses whatever the window: 0.5 % of the 1 % tail
-        (0.1, 0.0),  # 40 ms of each: 4 %, the tail is spent, so is any window
+        (0.05, 5.0),  # within 60 ms less a batch of one (4.05 ms): arrivals in it can make it
+        (0.06095, 2.5),  # its last 5 ms misses whatever the window: 0.5 % of the 1 % tail
+        (0.1, 0.0),  # about 44 ms of each: 4.4 %, the tail is spent, so is any window
     ],
 )
 def test_stall_guard_leaves_the_window_the_tail_that_the_stalls_leave(
@@ -435,14 +435,15 @@ def test_stall_guard_leaves_the_window_the_tail_that_the_stalls_leave(
 
 
 def test_stall_guard_measures_the_stalls_share_against_the_batchers_room() -> None:
-    """Preprocessing takes 10 ms of a 60 ms SLO: 5 ms of each 55 ms stall misses the 50 ms
-    the batcher has, 0.5 % of the answers at one stall a second."""
+    """Preprocessing takes 10 ms of a 60 ms SLO and a batch of one 4.05 ms: the last 5 ms of
+    each 50.95 ms stall miss the 50 ms the batcher has, 0.5 % of the answers at one stall a
+    second."""
     guard = guarded(StallGuard, Decision(40.0, 64, "p"))
     observation = observe(
         current=Decision(40.0, 64),
         slo=SLO(latency_ms=60.0, preprocess_ms=10.0),
         loop_stall_rate_hz=1.0,
-        loop_stall_durations_s=(0.055, 0.055),
+        loop_stall_durations_s=(0.05095, 0.05095),
     )
     assert guard.decide(observation).window_ms == pytest.approx(2.5)
 
