@@ -314,8 +314,11 @@ class StepGuard(Guard):
     """Rate-limit cap cuts: a cap falls to no less than ``max_cut`` of itself per tick.
 
     One noisy tick must not take the cap from 32 to 2; a cap that really must fall gets there
-    in a few ticks (halving each time). Memory pressure and out-of-memory errors act outside
-    this guard (:class:`MemoryGuard` wraps it) and cut at once.
+    in a few ticks (halving each time). The window, planned for the cap cut to, is narrowed to
+    the widest whose tail fits the window's budget at the cap kept (with an SLO and a ready
+    plan): a window planned for batches of 128 is not one for batches of 256. Memory pressure
+    and out-of-memory errors act outside this guard (:class:`MemoryGuard` wraps it) and cut at
+    once.
 
     Args:
         max_cut: the least fraction of the cap in force a tick may leave, in (0, 1].
@@ -330,7 +333,12 @@ class StepGuard(Guard):
         if decision.max_batch_size >= floor:
             return decision
         cap = observation.bounds.clamp(decision.with_(max_batch_size=floor)).max_batch_size
-        return decision.with_(max_batch_size=max(cap, decision.max_batch_size), reason="step")
+        cap = max(cap, decision.max_batch_size)
+        window = decision.window_ms
+        plan = observation.plan()
+        if observation.slo is not None and plan.ready:  # the window was planned for the cut
+            window = min(window, plan.widest_window_ms(observation.window_budget_ms, cap))
+        return decision.with_(max_batch_size=cap, window_ms=window, reason="step")
 
 
 class StallGuard(Guard):

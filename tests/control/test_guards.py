@@ -382,6 +382,23 @@ def test_step_guard_halves_at_most_per_tick(proposed: int, cap: int, reason: str
     assert (decision.max_batch_size, decision.reason) == (cap, reason)
 
 
+def test_step_guard_narrows_a_window_planned_for_the_cut_cap() -> None:
+    """A policy cuts the cap from 256 to 16 with the window it planned for batches of 16; the
+    guard keeps 128, and the window to what the budget allows at 128 (a window planned for
+    16-batches on 128-batches put a prefill replay's p99 past its SLO)."""
+    slow = linear_ms(4.0, 0.2)  # 16 -> 7.2 ms, 128 -> 29.6 ms
+    tick = observe(current=Decision(0.0, 256), service_median_ms=slow, arrival_rate_rps=3000.0)
+    plan = tick.plan()
+    planned = plan.widest_window_ms(tick.window_budget_ms, 16)
+    kept = plan.widest_window_ms(tick.window_budget_ms, 128)
+    assert kept < planned
+    decision = guarded(StepGuard, Decision(planned, 16, "p")).decide(tick)
+    assert (decision.max_batch_size, decision.reason) == (128, "step")
+    assert decision.window_ms == kept
+    small_cut = guarded(StepGuard, Decision(planned, 128, "p")).decide(tick)
+    assert small_cut.window_ms == planned  # a cut within the step is the policy's own
+
+
 def test_step_guard_stays_on_buckets() -> None:
     guard = guarded(StepGuard, Decision(0.0, 8, "p"))
     bounds = Bounds(0.0, 50.0, 1, 64, (8, 16, 64))
