@@ -15,9 +15,11 @@ __all__ = ["SLO"]
 class SLO:
     """A latency service-level objective: ``percentile`` of end-to-end latency <= ``latency_ms``.
 
-    End-to-end latency = queueing (the window) + preprocessing + compute. The controller aims at
-    ``margin * latency_ms`` rather than the target itself, leaving room for arrival fluctuations
-    (the 80 % margin of the practitioners' sweep-knee-margin method; see docs/tuning.md).
+    End-to-end latency = queueing (the window) + preprocessing + compute. The controller aims
+    below the target, leaving room for arrival fluctuations (the 80 % margin of the
+    practitioners' sweep-knee-margin method; see docs/tuning.md): at ``margin * latency_ms``,
+    or higher where two batches of one take a large share of the SLO, since the margin applies
+    to what a window can spend (docs/policies.md, "The margin").
 
     Attributes:
         latency_ms: the latency target at ``percentile``, ms (> 0). ``SLO(latency_ms=50,
@@ -28,8 +30,10 @@ class SLO:
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0,
             and below ``target_ms = margin * latency_ms``: the batcher needs time left); -0.0
             is stored as 0.0.
-        margin: fraction of the target the controller aims at, in (0, 1]: the online
-            controller steers latency to ``margin * latency_ms`` at every tick. Not the
+        margin: fraction of the latency a window can spend that the controller aims to use,
+            in (0, 1]: the online controller steers latency to ``margin * latency_ms``, or to
+            ``floor + margin * (latency_ms - preprocess_ms - floor)`` plus preprocessing where
+            that is higher (``floor``: two batches of one), at every tick. Not the
             profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
             trims the recommended window once, offline, to a share of the slack left after
             compute.
@@ -110,7 +114,8 @@ class SLO:
 
     @property
     def target_ms(self) -> float:
-        """The latency the controller aims at: ``margin * latency_ms``."""
+        """``margin * latency_ms``: the least latency the controller aims at (more where two
+        batches of one are a large share of the SLO; docs/policies.md, "The margin")."""
         return self.margin * self.latency_ms
 
     @property

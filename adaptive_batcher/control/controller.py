@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 
 from adaptive_batcher._log import get_logger
@@ -244,8 +244,10 @@ class Controller:
         observation = self._observe(
             now, recorder, counts, (queue_depth, queued_units, slots), telemetry
         )
+        floor = observation.predicted_window_floor_ms()
+        observation = observation.with_plan_kept(window_floor_ms=floor)
         scale = self.tail_slack.update(observation)
-        observation = replace(observation, window_budget_scale=scale)
+        observation = observation.with_plan_kept(window_budget_scale=scale)
         self._last = _Snapshot(now, counts)
         try:
             proposed = self.chain.decide(observation)
@@ -381,6 +383,7 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         previous_max_batch_size=observation.current.max_batch_size,
         latency_ms=_round(observation.latency_ms),
         target_ms=_round(observation.target_ms),
+        window_floor_ms=_round(observation.window_floor_ms),
         latency_samples=observation.latency_samples,
         window_budget_scale=round(observation.window_budget_scale, 4),
         queue_depth=observation.queue_depth,

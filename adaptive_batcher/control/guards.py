@@ -71,8 +71,8 @@ class BudgetGuard(Guard):
       two-batch latency fits the SLO's room, or the stability cap if larger); under overload (no
       cap keeps up) it is the highest-throughput cap, whatever the policy said;
     * the window is cut to the widest whose predicted tail latency, for the batch that will
-      really form at that cap, fits the budget (with the slack the measured tail has shown,
-      ``Observation.window_budget_ms``); under overload it is 0.
+      really form at that cap, fits the window's budget (the aim's, with the slack the measured
+      tail has shown: ``Observation.window_budget_ms``); under overload it is 0.
 
     Before the service-time fit is ready (its first batches), the guard still acts on the
     measured latency: when ``min_samples`` latencies put the SLO's percentile above the target,
@@ -80,10 +80,12 @@ class BudgetGuard(Guard):
     measurably late cannot wait for a model of the batches it makes slowly (a 250 ms window at
     60 req/s forms its eighth batch after 2 s).
 
-    When the SLO cannot be met even by a batch of one (``2 * service(smallest cap) > budget``),
-    the guard says so once (``controller.slo_unreachable`` warning), flags the decision
-    (``slo_unreachable``) and degrades to the lowest-latency setting: window 0, with the cap
-    still kept where it keeps up. The verdict rests on what the batches have shown: the
+    When the SLO cannot be met even by a batch of one (``2 * service(smallest cap)`` past
+    ``Observation.aim_budget_ms``, which lies above two batches of one unless they overrun the
+    room: the SLO's latency less preprocessing), the guard says so once
+    (``controller.slo_unreachable`` warning), flags the decision (``slo_unreachable``) and
+    degrades to the lowest-latency setting: window 0, with the cap still kept where it keeps
+    up. The verdict rests on what the batches have shown: the
     service-time fit is flat below the smallest batch it has seen, so after a cold burst of
     full batches (512 at 32 ms) it reads a batch of one at 32 ms where the device takes 3.7. The
     guard tracks the smallest batch seen, in units (at most the smallest mean batch of a tick,
@@ -109,7 +111,7 @@ class BudgetGuard(Guard):
             return decision
         if not plan.ready:
             return self._blind(observation, decision)
-        unreachable = self._note_reachability(observation, plan.caps[0], budget)
+        unreachable = self._note_reachability(observation, plan.caps[0], observation.aim_budget_ms)
         stable = plan.floor_cap(budget)  # the stability cap (with buckets, see the plan)
         if stable is None:  # overload: only throughput matters now
             cap = plan.throughput_cap() or decision.max_batch_size

@@ -284,6 +284,11 @@ class Plan:
         """Predicted tail latency (about the 99th percentile) inside the batcher, ms."""
         return self._latency_function(cap)(window_ms)
 
+    def typical_latency_ms(self, window_ms: float, cap: int) -> float:
+        """:meth:`latency_ms` with every batch at its median time: the tail that the queue
+        and the batch sizes give, without the service time's noise, ms."""
+        return self._latency_function(cap, self._service)(window_ms)
+
     def _batch_function(self, cap: int) -> Callable[[float], float]:
         """:meth:`batch_units` at ``cap``, as a function of the window (the plan's figures bound
         once, for a search that evaluates it many times)."""

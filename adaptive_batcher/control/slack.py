@@ -79,7 +79,7 @@ class TailSlack:
         slo, latency = observation.slo, observation.latency_ms
         if slo is None or math.isnan(latency) or observation.stall_set_latency(self.settle_s):
             return self.scale
-        target = slo.target_ms
+        target = observation.target_ms
         settled = observation.now_s - self._reset_at_s >= self.settle_s
         if latency > target:
             self.scale = max(1.0, self.scale * target / latency)

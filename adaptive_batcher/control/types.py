@@ -262,9 +262,12 @@ class Observation:
             answers): the tick's device cost.
         device_busy_fraction: the batcher's own model calls' share of the tick, per slot.
         telemetry: the latest GPU reading (all unknown without a GPU).
-        window_budget_scale: the window's planning budget over :attr:`budget_ms` (>= 1): the
+        window_budget_scale: the window's planning budget over :attr:`aim_budget_ms` (>= 1): the
             slack the measured tail has shown in the plan's bound
             (:class:`~adaptive_batcher.control.slack.TailSlack`; 1: none, or not measured).
+        window_floor_ms: the predicted tail latency inside the batcher at the smallest window
+            and the plan's cap, ms: the part of the latency no window removes, which the SLO's
+            margin does not apply to (see :attr:`aim_budget_ms`; NaN: not known).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -312,6 +315,7 @@ class Observation:
     device_busy_fraction: float = math.nan
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
     window_budget_scale: float = 1.0
+    window_floor_ms: float = math.nan
     _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -348,6 +352,35 @@ class Observation:
         assert self._plan is not None
         return self._plan
 
+    def with_plan_kept(
+        self, *, window_budget_scale: float | None = None, window_floor_ms: float | None = None
+    ) -> Observation:
+        """A copy with a new :attr:`window_budget_scale` or :attr:`window_floor_ms` (None: kept),
+        sharing this tick's plan, which neither changes."""
+        copy = replace(
+            self,
+            window_budget_scale=(
+                self.window_budget_scale if window_budget_scale is None else window_budget_scale
+            ),
+            window_floor_ms=self.window_floor_ms if window_floor_ms is None else window_floor_ms,
+        )
+        _set(copy, "_plan", self._plan)
+        return copy
+
+    def predicted_window_floor_ms(self) -> float:
+        """The tail latency inside the batcher at the smallest window and the smallest cap,
+        every batch at its median time
+        (:meth:`~adaptive_batcher.control.plan.Plan.typical_latency_ms`), at the fastest the
+        device has been (over :attr:`contention`), ms: with a smallest cap of 1, a batch of one
+        waited out and then one's own, the latency no setting and no load removes. A slowdown
+        does not raise it: slower batches are no reason to spend the margin. NaN without an
+        SLO or before the service-time model is ready."""
+        plan = self.plan()
+        if self.slo is None or not plan.ready:
+            return math.nan
+        floor = plan.typical_latency_ms(plan.min_window_ms, plan.caps[0])
+        return floor / max(1.0, self.contention)
+
     def _make_plan(self, rate_rps: float) -> Plan:
         bounds = self.bounds
         pad = _padded(bounds)  # a batch's service time is its bucket's: padding runs too
@@ -379,8 +412,9 @@ class Observation:
 
     @property
     def target_ms(self) -> float:
-        """The latency the controller aims at: the SLO's ``target_ms`` (NaN without an SLO)."""
-        return self.slo.target_ms if self.slo is not None else math.nan
+        """The latency the controller aims the measured tail at: preprocessing plus
+        :attr:`aim_budget_ms` (NaN without an SLO)."""
+        return self.slo.preprocess_ms + self.aim_budget_ms if self.slo is not None else math.nan
 
     @property
     def room_ms(self) -> float:
@@ -392,14 +426,32 @@ class Observation:
 
     @property
     def budget_ms(self) -> float:
-        """Queueing + compute time allowed inside the batcher (NaN without an SLO)."""
+        """Queueing + compute time allowed inside the batcher by the SLO's target, ms: the
+        SLO's ``batcher_budget_ms`` (NaN without an SLO). Caps are planned to it."""
         return self.slo.batcher_budget_ms if self.slo is not None else math.nan
 
     @property
+    def aim_budget_ms(self) -> float:
+        """The budget the window and the measured tail are aimed at, ms (NaN without an SLO):
+        the SLO's margin applied to what the window can spend, ``floor + margin * (room -
+        floor)`` with ``floor`` = :attr:`window_floor_ms` and ``room`` = :attr:`room_ms`, at
+        least :attr:`budget_ms` (which it is without a floor); a floor at or past the room
+        leaves the room itself (docs/policies.md, "The margin")."""
+        slo = self.slo
+        if slo is None:
+            return math.nan
+        floor, room = self.window_floor_ms, self.room_ms
+        if not floor >= 0.0:  # NaN: no floor known
+            return slo.batcher_budget_ms
+        spendable = max(0.0, room - floor)
+        return max(slo.batcher_budget_ms, min(floor, room) + slo.margin * spendable)
+
+    @property
     def window_budget_ms(self) -> float:
-        """The budget the window is planned to: :attr:`budget_ms` times
-        :attr:`window_budget_scale` (NaN without an SLO)."""
-        return self.budget_ms * self.window_budget_scale
+        """The budget the window is planned to: :attr:`aim_budget_ms` times
+        :attr:`window_budget_scale`, at most :attr:`room_ms` (no window is planned to a tail
+        past the SLO itself; NaN without an SLO)."""
+        return min(self.aim_budget_ms * self.window_budget_scale, self.room_ms)
 
     def stall_set_latency(self, settle_s: float) -> bool:
         """True when the event loop stalled within ``settle_s`` seconds, or when an outlier

@@ -242,9 +242,9 @@ class Bandit(ABC):
         """(cap, widest window ms) the arms scale: the plan's with an SLO, else the bounds'."""
         if observation.slo is None:
             return observation.current.max_batch_size, observation.bounds.max_window_ms
-        budget = observation.budget_ms
-        cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
-        return cap, plan.widest_window_ms(budget, cap)
+        cap = plan.cap(observation.budget_ms, observation.room_ms)
+        cap = cap or observation.current.max_batch_size
+        return cap, plan.widest_window_ms(observation.aim_budget_ms, cap)
 
     def _start(self, observation: Observation, plan: Plan, cap: int, widest: float) -> None:
         """One pseudo-observation per arm of the reward the plan predicts for it."""

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from adaptive_batcher.control.types import Bounds, Decision
+from adaptive_batcher.slo import SLO
+from tests.control.factories import observe
 
 
 def exactly(message: str) -> str:
@@ -136,3 +138,43 @@ def test_a_batch_runs_padded_to_the_smallest_bucket_that_holds_it(
 
 def test_without_buckets_a_batch_runs_at_its_own_size() -> None:
     assert Bounds().padded_size(37) == 37
+
+
+def test_the_margin_applies_to_what_the_window_can_spend() -> None:
+    """SLO 125 ms at margin 0.8: without a floor the aim is the SLO's own budget, 100 ms; with
+    the window-0 tail at 50 ms, 50 + 0.8 * 75 = 110 ms; a floor past the room leaves the SLO's
+    latency itself; preprocessing (5 ms) is outside the batcher and spent at any window. Caps
+    keep the SLO's own budget."""
+    slo = SLO(latency_ms=125.0)
+    assert observe(slo=slo).aim_budget_ms == observe(slo=slo).target_ms == 100.0
+    floored = observe(slo=slo, window_floor_ms=50.0, window_budget_scale=1.1)
+    assert floored.aim_budget_ms == pytest.approx(110.0)
+    assert floored.target_ms == pytest.approx(110.0)
+    assert floored.window_budget_ms == pytest.approx(121.0)
+    assert floored.budget_ms == 100.0
+    assert observe(slo=slo, window_floor_ms=140.0).aim_budget_ms == 125.0
+    assert observe(slo=slo, window_floor_ms=0.0).aim_budget_ms == 100.0  # nothing to exempt
+    preprocessed = SLO(latency_ms=125.0, preprocess_ms=5.0)  # room 120 ms
+    floored = observe(slo=preprocessed, window_floor_ms=50.0)
+    assert floored.aim_budget_ms == pytest.approx(50.0 + 0.8 * 70.0)
+    assert floored.target_ms == pytest.approx(5.0 + 50.0 + 0.8 * 70.0)
+    assert math.isnan(observe(slo=None, window_floor_ms=50.0).aim_budget_ms)
+
+
+def test_the_floor_is_two_batches_of_one() -> None:
+    """The default observation's plan (4 ms + 0.05 ms per item, smallest cap 1): a batch of one
+    waited out, then one's own: 2 * 4.05 ms, whatever the load."""
+    observation = observe()
+    plan = observation.plan()
+    floor = observation.predicted_window_floor_ms()
+    assert floor == pytest.approx(8.1) == plan.typical_latency_ms(0.0, 1)
+    assert observe(arrival_rate_rps=8000.0).predicted_window_floor_ms() == pytest.approx(8.1)
+    assert plan.typical_latency_ms(0.0, 64) > floor  # a larger cap's batches take longer
+    assert math.isnan(observe(slo=None).predicted_window_floor_ms())
+    kept = observation.with_plan_kept(window_floor_ms=floor)
+    assert kept.plan() is plan and kept.window_floor_ms == floor
+    scaled = kept.with_plan_kept(window_budget_scale=1.2)
+    assert scaled.plan() is plan and (scaled.window_floor_ms, scaled.window_budget_scale) == (
+        floor,
+        1.2,
+    )
