@@ -605,6 +605,12 @@ def _natural_batch(plan: Plan, cap: int) -> int | None:
     return low
 
 
+FREED_SHARE: Final = 0.5
+"""The share of the memory in use at an out-of-memory error that must be free again before
+:class:`MemoryGuard` forgets the size that failed ahead of ``forget_s`` (a squeeze by a
+co-tenant that has ended)."""
+
+
 class MemoryGuard(Guard):
     """Shrink the cap under GPU memory pressure and after out-of-memory errors.
 
@@ -618,8 +624,10 @@ class MemoryGuard(Guard):
       half the cap, or 3/4 of that batch where that is less or where a larger size already
       failed (a bisection between the halves that ran, when the runtime re-ran the batch split
       in halves, so no request was lost, and the size that failed); that size is remembered as
-      too big for ``forget_s``. A batch larger than the cap in force was dispatched before the
-      cap fell (on another slot): it is remembered, and cuts nothing.
+      too big for ``forget_s``, or until telemetry shows at least ``FREED_SHARE`` of the memory
+      then in use free again (a co-tenant's squeeze has ended). A batch larger than the cap in
+      force was dispatched before the cap fell (on another slot): it is remembered, and cuts
+      nothing.
 
     The ceiling holds for ``cooldown_s`` after the last pressure, then rises by ``recover`` per
     tick, at most halfway to a size remembered as too big and never to it, until it no longer
@@ -650,6 +658,7 @@ class MemoryGuard(Guard):
         self._pressure_at = -math.inf
         self._pressure_free: float | None = None  # the free fraction at the last shrink
         self._too_big_at = -math.inf
+        self._too_big_free: float | None = None  # the free fraction when too_big failed
         self.fits: int | None = None  # the highest ceiling that held a cooldown, no error
         self._ceiling_at = -math.inf  # when the ceiling last changed
 
@@ -666,7 +675,9 @@ class MemoryGuard(Guard):
                 oom_errors=observation.oom_errors,
             )
         elif self.ceiling is not None and now - self._pressure_at >= self.cooldown_s:
-            self._recover(observation.bounds.max_batch_size, now)
+            self._recover(
+                observation.bounds.max_batch_size, now, observation.telemetry.free_fraction
+            )
         if self.ceiling is None:
             return decision
         ceiling = min(self.ceiling, decision.max_batch_size_ceiling or self.ceiling)
@@ -681,7 +692,7 @@ class MemoryGuard(Guard):
             failed = observation.oom_units or cap_now  # the smallest batch that failed
             narrowing = self.too_big is not None and failed < self.too_big
             self.too_big = failed if self.too_big is None else min(self.too_big, failed)
-            self._too_big_at = observation.now_s
+            self._too_big_at, self._too_big_free = observation.now_s, free
             if failed > cap_now:  # dispatched before the cap fell (another slot's batch)
                 return ""
             # halve the cap at a first error; bisect between the halves that ran and the
@@ -708,9 +719,11 @@ class MemoryGuard(Guard):
         self._pressure_at = self._ceiling_at = observation.now_s
         return "out_of_memory"
 
-    def _recover(self, hard_cap: int, now: float) -> None:
+    def _recover(self, hard_cap: int, now: float, free: float | None) -> None:
         assert self.ceiling is not None
-        if self.too_big is not None and now - self._too_big_at >= self.forget_s:
+        if self.too_big is not None and (
+            now - self._too_big_at >= self.forget_s or self._freed_since_too_big(free)
+        ):
             self.too_big = None
         if now - self._ceiling_at >= self.cooldown_s:  # it held a cooldown without an error
             self.fits = max(self.fits or 0, self.ceiling)
@@ -722,6 +735,16 @@ class MemoryGuard(Guard):
             self.ceiling, self._ceiling_at = ceiling, now
         if self.ceiling >= hard_cap:
             self.ceiling = None
+
+    def _freed_since_too_big(self, free: float | None) -> bool:
+        """True when at least half the memory in use at the error that made ``too_big`` is
+        free now (a co-tenant left: the size that failed may fit). Our own batches' memory
+        stays held by the framework's allocator cache, so an error of our own size does not
+        read as freed; without telemetry, never."""
+        at_error = self._too_big_free
+        if free is None or at_error is None:
+            return False
+        return free >= at_error + FREED_SHARE * (1.0 - at_error)
 
 
 class BucketGuard(Guard):

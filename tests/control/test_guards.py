@@ -556,6 +556,31 @@ def test_memory_guard_falls_back_to_the_highest_ceiling_that_held() -> None:
     assert guard.decide(failed).max_batch_size == 44
 
 
+def test_memory_guard_forgets_a_size_that_failed_once_the_memory_is_back() -> None:
+    """A co-tenant's squeeze: batches of 40 fail with 20 % of the memory free (ceiling 30).
+    While free memory stays low, the climb stops below 40 for ``forget_s``; once 90 % is free
+    (more than half of what was in use at the error freed), 40 is forgotten and the ceiling
+    climbs past it. A fresh user's trial: after a 5 s squeeze the cap stayed at 101 for the
+    rest of a 60 s run, below the load, and the queue never drained (16.6 % within the SLO)."""
+
+    def climb(free: float) -> list[int]:
+        guard = guarded(MemoryGuard, Decision(0.0, 128, "policy"), cooldown_s=1.0)
+        squeezed = TelemetrySample(mem_free_bytes=2e9, mem_total_bytes=10e9)
+        hit = observe(
+            now_s=10.0, current=Decision(0.0, 128), oom_errors=1, oom_units=40, telemetry=squeezed
+        )
+        caps = [guard.decide(hit).max_batch_size]
+        after = TelemetrySample(mem_free_bytes=free * 10e9, mem_total_bytes=10e9)
+        for i in range(1, 12):
+            seen = observe(now_s=10.0 + 1.5 * i, current=Decision(0.0, caps[-1]), telemetry=after)
+            caps.append(guard.decide(seen).max_batch_size)
+        return caps
+
+    assert max(climb(free=0.3)) == 39  # some memory back, not half of what was in use
+    recovered = climb(free=0.9)
+    assert recovered[0] == 30 and max(recovered) > 40
+
+
 def test_memory_guard_does_not_shrink_again_for_the_pressure_of_its_oom() -> None:
     """Free memory is low right after an out-of-memory error: that is the pressure the OOM
     cut answered (before, the next tick shrank the new ceiling by a quarter again)."""
