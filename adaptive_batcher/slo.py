@@ -18,8 +18,8 @@ class SLO:
     End-to-end latency = queueing (the window) + preprocessing + compute. The controller aims
     below the target, leaving room for arrival fluctuations (the 80 % margin of the
     practitioners' sweep-knee-margin method; see docs/tuning.md): at ``margin * latency_ms``,
-    or higher where two batches of one take a large share of the SLO, since the margin applies
-    to what a window can spend (docs/policies.md, "The margin").
+    or higher where two batches of one take a large share of the SLO, which the margin exempts
+    by that share (docs/policies.md, "The margin").
 
     Attributes:
         latency_ms: the latency target at ``percentile``, ms (> 0). ``SLO(latency_ms=50,
@@ -30,10 +30,10 @@ class SLO:
         preprocess_ms: time spent per request outside the batcher (decode, tokenise), ms (>= 0,
             and below ``target_ms = margin * latency_ms``: the batcher needs time left); -0.0
             is stored as 0.0.
-        margin: fraction of the latency a window can spend that the controller aims to use,
-            in (0, 1]: the online controller steers latency to ``margin * latency_ms``, or to
-            ``floor + margin * (latency_ms - preprocess_ms - floor)`` plus preprocessing where
-            that is higher (``floor``: two batches of one), at every tick. Not the
+        margin: fraction of the target the controller aims at, at least, in (0, 1]: the
+            online controller steers latency to ``margin * latency_ms`` plus
+            ``(1 - margin) * room * share**2`` at every tick (``room = latency_ms -
+            preprocess_ms``, ``share`` = two batches of one over the room). Not the
             profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
             trims the recommended window once, offline, to a share of the slack left after
             compute.

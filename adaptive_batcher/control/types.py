@@ -433,18 +433,20 @@ class Observation:
     @property
     def aim_budget_ms(self) -> float:
         """The budget the window and the measured tail are aimed at, ms (NaN without an SLO):
-        the SLO's margin applied to what the window can spend, ``floor + margin * (room -
-        floor)`` with ``floor`` = :attr:`window_floor_ms` and ``room`` = :attr:`room_ms`, at
-        least :attr:`budget_ms` (which it is without a floor); a floor at or past the room
-        leaves the room itself (docs/policies.md, "The margin")."""
+        :attr:`budget_ms` plus the part of the margin's reserve that the floor exempts,
+        ``(1 - margin) * room * share**2`` with ``share = min(floor, room) / room``,
+        ``floor`` = :attr:`window_floor_ms` and ``room`` = :attr:`room_ms`: the reserve is
+        ``(1 - margin) * (room - floor * share)``, so a floor that fills the room is exempt
+        and a small one keeps its margin (docs/policies.md, "The margin"). :attr:`budget_ms`
+        without a floor."""
         slo = self.slo
         if slo is None:
             return math.nan
         floor, room = self.window_floor_ms, self.room_ms
         if not floor >= 0.0:  # NaN: no floor known
             return slo.batcher_budget_ms
-        spendable = max(0.0, room - floor)
-        return max(slo.batcher_budget_ms, min(floor, room) + slo.margin * spendable)
+        share = min(floor, room) / room
+        return slo.batcher_budget_ms + (1.0 - slo.margin) * room * share * share
 
     @property
     def window_budget_ms(self) -> float:

@@ -216,12 +216,13 @@ def test_with_every_size_a_bucket_the_floor_keeps_its_headroom() -> None:
 
 
 def test_a_batch_a_large_share_of_the_slo_still_gets_a_window() -> None:
-    """A llama-1B decode step (about 50 ms, flat in the batch) under a 130 ms SLO: window 0's
-    own tail (a step waited out, then the request's own, 10 % noise) is past the 104 ms that
-    the margin of the whole SLO leaves, yet below the SLO. The margin applies to what a window
-    can spend, so a window opens and saves device time at the SLO (the law held window 0)."""
+    """A llama-1B decode step (about 50 ms, flat in the batch) under a 140 ms SLO: window 0's
+    own tail (a step waited out, then the request's own, 10 % noise: about 114 ms) leaves
+    little of the 112 ms that the margin of the whole SLO aims at, yet the SLO has room. Two
+    batches of one are 70 % of the room, so the margin exempts half of its reserve: the aim
+    is 125.7 ms, a window opens and saves device time (the old law held window 0: 0.996x)."""
     decode = Noisy(TableService.from_h200("llama_1b_decode"), cv=0.10)
-    slo = SLO(latency_ms=130.0)
+    slo = SLO(latency_ms=140.0)
     arrivals = Poisson(2700.0).generate(10.0, np.random.default_rng(0))
     warm = tuple((n, 1e3 * decode.inner.service_s(n, np.random.default_rng(0))) for n in (1, 256))
     ours = Simulator(
@@ -231,6 +232,6 @@ def test_a_batch_a_large_share_of_the_slo_still_gets_a_window() -> None:
     ).run(arrivals)
     window_0 = Simulator(decode, SimConfig(256, 0.0), judge_slo=slo).run(arrivals)
     assert ours.lost == 0 and ours.slo_attainment >= 0.995
-    assert ours.device_ms_per_request <= 0.95 * window_0.device_ms_per_request
+    assert ours.device_ms_per_request <= 0.93 * window_0.device_ms_per_request
     windows = ours.series.decisions[ours.series.decisions[:, 0] > 2.0, 1]
     assert np.median(windows) > 20.0

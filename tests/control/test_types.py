@@ -140,24 +140,27 @@ def test_without_buckets_a_batch_runs_at_its_own_size() -> None:
     assert Bounds().padded_size(37) == 37
 
 
-def test_the_margin_applies_to_what_the_window_can_spend() -> None:
-    """SLO 125 ms at margin 0.8: without a floor the aim is the SLO's own budget, 100 ms; with
-    the window-0 tail at 50 ms, 50 + 0.8 * 75 = 110 ms; a floor past the room leaves the SLO's
-    latency itself; preprocessing (5 ms) is outside the batcher and spent at any window. Caps
-    keep the SLO's own budget."""
+def test_the_floor_is_exempt_from_the_margin_by_its_share_of_the_room() -> None:
+    """SLO 125 ms at margin 0.8 (reserve 25 ms): without a floor the aim is the SLO's own
+    budget, 100 ms; a floor of 50 ms (share 0.4) exempts 0.16 of the reserve, 104 ms; a floor
+    past the room exempts all of it, the room itself; with 5 ms of preprocessing the room is
+    120 ms and the budget 95 ms. Caps keep the SLO's own budget."""
     slo = SLO(latency_ms=125.0)
     assert observe(slo=slo).aim_budget_ms == observe(slo=slo).target_ms == 100.0
     floored = observe(slo=slo, window_floor_ms=50.0, window_budget_scale=1.1)
-    assert floored.aim_budget_ms == pytest.approx(110.0)
-    assert floored.target_ms == pytest.approx(110.0)
-    assert floored.window_budget_ms == pytest.approx(121.0)
+    assert floored.aim_budget_ms == pytest.approx(104.0)
+    assert floored.target_ms == pytest.approx(104.0)
+    assert floored.window_budget_ms == pytest.approx(114.4)
     assert floored.budget_ms == 100.0
-    assert observe(slo=slo, window_floor_ms=140.0).aim_budget_ms == 125.0
+    assert observe(slo=slo, window_floor_ms=140.0).aim_budget_ms == pytest.approx(125.0)
+    assert observe(slo=slo, window_floor_ms=140.0, window_budget_scale=1.2).window_budget_ms == (
+        pytest.approx(125.0)  # never past the room
+    )
     assert observe(slo=slo, window_floor_ms=0.0).aim_budget_ms == 100.0  # nothing to exempt
-    preprocessed = SLO(latency_ms=125.0, preprocess_ms=5.0)  # room 120 ms
+    preprocessed = SLO(latency_ms=125.0, preprocess_ms=5.0)  # room 120 ms, budget 95 ms
     floored = observe(slo=preprocessed, window_floor_ms=50.0)
-    assert floored.aim_budget_ms == pytest.approx(50.0 + 0.8 * 70.0)
-    assert floored.target_ms == pytest.approx(5.0 + 50.0 + 0.8 * 70.0)
+    assert floored.aim_budget_ms == pytest.approx(95.0 + 0.2 * 120.0 * (50.0 / 120.0) ** 2)
+    assert floored.target_ms == pytest.approx(5.0 + floored.aim_budget_ms)
     assert math.isnan(observe(slo=None, window_floor_ms=50.0).aim_budget_ms)
 
 
