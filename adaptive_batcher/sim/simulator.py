@@ -126,7 +126,8 @@ class Simulator:
         memory: device memory capacity over time (None: unlimited).
         seed: seed of the service-time noise (the arrivals carry their own).
         judge_slo: the SLO the result's goodput and SLO attainment are measured against
-            (default: ``config.slo``). A static batcher is judged against a scenario's SLO
+            (default: ``config.slo``), less its ``preprocess_ms``: the replay is of the batcher
+            alone. A static batcher is judged against a scenario's SLO
             without being given one (with an SLO, a batcher tunes itself).
         faults: event-loop stalls, slowdowns and long batches to replay (see
             :mod:`adaptive_batcher.sim.faults`; None: none).
