@@ -119,6 +119,11 @@ class SLO:
         return self.margin * self.latency_ms
 
     @property
+    def room_ms(self) -> float:
+        """The most the batcher's queueing + compute may take: ``latency_ms - preprocess_ms``."""
+        return self.latency_ms - self.preprocess_ms
+
+    @property
     def batcher_budget_ms(self) -> float:
         """Time left for queueing + compute inside the batcher: ``target_ms - preprocess_ms``,
         > 0 (an SLO that leaves none is refused)."""

@@ -391,7 +391,7 @@ def _stalls_miss_share(observation: Observation, slo: SLO) -> float:
         return 0.0
     batch_ms = observation.service_median_ms(1)
     batch_ms = 0.0 if math.isnan(batch_ms) else batch_ms
-    latency_s = (slo.latency_ms - slo.preprocess_ms - batch_ms) / 1e3
+    latency_s = (slo.room_ms - batch_ms) / 1e3
     late_s = sum(max(0.0, d - latency_s) for d in durations) / len(durations)
     return observation.loop_stall_rate_hz * late_s
 

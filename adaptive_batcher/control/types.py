@@ -265,9 +265,10 @@ class Observation:
         window_budget_scale: the window's planning budget over :attr:`aim_budget_ms` (>= 1): the
             slack the measured tail has shown in the plan's bound
             (:class:`~adaptive_batcher.control.slack.TailSlack`; 1: none, or not measured).
-        window_floor_ms: the predicted tail latency inside the batcher at the smallest window
-            and the plan's cap, ms: the part of the latency no window removes, which the SLO's
-            margin does not apply to (see :attr:`aim_budget_ms`; NaN: not known).
+        window_floor_ms: two batches of one at their median times (the tail at the smallest
+            window and cap; :meth:`predicted_window_floor_ms`), ms: the part of the latency no
+            setting removes, exempt from the SLO's margin by its share of the room (see
+            :attr:`aim_budget_ms`; NaN: not known).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -421,8 +422,7 @@ class Observation:
         """The SLO's latency less preprocessing, ms: what the batcher's worst case (a burst's
         full batch behind a full batch, a shed request's start) must fit; the budget adds the
         target's margin for the p99 plan (NaN without an SLO)."""
-        slo = self.slo
-        return slo.latency_ms - slo.preprocess_ms if slo is not None else math.nan
+        return self.slo.room_ms if self.slo is not None else math.nan
 
     @property
     def budget_ms(self) -> float:

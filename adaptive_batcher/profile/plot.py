@@ -100,7 +100,7 @@ def plot_profile(
     if target_ms is not None:
         ax.axhline(target_ms, color="tab:red", linestyle="--", label=f"SLO {target_ms:g} ms")
         if slo is not None and slo.preprocess_ms > 0:
-            budget = slo.latency_ms - slo.preprocess_ms
+            budget = slo.room_ms
             ax.axhline(
                 budget,
                 color="tab:red",

@@ -238,7 +238,7 @@ def _recommend(
         )
         return Recommendation(knee_row.batch_size, window, None, True, tuple(reasons))
 
-    budget = slo.latency_ms - slo.preprocess_ms
+    budget = slo.room_ms
     budget_text = (
         f"latency budget for queueing + compute = SLO p{slo.percentile:g} {slo.latency_ms:g} ms "
         f"- preprocess {slo.preprocess_ms:g} ms = {budget:g} ms "

@@ -279,7 +279,7 @@ def _percentiles(values: FloatArray, qs: tuple[float, ...]) -> tuple[float, ...]
 def _room_ms(slo: SLO | None) -> float:
     """The latency a replayed answer must be within, ms: the SLO's less its preprocessing (the
     simulator replays the batcher alone, whose share of the SLO that is); inf without an SLO."""
-    return slo.latency_ms - slo.preprocess_ms if slo is not None else math.inf
+    return slo.room_ms if slo is not None else math.inf
 
 
 def _series(
