@@ -7,8 +7,8 @@ they stand for):
 - :class:`LoopStall`: the shell's event loop stands still (a blocking call in a handler, a
   large request body parsed on the loop, a garbage-collector pause). Nothing is taken in,
   dispatched, completed or timed until it ends.
-- :class:`Slowdown`: batches that start in a span take longer (CPU contention, torch threads
-  fighting for cores, a throttled or shared device).
+- :class:`Slowdown`: the device runs slower for a span (CPU contention, torch threads
+  fighting for cores, a throttled or shared device): a batch's work in it takes longer.
 - :class:`LongBatch`: one batch takes longer, once (a cold shape, a pause in the model's thread).
 
 :class:`Faults` is the schedule a :class:`~adaptive_batcher.sim.simulator.Simulator` is given.
@@ -16,6 +16,7 @@ they stand for):
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -55,8 +56,11 @@ class LoopStall:
 
 @dataclass(frozen=True)
 class Slowdown:
-    """Batches that start in ``[at_s, at_s + duration_s)`` take ``factor`` times their time
-    plus ``overhead_s`` (device time: it counts in the device cost).
+    """The device runs ``factor`` times slower in ``[at_s, at_s + duration_s)``: the part of a
+    batch's work that falls in the span takes ``factor`` times as long, so a batch that starts
+    before it slows on entering it and one still running at its end speeds up again; a batch
+    that starts in the span also takes ``overhead_s`` more (dispatch under contention). Both
+    are device time: they count in the device cost.
 
     Raises:
         TypeError: an argument that is not a number.
@@ -83,9 +87,9 @@ class Slowdown:
         """When batches run at their own pace again, s."""
         return self.at_s + self.duration_s
 
-    def applies(self, start_s: float) -> bool:
-        """True for a batch that starts at ``start_s``."""
-        return self.at_s <= start_s < self.end_s
+    def applies(self, time_s: float) -> bool:
+        """True while the device is slowed: ``at_s <= time_s < end_s``."""
+        return self.at_s <= time_s < self.end_s
 
 
 @dataclass(frozen=True)
@@ -176,11 +180,23 @@ class Faults:
 
     def service_s(self, start_s: float, service_s: float) -> float:
         """A batch's device time when it starts at ``start_s`` and would take ``service_s``
-        (slowdowns applied; long batches are the simulator's to count)."""
-        for slowdown in self._slowdowns:
-            if slowdown.applies(start_s):
-                service_s = service_s * slowdown.factor + slowdown.overhead_s
-        return service_s
+        at full speed: its work done at ``1 / factor`` speed while slowdowns run (overlapping
+        ones multiply), plus the ``overhead_s`` of each slowdown it starts in (long batches
+        are the simulator's to count)."""
+        slowdowns = self._slowdowns
+        if not slowdowns:
+            return service_s
+        overhead_s = sum(s.overhead_s for s in slowdowns if s.applies(start_s))
+        edges = sorted({t for s in slowdowns for t in (s.at_s, s.end_s) if t > start_s})
+        now_s, work_s, elapsed_s = start_s, service_s, overhead_s
+        for edge_s in [*edges, math.inf]:
+            factor = math.prod(s.factor for s in slowdowns if s.applies(now_s))
+            if work_s * factor <= edge_s - now_s:
+                return elapsed_s + work_s * factor
+            work_s -= (edge_s - now_s) / factor
+            elapsed_s += edge_s - now_s
+            now_s = edge_s
+        raise AssertionError("unreachable: the last span is unbounded")  # pragma: no cover
 
 
 def _at(fault: LongBatch) -> float:

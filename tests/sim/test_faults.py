@@ -64,6 +64,24 @@ def test_a_slowdown_scales_the_batches_that_start_in_it_and_a_long_batch_comes_o
     assert result.device_busy_s == pytest.approx(sum(durations))
 
 
+def test_a_slowdown_slows_the_work_done_in_its_span_not_whole_batches() -> None:
+    """Slowed 3x from 105 to 205 ms: a 10 ms batch from 100 ms does 5 ms of work before the
+    span and 5 ms in it (15 ms); one from 200 ms does 5/3 ms of work in the span's last 5 ms,
+    the rest at full speed, plus the overhead of a batch started in the span."""
+    faults = Faults((Slowdown(0.105, 0.1, factor=3.0, overhead_s=0.002),))
+    result = replay([0.1, 0.2], faults)
+    durations = (result.calls[:, 1] - result.calls[:, 0]).tolist()
+    assert durations == pytest.approx([0.020, 0.005 + (0.010 - 0.005 / 3.0) + 0.002])
+
+
+def test_overlapping_slowdowns_multiply_where_they_overlap() -> None:
+    faults = Faults((Slowdown(0.0, 1.0, factor=2.0), Slowdown(0.004, 1.0, factor=3.0)))
+    assert faults.service_s(0.0, 0.010) == pytest.approx(0.004 + 6 * 0.008)
+    late_work_s = 0.010 - 0.005 / 6 - 0.004 / 3  # after 5 ms at 6x and 4 ms at 3x
+    assert faults.service_s(0.995, 0.010) == pytest.approx(0.005 + 0.004 + late_work_s)
+    assert Faults(()).service_s(0.3, 0.010) == 0.010
+
+
 def test_closed_loop_clients_send_again_once_the_loop_resumes() -> None:
     loop = ClosedLoop(clients=1, think_s=0.0, duration_s=0.2)
     stalled = Simulator(SERVICE, SimConfig(4, 0.0), faults=Faults((LoopStall(0.05, 0.1),)))
