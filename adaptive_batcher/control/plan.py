@@ -34,8 +34,8 @@ CHEAPER_BY = 1.1
 """A smaller cap is chosen for its cost only when it is at least 10 % cheaper per unit: the
 arrivals are not quite Poisson, and a smaller cap gives up headroom for bursts."""
 
-THROUGHPUT_TIE = 0.01
-"""Throughputs within 1 % of the best are a tie the fit cannot resolve; the throughput cap takes
+THROUGHPUT_TIE = 0.05
+"""Throughputs within 5 % of the best are a tie the fit cannot resolve; the throughput cap takes
 the largest cap among them, whose full batches drain a backlog fastest where the time per item
 falls with the batch (docs/policies.md, "The plan")."""
 

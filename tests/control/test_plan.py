@@ -75,14 +75,16 @@ def test_throughput_cap_prefers_caps_within_budget() -> None:
     ("ms_at_256", "expected"),
     [
         (16.1, 256),  # 15.90k/s against 128's 16.00k/s: within 1 %, a tie: the larger cap
-        (16.5, 128),  # 15.52k/s: 3 % below, the fit tells them apart
+        (16.5, 256),  # 15.52k/s: 3 % below, still within what the fit resolves (5 %)
+        (17.2, 128),  # 14.88k/s: 7 % below, the fit tells them apart
     ],
 )
 def test_throughput_cap_takes_the_larger_of_caps_the_fit_cannot_tell_apart(
     ms_at_256: float, expected: int
 ) -> None:
     """Under a backlog the larger cap's full batches drain it faster wherever the time per item
-    falls with the batch; a fit that puts two caps within 1 % cannot say which is faster."""
+    falls with the batch; a fit that puts two caps within 5 % cannot say which is faster (its
+    median at a size the batches rarely reach rests on few, old samples)."""
     times = {128: 8.0, 256: ms_at_256}
     tied = plan(service_median_ms=lambda n: times.get(n, 4.0 + 0.05 * n))
     assert tied.throughput_cap() == expected
