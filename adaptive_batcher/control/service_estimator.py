@@ -38,6 +38,7 @@ from adaptive_batcher.metrics.recorder import BatchSample
 __all__ = [
     "CATCH_UP_MAX_S",
     "CHANGE_RATIO",
+    "END_STEP_Z",
     "MAX_LEVEL",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
@@ -57,6 +58,12 @@ __all__ = [
 
 OPTIMISM = 0.25  # least slope beyond the observed range, as a fraction of proportional growth
 _TABLE_SIZES = 4096  # at most this many sizes predicted at once after a refit
+
+END_STEP_Z = 2.0
+"""A step at the top of the isotonic fit is kept when it exceeds this many standard errors of
+the noise (see :func:`isotonic_fit`)."""
+
+_MEDIAN_SD_FACTOR = math.sqrt(math.pi / 2)  # a median of k values: ~1.25 sigma / sqrt(k)
 
 OUTLIER_FACTOR = 3.0
 """A batch measured above ``OUTLIER_FACTOR`` times the noise body's ``spread_quantile`` (see
@@ -559,7 +566,8 @@ class ServiceTimeEstimator:
     ) -> None:
         self._cache = {}
         x = np.asarray(sizes, dtype=float)
-        y = np.asarray(isotonic_fit(medians, weights), dtype=float)  # x is sorted
+        noise = self.body()[1] * _MEDIAN_SD_FACTOR
+        y = np.asarray(isotonic_fit(medians, weights, noise, sizes), dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
         self._ends = (float(x[0]), float(x[-1]), float(y[0]), float(y[-1])) if x.size else None
         self._predict_inside()
@@ -580,12 +588,26 @@ class ServiceTimeEstimator:
         self._inside_first, self._inside = first, values.tolist()
 
 
-def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
-    """The non-decreasing sequence closest to ``values`` in weighted least squares.
+def isotonic_fit(
+    values: Sequence[float],
+    weights: Sequence[float] | None = None,
+    relative_sd: float = 0.0,
+    sizes: Sequence[float] | None = None,
+) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares, its top
+    steps kept only where the noise cannot explain them.
 
     The pool-adjacent-violators algorithm (Ayer et al., 1955; the algorithm behind
     scikit-learn's ``isotonic_regression``), in pure Python: the controller fits a few dozen
     points per refit, where a library call's argument checks would cost more than the fit.
+    With ``relative_sd`` > 0 (the noise of one value of weight 1, relative to it), the last
+    block is then pooled with the one before while the step between them is within
+    ``END_STEP_Z`` standard errors: the isotonic estimate spikes at the end of its range,
+    where the largest of a few noisy values stands alone (Woodroofe and Sun, 1993, "A
+    penalized maximum likelihood estimate of f(0+) when f is non-increasing"). With ``sizes``
+    (increasing, one per value), a block so pooled follows the weighted least-squares line
+    through its values where its slope stands out of the noise (never below the block
+    before), so that a real slope is not flattened at the top.
     """
     # the blocks so far, as three stacks: weighted mean, weight, number of values
     means: list[float] = []
@@ -602,10 +624,67 @@ def isotonic_fit(values: Sequence[float], weights: Sequence[float] | None = None
         means.append(mean)
         totals.append(total)
         counts.append(count)
+    pooled = _pool_noisy_top(means, totals, counts, relative_sd) if relative_sd > 0.0 else 0
     fitted: list[float] = []
     for mean, count in zip(means, counts, strict=True):
         fitted.extend([mean] * count)
+    if pooled > 1 and sizes is not None:
+        start = len(fitted) - pooled
+        floor = means[-2] if len(means) >= 2 else -math.inf
+        fitted[start:] = _end_line(
+            sizes[start:],
+            values[start:],
+            (weights or [1.0] * len(values))[start:],
+            floor,
+            relative_sd,
+        )
     return fitted
+
+
+def _end_line(
+    sizes: Sequence[float],
+    values: Sequence[float],
+    weights: Sequence[float],
+    floor: float,
+    relative_sd: float,
+) -> list[float]:
+    """The weighted least-squares line through ``(sizes, values)`` at ``sizes``, flat unless
+    its slope exceeds ``END_STEP_Z`` standard errors (``relative_sd * mean / sqrt(sum of
+    w (x - mean x)**2)``), and its first value at least ``floor``."""
+    total = sum(weights)
+    mean_x = sum(w * x for w, x in zip(weights, sizes, strict=True)) / total
+    mean_y = sum(w * y for w, y in zip(weights, values, strict=True)) / total
+    spread = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, sizes, strict=True))
+    moment = sum(
+        w * (x - mean_x) * (y - mean_y) for w, x, y in zip(weights, sizes, values, strict=True)
+    )
+    slope = moment / spread if spread > 0 else 0.0
+    if slope <= END_STEP_Z * relative_sd * mean_y / math.sqrt(spread or 1.0):
+        slope = 0.0  # a slope the noise explains: the block's mean
+    lift = max(0.0, floor - (mean_y + slope * (sizes[0] - mean_x)))
+    return [mean_y + lift + slope * (x - mean_x) for x in sizes]
+
+
+def _pool_noisy_top(
+    means: list[float], totals: list[float], counts: list[int], relative_sd: float
+) -> int:
+    """Pool the last two blocks (in place) while the step between them is within
+    ``END_STEP_Z`` standard errors of their means (``relative_sd * mean / sqrt(weight)``); the
+    number of values in the last block when any were pooled, else 0."""
+    pooled = 0
+    while len(means) >= 2:
+        top, below = means[-1], means[-2]
+        error = relative_sd * math.hypot(top / math.sqrt(totals[-1]), below / math.sqrt(totals[-2]))
+        if top - below > END_STEP_Z * error:
+            break
+        top_total, top_count = totals.pop(), counts.pop()
+        means.pop()
+        combined = totals[-1] + top_total
+        means[-1] = (below * totals[-1] + top * top_total) / combined
+        totals[-1] = combined
+        counts[-1] += top_count
+        pooled = counts[-1]
+    return pooled
 
 
 def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:
