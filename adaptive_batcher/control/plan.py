@@ -14,12 +14,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
+
+from adaptive_batcher.control.tail import (
+    exceed_probability,
+    latency_quantile_ms,
+    lognormal_sigma,
+)
 
 __all__ = [
     "BISTABLE_RATIO",
     "CHEAPER_BY",
     "POISSON_Z",
+    "SPREAD_Z",
     "STABILITY_HEADROOM",
+    "TAIL_QUANTILE",
     "THROUGHPUT_TIE",
     "Plan",
 ]
@@ -29,6 +38,13 @@ STABILITY_HEADROOM = 1.15
 
 POISSON_Z = 2.33
 """Standard deviations of Poisson noise added to a batch for its 99th percentile."""
+
+TAIL_QUANTILE = 0.99
+"""The quantile of a request's latency that :meth:`Plan.latency_ms` predicts."""
+
+SPREAD_Z = NormalDist().inv_cdf(0.95)
+"""The normal score of the error bars' quantile (the service-time estimator's
+``spread_quantile``, 0.95): with the median it gives the noise body's sigma."""
 
 CHEAPER_BY = 1.1
 """A smaller cap is chosen for its cost only when it is at least 10 % cheaper per unit: the
@@ -243,7 +259,7 @@ class Plan:
         0.997)."""
         window = self.min_window_ms
         full = replace(self, start_units=float(cap))
-        if full.latency_ms(window, cap) <= budget_ms:
+        if full.fits_budget(window, cap, budget_ms):
             return False
         small = replace(self, start_units=1.0).batch_units(window, cap)
         return full.batch_units(window, cap) > BISTABLE_RATIO * small
@@ -253,7 +269,7 @@ class Plan:
         fits ``budget_ms`` (``low`` if none does): with padding, a smaller bucket can break a
         large batch's self-sustaining cycle (see ``start_units``)."""
         for cap in reversed([c for c in self.caps if low <= c <= high]):
-            if self.latency_ms(self.min_window_ms, cap) <= budget_ms:
+            if self.fits_budget(self.min_window_ms, cap, budget_ms):
                 return cap
         return low
 
@@ -283,6 +299,11 @@ class Plan:
     def latency_ms(self, window_ms: float, cap: int) -> float:
         """Predicted tail latency (about the 99th percentile) inside the batcher, ms."""
         return self._latency_function(cap)(window_ms)
+
+    def fits_budget(self, window_ms: float, cap: int, budget_ms: float) -> bool:
+        """True when :meth:`latency_ms` is within ``budget_ms``, decided without computing it:
+        at most ``1 - TAIL_QUANTILE`` of the requests are later than ``budget_ms``."""
+        return self._budget_fits_function(cap, budget_ms)(window_ms)
 
     def typical_latency_ms(self, window_ms: float, cap: int) -> float:
         """:meth:`latency_ms` with every batch at its median time: the tail that the queue
@@ -327,11 +348,55 @@ class Plan:
             float(cap),
         )
         last = own or high
+        if service is None and own is None:
+            return self._tail_latency_function(batch_units, top)
 
         def latency_ms(window_ms: float) -> float:
             n = batch_units(window_ms)
             n_high = min(top, n + POISSON_Z * math.sqrt(n))
             return max(window_ms, high(n) / slots) + last(n_high)
+
+        return latency_ms
+
+    def _budget_fits_function(self, cap: int, budget_ms: float) -> Callable[[float], bool]:
+        """Whether a window's p99 latency (:meth:`latency_ms`) fits ``budget_ms`` at ``cap``:
+        the share of requests later than it, one evaluation, against ``1 - TAIL_QUANTILE``."""
+        noise, batch_units, top = self._noise_function(), self._batch_function(cap), float(cap)
+
+        def fits(window_ms: float) -> bool:
+            n = batch_units(window_ms)
+            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            late = exceed_probability(window_ms, noise(n), noise(n_high), budget_ms, self.slots)
+            return late <= 1.0 - TAIL_QUANTILE
+
+        return fits
+
+    def _noise_function(self) -> Callable[[float], tuple[float, float]]:
+        """``(median, sigma)`` of a batch's lognormal time at a size, units: the median never
+        optimistic beyond the sizes known, sigma from the noise body's error bars."""
+        bound = self.service_median_bound_ms or self.service_median_ms
+
+        def noise(units: float) -> tuple[float, float]:
+            median = bound(max(1, round(units)))
+            return median, lognormal_sigma(self._service_body_spread(units), median, SPREAD_Z)
+
+        return noise
+
+    def _tail_latency_function(
+        self, batch_units: Callable[[float], float], top: float
+    ) -> Callable[[float], float]:
+        """The p99 of a request's latency
+        (:func:`~adaptive_batcher.control.tail.latency_quantile_ms`): the batch in flight of
+        the window's realised size, its own of that size's Poisson high, each lognormal with
+        the noise body's error bars."""
+        noise = self._noise_function()
+
+        def latency_ms(window_ms: float) -> float:
+            n = batch_units(window_ms)
+            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            return latency_quantile_ms(
+                window_ms, noise(n), noise(n_high), TAIL_QUANTILE, self.slots
+            )
 
         return latency_ms
 
@@ -369,7 +434,7 @@ class Plan:
     def _fits_function(self, budget_ms: float, cap: int) -> Callable[[float], bool]:
         """Whether a window's tail latency fits ``budget_ms`` and, with the rare batches'
         times, the room (see the module docstring)."""
-        latency_ms, room_ms = self._latency_function(cap), self.room_ms
+        fits_budget, room_ms = self._budget_fits_function(cap, budget_ms), self.room_ms
         # a room constraint out of reach at any window is dropped: the smallest window would
         # only cost more (natural batches at an SLO of 20 ms on resnet50: 1.44x the cost
         # oracle's device time, and more late answers than the p99 plan's window)
@@ -379,8 +444,7 @@ class Plan:
             if latency(self.min_window_ms) <= room_ms
         ]
         return lambda window_ms: (
-            latency_ms(window_ms) <= budget_ms
-            and all(latency(window_ms) <= room_ms for latency in in_reach)
+            fits_budget(window_ms) and all(latency(window_ms) <= room_ms for latency in in_reach)
         )
 
     def _room_latency_functions(self, cap: int) -> list[Callable[[float], float]]:

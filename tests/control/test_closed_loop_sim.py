@@ -235,3 +235,26 @@ def test_a_batch_a_large_share_of_the_slo_still_gets_a_window() -> None:
     assert ours.device_ms_per_request <= 0.93 * window_0.device_ms_per_request
     windows = ours.series.decisions[ours.series.decisions[:, 0] > 2.0, 1]
     assert np.median(windows) > 20.0
+
+
+def test_a_noisy_batch_plans_for_a_requests_tail_not_a_sum_of_worst_cases() -> None:
+    """The decode step under 200 ms with 30 % noise, 45 % load (a fresh user's case): the plan
+    charged a window with a slow batch waited out plus a slow batch ridden, each at its error
+    bars, and the isotonic fit spiked at the sizes the window rarely forms (73 ms for a 51 ms
+    step): 1.34x the device time of a static 100 ms window at cap 256, the cheapest setting
+    with 99 % of answers within the SLO. Planning a request's p99 from the fitted noise, on a
+    fit without the spike, gives 1.19x, at the same attainment."""
+    decode = Noisy(TableService.from_h200("llama_1b_decode"), cv=0.30)
+    slo = SLO(latency_ms=200.0)
+    arrivals = Poisson(2112.0).generate(10.0, np.random.default_rng(0))
+    rng = np.random.default_rng(0)
+    warm = tuple((1 << k, 1e3 * decode.inner.service_s(1 << k, rng)) for k in range(9))
+    ours = Simulator(
+        decode,
+        SimConfig(256, 0.0, slo=slo, policy=PID(), service_profile=warm),
+        judge_slo=slo,
+    ).run(arrivals)
+    static = Simulator(decode, SimConfig(256, 100.0), judge_slo=slo).run(arrivals)
+    assert static.slo_attainment >= 0.99
+    assert ours.lost == 0 and ours.slo_attainment >= 0.995
+    assert ours.device_ms_per_request <= 1.25 * static.device_ms_per_request

@@ -136,12 +136,21 @@ def test_the_batch_that_really_forms(
 
 def test_tail_latency_and_the_widest_window() -> None:
     p = plan()
-    # W = 20: batch 21, its 99th percentile 21 + 2.33 * sqrt(21) = 31.7 -> 32 units, 5.6 ms
-    assert p.latency_ms(20.0, 256) == pytest.approx(25.6)
+    # W = 20: batch 21, its 99th percentile 21 + 2.33 * sqrt(21) = 31.7 -> 32 units, 5.6 ms;
+    # without noise the p99 request waits 0.99 of the window (its place in it is uniform)
+    assert p.latency_ms(20.0, 256) == pytest.approx(0.99 * 20.0 + 5.6, rel=1e-3)
     widest = p.widest_window_ms(40.0, 256)
     assert p.latency_ms(widest, 256) <= 40.0 < p.latency_ms(widest + 0.1, 256)
     assert p.widest_window_ms(3.0, 256) == 0.0  # nothing fits: the smallest window
     assert p.widest_window_ms(1000.0, 256) == 50.0  # everything fits: the bounds' maximum
+
+
+def test_fits_budget_says_what_the_tail_latency_says() -> None:
+    noisy = plan(service_spread_ms=lambda n: 1.6 * (4.0 + 0.05 * n))
+    for window in (0.0, 5.0, 15.0, 30.0):
+        tail = noisy.latency_ms(window, 256)
+        assert noisy.fits_budget(window, 256, 1.01 * tail)
+        assert not noisy.fits_budget(window, 256, 0.99 * tail)
 
 
 def test_error_bars_narrow_the_window() -> None:
@@ -173,8 +182,14 @@ def test_rare_batches_must_fit_the_room() -> None:
     noisy = plan(service_body_p999_ms=lambda n: 3.0 * (4.0 + 0.05 * n))
     widest = noisy.widest_window_ms(40.0, 256)
     assert widest < p99
-    deep = Plan(**{**_fields(noisy), "service_body_spread_ms": noisy.service_body_p999_ms})
-    assert deep.latency_ms(widest, 256) <= 50.0 < deep.latency_ms(widest + 0.1, 256)
+    p999 = noisy.service_body_p999_ms
+    assert p999 is not None
+
+    def rare(window_ms: float) -> float:  # a slow batch waited out, then a slow batch ridden
+        n = noisy.batch_units(window_ms, 256)
+        return max(window_ms, p999(round(n))) + p999(round(n + 2.33 * math.sqrt(n)))
+
+    assert rare(widest) <= 50.0 < rare(widest + 0.1)
     # out of reach at any window (two rare batches of 30 ms and more): the p99 plan alone
     hopeless = plan(service_body_p999_ms=lambda n: 3.0 * (10.0 + 0.05 * n))
     assert hopeless.widest_window_ms(40.0, 256) == p99

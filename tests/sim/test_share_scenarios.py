@@ -42,11 +42,12 @@ def test_the_adaptive_contenders_may_wait_up_to_the_slo(name: str, window_ms: fl
     assert resnet.controller_bounds.max_window_ms == 50.0  # the suite's, unchanged
 
 
-def test_the_measured_tail_not_the_bound_meets_the_target() -> None:
-    """resnet50 at an SLO of 20 ms, 90 % load: the plan's bound alone kept the p99 well under
-    the aim (1.19x the cost oracle's device time when the aim was 16 ms); the window now
-    follows the room the measured tail leaves, up to the aim (two batches of one, 7.4 ms, are
-    37 % of the SLO and exempt 0.37**2 of the 4 ms reserve: 16.5 ms) and not past the SLO."""
+def test_the_measured_tail_and_the_plan_both_meet_the_target() -> None:
+    """resnet50 at an SLO of 20 ms, 90 % load: the plan's old bound (a sum of error bars) kept
+    the p99 well under the aim (1.19x the cost oracle's device time when the aim was 16 ms);
+    the window follows the room the measured tail leaves, up to the aim (two batches of one,
+    7.4 ms, are 37 % of the SLO and exempt 0.37**2 of the 4 ms reserve: 16.5 ms) and not past
+    the SLO; and the plan's own tail, a request's p99, now lands there without the slack."""
     case = share_scenarios()["resnet50_slo20_poisson_90"]
     one_ms = 1e3 * TableService.from_h200("resnet50").service_s(1, np.random.default_rng(0))
     share = 2 * one_ms / case.slo.latency_ms
@@ -56,6 +57,7 @@ def test_the_measured_tail_not_the_bound_meets_the_target() -> None:
     assert result.lost == 0
     assert result.slo_attainment >= 0.995
     assert 0.95 * aim_ms <= result.p99_ms <= 1.05 * aim_ms
-    bound_alone = run(case, replace(CONTENDERS["adaptive_pid"](case), window_slack=1.0))
-    assert bound_alone.p99_ms < 0.95 * aim_ms  # the plan's bound, applied twice
-    assert result.device_ms_per_request < 0.97 * bound_alone.device_ms_per_request
+    plan_alone = run(case, replace(CONTENDERS["adaptive_pid"](case), window_slack=1.0))
+    assert plan_alone.slo_attainment >= 0.995
+    assert 0.95 * aim_ms <= plan_alone.p99_ms <= 1.05 * aim_ms  # was 0.9x with the old bound
+    assert result.device_ms_per_request <= 1.01 * plan_alone.device_ms_per_request
