@@ -25,7 +25,7 @@ The simulator's ground truth is :class:`~adaptive_batcher.sim.service.ServiceMod
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
@@ -265,9 +265,13 @@ class ServiceTimeEstimator:
                 sizes.append(n)
                 medians.append(ms * self._seed_scale)
                 counts.append(1.0)
+        observed_max = max(self._reservoir)
         order = sorted(range(len(sizes)), key=sizes.__getitem__)
         self._fit_points(
-            [sizes[i] for i in order], [medians[i] for i in order], [counts[i] for i in order]
+            [sizes[i] for i in order],
+            [medians[i] for i in order],
+            [counts[i] for i in order],
+            observed_max,
         )
         self._note_level()
 
@@ -562,12 +566,24 @@ class ServiceTimeEstimator:
         return max(fitting) if fitting else None
 
     def _fit_points(
-        self, sizes: Sequence[int], medians: Sequence[float], weights: Sequence[float] | None
+        self,
+        sizes: Sequence[int],
+        medians: Sequence[float],
+        weights: Sequence[float] | None,
+        observed_max: float = math.inf,
     ) -> None:
+        """Fit ``medians`` at ``sizes`` (sorted); the noise pools the top of the observed sizes
+        only (up to ``observed_max``): a prior beyond them is a profile's time, not a noisy
+        median of a few batches, and joins the fit as a plain point."""
         self._cache = {}
         x = np.asarray(sizes, dtype=float)
         noise = self.body()[1] * _MEDIAN_SD_FACTOR
-        y = np.asarray(isotonic_fit(medians, weights, noise, sizes), dtype=float)  # x is sorted
+        observed = bisect_right(sizes, observed_max)
+        prefix_weights = None if weights is None else weights[:observed]
+        fitted = isotonic_fit(medians[:observed], prefix_weights, noise, sizes[:observed])
+        if observed < len(sizes):
+            fitted = isotonic_fit([*fitted, *medians[observed:]], weights)
+        y = np.asarray(fitted, dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
         self._ends = (float(x[0]), float(x[-1]), float(y[0]), float(y[-1])) if x.size else None
         self._predict_inside()
