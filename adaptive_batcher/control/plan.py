@@ -353,7 +353,7 @@ class Plan:
 
         def latency_ms(window_ms: float) -> float:
             n = batch_units(window_ms)
-            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            n_high = _poisson_high(n, top)
             return max(window_ms, high(n) / slots) + last(n_high)
 
         return latency_ms
@@ -365,7 +365,7 @@ class Plan:
 
         def fits(window_ms: float) -> bool:
             n = batch_units(window_ms)
-            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            n_high = _poisson_high(n, top)
             late = exceed_probability(window_ms, noise(n), noise(n_high), budget_ms, self.slots)
             return late <= 1.0 - TAIL_QUANTILE
 
@@ -393,7 +393,7 @@ class Plan:
 
         def latency_ms(window_ms: float) -> float:
             n = batch_units(window_ms)
-            n_high = min(top, n + POISSON_Z * math.sqrt(n))
+            n_high = _poisson_high(n, top)
             return latency_quantile_ms(
                 window_ms, noise(n), noise(n_high), TAIL_QUANTILE, self.slots
             )
@@ -484,6 +484,12 @@ def _poisson_batches(mean: float) -> list[tuple[int, float]]:
     return [
         (1 + k, math.exp(k * log_mean - mean - math.lgamma(k + 1))) for k in range(first, last + 1)
     ]
+
+
+def _poisson_high(units: float, top: float) -> float:
+    """A batch of ``units`` on average at its 99th percentile (``POISSON_Z`` standard
+    deviations of Poisson noise more), at most ``top``."""
+    return min(top, units + POISSON_Z * math.sqrt(units))
 
 
 def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:

@@ -61,12 +61,10 @@ def latency_quantile_ms(
     ``own`` are ``(median_ms, sigma)`` of the lognormal times of the batch in flight (``X1``)
     and of the request's own batch (``X2``), and ``U`` is uniform on [0, 1]. Where a median
     is not positive (a batch timed at 0), ``max(window_ms, median_1 / slots) + median_2``."""
-    median_1, sigma_1 = in_flight
-    median_2, sigma_2 = own
+    median_1, median_2 = in_flight[0], own[0]
     if not (median_1 > 0.0 and median_2 > 0.0):  # a batch timed at 0 (or unknown): no noise
         return max(window_ms, median_1 / slots) + median_2
-    sigma_1, sigma_2 = max(sigma_1, _MIN_SIGMA), max(sigma_2, _MIN_SIGMA)
-    periods = np.maximum(window_ms, median_1 * np.exp(sigma_1 * _Z_POINTS) / slots)
+    periods, sigma_2 = _periods(window_ms, in_flight, slots), max(own[1], _MIN_SIGMA)
     low = median_2 * math.exp(-4.0 * sigma_2)
     high = float(periods[-1]) + median_2 * math.exp(4.5 * sigma_2)
     tail = 1.0 - quantile
@@ -95,15 +93,22 @@ def exceed_probability(
     :func:`latency_quantile_ms`: one evaluation where the quantile needs a search, so a plan
     checks a window against a budget with it. Where a median is not positive, 1 or 0 as
     ``max(window_ms, median_1 / slots) + median_2`` is above ``latency_ms`` or not."""
-    median_1, sigma_1 = in_flight
-    median_2, sigma_2 = own
+    median_1, median_2 = in_flight[0], own[0]
     if not (median_1 > 0.0 and median_2 > 0.0):
         return float(max(window_ms, median_1 / slots) + median_2 > latency_ms)
-    sigma_1, sigma_2 = max(sigma_1, _MIN_SIGMA), max(sigma_2, _MIN_SIGMA)
-    periods = np.maximum(window_ms, median_1 * np.exp(sigma_1 * _Z_POINTS) / slots)
+    periods, sigma_2 = _periods(window_ms, in_flight, slots), max(own[1], _MIN_SIGMA)
     limited = _limited_mean_at(latency_ms, median_2, sigma_2)
     before = _limited_mean(latency_ms - periods, median_2, sigma_2)
     return float(((limited - before) / periods) @ _WEIGHTS)
+
+
+def _periods(window_ms: float, in_flight: tuple[float, float], slots: int) -> np.ndarray:
+    """The collection period ``max(window_ms, X1 / slots)`` at the points of ``X1``, ms."""
+    median, sigma = in_flight
+    periods: np.ndarray = np.maximum(
+        window_ms, median * np.exp(max(sigma, _MIN_SIGMA) * _Z_POINTS) / slots
+    )
+    return periods
 
 
 def _limited_mean_at(limit: float, median: float, sigma: float) -> float:
