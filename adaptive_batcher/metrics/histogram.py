@@ -98,10 +98,15 @@ class SlidingHistogram:
         "_current",
         "_frozen",
         "_high",
+        "_limit_s",
         "_low",
+        "_max",
+        "_sizes",
         "_slice_end",
         "_slice_s",
         "_sums",
+        "_within",
+        "_within_limit",
         "slices",
         "window_s",
     )
@@ -123,8 +128,26 @@ class SlidingHistogram:
         # array); None while it is not frozen
         self._frozen: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None]
         self._frozen = [None] * slices
+        self._sizes = [0] * slices  # samples per slice
+        self._max = [-math.inf] * slices  # each slice's largest sample, exact
+        self._limit_s = math.inf
+        # samples per slice at or below _within_limit (NaN: the limit changed within the slice)
+        self._within = [0] * slices
+        self._within_limit = [math.inf] * slices
         self._current = 0
         self._slice_end: float | None = None
+
+    @property
+    def limit_s(self) -> float:
+        """The limit (seconds) whose share :meth:`fraction_at_most` counts exactly."""
+        return self._limit_s
+
+    def set_limit(self, limit_s: float) -> None:
+        """Count samples at or below ``limit_s`` seconds exactly from now on (the SLO).
+
+        Slices that hold samples counted under another limit are read from their buckets.
+        """
+        self._limit_s = limit_s
 
     def record(self, value_s: float, now: float) -> None:
         """Add one latency sample ``value_s`` (seconds) observed at ``now`` (seconds)."""
@@ -134,9 +157,11 @@ class SlidingHistogram:
         self._counts[self._current][index] += 1
         self._sums[self._current] += value_s
         self._note_range(index, index)
+        self._note_exact(1, value_s, 1 if value_s <= self._limit_s else 0)
 
-    def record_many(self, values_s: list[float], now: float) -> None:
-        """Add several samples observed at ``now`` (one slice check for all of them)."""
+    def record_many(self, values_s: list[float], now: float, failed: int = 0) -> None:
+        """Add several samples observed at ``now`` (one slice check for all of them);
+        ``failed`` of them were errors, which never count as within the limit."""
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
         if not values_s:
@@ -147,10 +172,14 @@ class SlidingHistogram:
             counts[index] += 1
         self._sums[self._current] += sum(values_s)
         self._note_range(min(indexes), max(indexes))
+        limit = self._limit_s
+        within = sum(1 for v in values_s if v <= limit)
+        self._note_exact(len(values_s), max(values_s), max(0, within - failed))
 
-    def record_since(self, arrivals_s: list[float], now: float) -> None:
+    def record_since(self, arrivals_s: list[float], now: float, failed: int = 0) -> None:
         """Add the latencies ``now - a`` for the arrival times ``arrivals_s`` (seconds), which
-        must be in non-decreasing order (a FIFO batch).
+        must be in non-decreasing order (a FIFO batch); ``failed`` of them were errors, which
+        never count as within the limit.
 
         Sorted arrivals have sorted latencies, so each bucket's share is found by bisection:
         the cost grows with the number of buckets the batch spans, not with its size.
@@ -182,8 +211,13 @@ class SlidingHistogram:
                 index = int(log(wait * _INV_MIN_S) * _INV_LOG_GAMMA)
                 if index > top:
                     index = top
-        self._sums[self._current] += len(arrivals_s) * now - sum(arrivals_s)
+        answered = len(arrivals_s)
+        self._sums[self._current] += answered * now - sum(arrivals_s)
         self._note_range(lowest, index)
+        # latency <= limit  <=>  arrived at or after now - limit
+        limit = self._limit_s
+        within = answered if limit == math.inf else answered - bisect_left(arrivals_s, now - limit)
+        self._note_exact(answered, now - arrivals_s[0], max(0, within - failed))
 
     def _freeze(self, index: int) -> None:
         """Slice ``index`` takes no more samples: keep its counts of buckets low..high as an
@@ -199,6 +233,17 @@ class SlidingHistogram:
             self._low[current] = low
         if high > self._high[current]:
             self._high[current] = high
+
+    def _note_exact(self, samples: int, largest_s: float, within: int) -> None:
+        """The current slice took ``samples`` more, the largest ``largest_s``, ``within`` of
+        them at or below the limit."""
+        current = self._current
+        if self._within_limit[current] != self._limit_s:  # a new limit (or a mixed slice)
+            self._within_limit[current] = self._limit_s if self._sizes[current] == 0 else math.nan
+        self._sizes[current] += samples
+        self._within[current] += within
+        if largest_s > self._max[current]:
+            self._max[current] = largest_s
 
     def quantiles(self, now: float, span_s: float | None = None) -> Quantiles:
         """p50/p90/p95/p99/max/mean of the samples in the window ending at ``now``.
@@ -216,19 +261,26 @@ class SlidingHistogram:
         indexes = np.searchsorted(cumulative, ranks, side="left")
         values_ms = _REPRESENTATIVE[indexes + low] * 1e3
         mean_ms = sum(self._sums[i] for i in slices) / total * 1e3
-        p50, p90, p95, p99, top = values_ms.tolist()
+        largest_ms = self._largest_ms(slices)
+        p50, p90, p95, p99, top = np.minimum(values_ms, largest_ms).tolist()
+        top = largest_ms if largest_ms < math.inf else top
         return Quantiles(total, p50, p90, p95, p99, top, mean_ms)
+
+    def _largest_ms(self, slices: list[int]) -> float:
+        """The largest sample of ``slices``, ms (inf without a record of it)."""
+        largest = max((self._max[i] for i in slices), default=-math.inf)
+        return largest * 1e3 if largest > -math.inf else math.inf
 
     def quantile_ms(self, q: float, now: float, span_s: float | None = None) -> float:
         """Any quantile ``q`` in (0, 1] of the window (or its last ``span_s``), ms; NaN if empty."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"q must be in (0, 1], got {q!r}")
-        counts, low, _ = self._window_counts(now, span_s)
+        counts, low, slices = self._window_counts(now, span_s)
         total = int(counts.sum())
         if total == 0:
             return math.nan
         index = int(np.searchsorted(np.cumsum(counts), math.ceil(q * total), side="left"))
-        return float(_REPRESENTATIVE[index + low] * 1e3)
+        return min(float(_REPRESENTATIVE[index + low] * 1e3), self._largest_ms(slices))
 
     def count(self, now: float) -> int:
         """Samples in the window ending at ``now``."""
@@ -239,15 +291,21 @@ class SlidingHistogram:
         """Share of the window's samples (or its last ``span_s``) at or below ``limit_s``
         seconds; NaN if the window is empty.
 
-        A sample counts as at most the limit when its bucket's reported value is: the answer
-        is exact for samples more than 1 % (the bucket width, see the module) from the limit.
+        Exact for slices recorded while :meth:`set_limit` held ``limit_s``; in other slices a
+        sample counts as at most the limit when its bucket's reported value is (exact for
+        samples more than 1 %, the bucket width, from the limit).
         """
-        counts, low, _ = self._window_counts(now, span_s)
-        total = int(counts.sum())
+        slices = self._live_slices(now, span_s)
+        exact = [i for i in slices if self._within_limit[i] == limit_s]
+        total = sum(self._sizes[i] for i in exact)
+        within = sum(self._within[i] for i in exact)
+        counts, low, _ = self._sum_counts([i for i in slices if i not in exact])
+        total += int(counts.sum())
         if total == 0:
             return math.nan
-        within = int(np.searchsorted(_REPRESENTATIVE, limit_s, side="right"))
-        return float(counts[: max(0, within - low)].sum()) / total
+        below = int(np.searchsorted(_REPRESENTATIVE, limit_s, side="right"))
+        within += int(counts[: max(0, below - low)].sum())
+        return min(within / total, 1.0)  # a reader racing a recording may see a count early
 
     def clear(self) -> None:
         """Drop every sample."""
@@ -257,6 +315,10 @@ class SlidingHistogram:
         self._low = [_N_BUCKETS] * self.slices
         self._high = [-1] * self.slices
         self._frozen = [None] * self.slices
+        self._sizes = [0] * self.slices
+        self._max = [-math.inf] * self.slices
+        self._within = [0] * self.slices
+        self._within_limit = [self._limit_s] * self.slices
         self._slice_end = None
 
     def _live_slices(self, now: float, span_s: float | None) -> list[int]:
@@ -286,7 +348,12 @@ class SlidingHistogram:
     ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int, list[int]]:
         """The counts of buckets ``low..high`` summed over the window's slices, ``low``, and the
         slices; every bucket outside that range is empty (all are when the array is empty)."""
-        slices = self._live_slices(now, span_s)
+        return self._sum_counts(self._live_slices(now, span_s))
+
+    def _sum_counts(
+        self, slices: list[int]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int, list[int]]:
+        """:meth:`_window_counts` of the given slices."""
         # each slice's range is read once, with its counts: another thread may be recording
         parts: list[tuple[int, np.ndarray[Any, np.dtype[np.int64]]]] = []
         current = self._current
@@ -321,6 +388,10 @@ class SlidingHistogram:
             self._sums[self._current] = 0.0
             self._low[self._current] = _N_BUCKETS
             self._high[self._current] = -1
+            self._sizes[self._current] = 0
+            self._max[self._current] = -math.inf
+            self._within[self._current] = 0
+            self._within_limit[self._current] = self._limit_s
 
             self._slice_end += self._slice_s
             steps += 1

@@ -102,7 +102,6 @@ class Recorder:
     ) -> None:
         self.latency = SlidingHistogram(latency_window_s, slices=20)
         self.latency_cumulative = CumulativeHistogram() if exported else None
-        self.slo_latency_s = math.inf
         self.batches: deque[BatchSample] = deque(maxlen=batch_samples)
         self.batch_size_counts: Counter[int] = Counter()
         self.submitted = 0
@@ -123,6 +122,16 @@ class Recorder:
         self.window_batches = 0
         self.window_idle_s = 0.0
         self.device_busy_s = 0.0
+
+    @property
+    def slo_latency_s(self) -> float:
+        """The SLO's latency, seconds (inf: none); answers within it count as ``within_slo``,
+        and the sliding histogram counts its share exactly."""
+        return self.latency.limit_s
+
+    @slo_latency_s.setter
+    def slo_latency_s(self, limit_s: float) -> None:
+        self.latency.set_limit(limit_s)
 
     def record_batch(
         self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
@@ -148,7 +157,7 @@ class Recorder:
         Successful answers within ``slo_latency_s`` count towards ``within_slo`` (goodput); a
         failure never counts as good, so they are counted as if they were the slowest.
         """
-        self.latency.record_many(latencies_s, now)
+        self.latency.record_many(latencies_s, now, failed)
         if self.latency_cumulative is not None:
             self.latency_cumulative.record_many(latencies_s)
         limit = self.slo_latency_s
@@ -159,7 +168,7 @@ class Recorder:
         """Requests that arrived at ``arrivals_s`` (non-decreasing, as in a FIFO batch) got an
         answer at ``now``; ``failed`` of them errors. Same counting as :meth:`record_latencies`,
         with no per-request Python work: the runtime's path for every batch."""
-        self.latency.record_since(arrivals_s, now)
+        self.latency.record_since(arrivals_s, now, failed)
         if self.latency_cumulative is not None:
             self.latency_cumulative.record_since(arrivals_s, now)
         limit = self.slo_latency_s

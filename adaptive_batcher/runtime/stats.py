@@ -28,14 +28,17 @@ class BatcherStats:
         in_flight_batches: batches running now.
         counts: cumulative request and batch counters (:class:`~adaptive_batcher.metrics.Counts`).
         batch_sizes: {items per batch: number of batches}, cumulative.
-        latency: end-to-end latency quantiles (ms) over the sliding window, with their sample count.
+        latency: end-to-end latency quantiles (ms) over the sliding window, with their sample
+            count: 1 % resolution, the maximum exact and a ceiling on the others.
         window_ms, max_batch_size, max_concurrent_batches: the settings in force now.
         slo: the latency objective, if one was set.
         policy: the controller's policy chain (None: static settings, no controller).
         slo_unreachable: True while the SLO cannot be met even by a batch of one.
         decisions: controller decisions taken so far.
         slo_attainment: of the answers in the latency window, the share whose latency met the
-            SLO (within the window's 1 % resolution); NaN without an SLO or without answers.
+            SLO with a result, counted exactly as ``counts.within_slo`` is (answers recorded
+            under an earlier SLO are read from the window's buckets: 1 % resolution, errors
+            by their latency); NaN without an SLO or without answers.
         decision_reasons: {reason tag: decisions} of the controller in force (``pid.slack``,
             ``budget``, ...); they add up to ``decisions``.
         gpu: what the GPU did while the batcher sampled it (energy, busy and SM-active

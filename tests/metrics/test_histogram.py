@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_batcher.metrics import SlidingHistogram
-from adaptive_batcher.metrics.histogram import _REPRESENTATIVE, GAMMA
+from adaptive_batcher.metrics.histogram import _REPRESENTATIVE, GAMMA, _bucket
 
 BOUND = (GAMMA - 1) / (GAMMA + 1) + 1e-9
 
@@ -179,6 +179,64 @@ def test_fraction_at_most_counts_the_window_against_a_limit() -> None:
     assert histogram.fraction_at_most(0.1, now=10.5) == 0.0  # the first four have left
 
 
+def test_the_share_within_a_set_limit_is_exact_near_it() -> None:
+    """0.0497 s and 0.0502 s share a bucket reported as 50.1 ms: against a 50 ms limit the
+    buckets alone count both late; the limit set in advance counts each as it is."""
+    assert _REPRESENTATIVE[_bucket(0.0497)] == _REPRESENTATIVE[_bucket(0.0502)] > 0.05
+    for how in ("record", "record_many", "record_since"):
+        histogram = SlidingHistogram(window_s=10.0, slices=10)
+        histogram.set_limit(0.05)
+        latencies = [0.0497, 0.0499, 0.05, 0.0502]
+        if how == "record":
+            for latency in latencies:
+                histogram.record(latency, now=1.0)
+        elif how == "record_many":
+            histogram.record_many(latencies, now=1.0)
+        else:
+            histogram.record_since(sorted(1.0 - v for v in latencies), now=1.0)
+        assert histogram.fraction_at_most(0.05, now=1.0) == 0.75, how
+        assert histogram.fraction_at_most(0.0498, now=1.0) == 0.0, how  # buckets: not this limit
+
+
+def test_errors_never_count_within_the_limit() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    histogram.set_limit(0.05)
+    histogram.record_since([0.99, 0.99], now=1.0, failed=1)  # 10 ms each, one an error
+    histogram.record_many([0.01, 0.01], now=1.0, failed=2)
+    assert histogram.fraction_at_most(0.05, now=1.0) == 0.25
+    assert histogram.quantiles(now=1.0).count == 4  # their latencies still count
+
+
+def test_a_changed_limit_is_exact_from_the_next_slice() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    histogram.record(0.0499, now=0.0)  # no limit yet: this slice is read from its buckets
+    histogram.set_limit(0.05)
+    histogram.record(0.0499, now=0.5)  # the same slice, now mixed: still its buckets
+    histogram.record(0.0499, now=1.5)  # a new slice under the limit: exact
+    assert histogram.fraction_at_most(0.05, now=1.5) == pytest.approx(1 / 3)
+    histogram.set_limit(0.1)
+    assert histogram.fraction_at_most(0.05, now=1.5) == pytest.approx(1 / 3)  # kept as counted
+    histogram.record(0.0499, now=2.5)
+    assert histogram.fraction_at_most(0.1, now=2.5) == 1.0
+    histogram.clear()
+    histogram.record(0.0999, now=3.0)
+    assert histogram.fraction_at_most(0.1, now=3.0) == 1.0  # the limit outlives clear()
+
+
+def test_the_maximum_is_exact_and_caps_the_quantiles() -> None:
+    histogram = SlidingHistogram(window_s=10.0, slices=10)
+    histogram.record_many([0.0497] * 99, now=1.0)
+    summary = histogram.quantiles(now=1.0)
+    assert summary.max_ms == pytest.approx(49.7)
+    assert summary.p50_ms == summary.p99_ms == pytest.approx(49.7)  # not the bucket's 50.1
+    assert histogram.quantile_ms(0.99, now=1.0) == pytest.approx(49.7)
+    histogram.record_since([2.5], now=3.5)  # a later slice holds 1 s
+    assert histogram.quantiles(now=3.5).max_ms == pytest.approx(1000.0)
+    assert histogram.quantiles(now=3.5, span_s=0.4).max_ms == pytest.approx(1000.0)
+    assert histogram.quantiles(now=11.5).max_ms == pytest.approx(1000.0)  # the first has left
+    assert histogram.quantiles(now=11.5).p50_ms == pytest.approx(1000.0, rel=0.01)
+
+
 def _full_window_quantile_ms(
     histogram: SlidingHistogram, q: float, now: float, span: float
 ) -> float:
@@ -192,7 +250,8 @@ def _full_window_quantile_ms(
     if total == 0:
         return math.nan
     index = int(np.searchsorted(np.cumsum(totals), math.ceil(q * total), side="left"))
-    return float(_REPRESENTATIVE[index] * 1e3)
+    largest_ms = max(histogram._max[i] for i in slices) * 1e3  # the exact maximum caps them
+    return min(float(_REPRESENTATIVE[index] * 1e3), largest_ms)
 
 
 def _full_window_fraction(
