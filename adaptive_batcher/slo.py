@@ -8,7 +8,11 @@ from typing import Any, NoReturn, Self
 
 from adaptive_batcher._validate import check_real
 
-__all__ = ["SLO"]
+__all__ = ["SLO", "SMALLEST_LATENCY_MS"]
+
+SMALLEST_LATENCY_MS = 0.001
+"""The smallest latency target an SLO takes, ms: 1 us, the floor of the latency histograms
+(:data:`adaptive_batcher.metrics.histogram.MIN_S`); below it nothing could be measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +26,8 @@ class SLO:
     by that share (docs/policies.md, "The margin").
 
     Attributes:
-        latency_ms: the latency target at ``percentile``, ms (> 0). ``SLO(latency_ms=50,
+        latency_ms: the latency target at ``percentile``, ms (>= ``SMALLEST_LATENCY_MS``,
+            1 us). ``SLO(latency_ms=50,
             percentile=95)`` means p95 <= 50 ms. (Named ``p99_ms`` before; that name read false
             for any other percentile and is refused with a TypeError saying so.)
         percentile: the percentile the target applies to, in [1, 100); 99 by default (below
@@ -67,6 +72,11 @@ class SLO:
             object.__setattr__(self, name, check_real(f"SLO.{name}", getattr(self, name)))
         if not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise ValueError(f"SLO.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+        if self.latency_ms < SMALLEST_LATENCY_MS:
+            raise ValueError(
+                f"SLO.latency_ms must be at least {SMALLEST_LATENCY_MS} ms (1 us, the smallest "
+                f"latency the histograms resolve), got {self.latency_ms!r}"
+            )
         if not 1.0 <= self.percentile < 100.0:
             message = f"SLO.percentile must be in [1, 100), got {self.percentile!r}"
             if 0.0 < self.percentile < 1.0:  # a quantile given for a percentile: p0.99 is no SLO

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from adaptive_batcher import SLO
+from adaptive_batcher.metrics.histogram import MIN_S
+from adaptive_batcher.slo import SMALLEST_LATENCY_MS
 
 FIELDS = ("latency_ms", "percentile", "preprocess_ms", "margin")
 
@@ -52,6 +54,11 @@ def test_numpy_scalars_are_numbers_and_are_stored_as_floats() -> None:
         ({"latency_ms": math.nan}, "SLO.latency_ms must be a finite number > 0, got nan"),
         ({"latency_ms": math.inf}, "SLO.latency_ms must be a finite number > 0, got inf"),
         ({"latency_ms": 0}, "SLO.latency_ms must be a finite number > 0, got 0.0"),
+        (
+            {"latency_ms": 1e-9},
+            "SLO.latency_ms must be at least 0.001 ms (1 us, the smallest latency the "
+            "histograms resolve), got 1e-09",
+        ),
         ({"latency_ms": 50, "percentile": math.nan}, "SLO.percentile must be in [1, 100), got nan"),
         ({"latency_ms": 50, "percentile": 100}, "SLO.percentile must be in [1, 100), got 100.0"),
         ({"latency_ms": 50, "percentile": 0}, "SLO.percentile must be in [1, 100), got 0.0"),
@@ -159,3 +166,8 @@ def test_a_negative_zero_preprocessing_time_is_stored_as_zero() -> None:
     assert slo.preprocess_ms == 0.0 and math.copysign(1.0, slo.preprocess_ms) == 1.0
     assert repr(slo) == repr(SLO(latency_ms=50.0))
     assert math.copysign(1.0, SLO(50.0, preprocess_ms=np.float64(-0.0)).preprocess_ms) == 1.0
+
+
+def test_the_smallest_slo_is_the_histograms_floor() -> None:
+    assert SMALLEST_LATENCY_MS / 1e3 == MIN_S
+    assert SLO(latency_ms=SMALLEST_LATENCY_MS).latency_ms == SMALLEST_LATENCY_MS

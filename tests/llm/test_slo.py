@@ -27,6 +27,12 @@ def test_fields_are_stored_as_floats_with_seconds_views() -> None:
             ValueError,
             "TokenSLO.tpot_ms must be a finite number > 0, got inf",
         ),
+        (
+            {"tpot_ms": 1e-4},
+            ValueError,
+            r"TokenSLO.tpot_ms must be at least 0.001 ms \(1 us, the smallest latency the "
+            r"histograms resolve\), got 0.0001",
+        ),
         ({"ttft_ms": "300"}, TypeError, "TokenSLO.ttft_ms must be a number, got str"),
         ({"percentile": 100}, ValueError, r"TokenSLO.percentile must be in \[1, 100\), got 100.0"),
         (
