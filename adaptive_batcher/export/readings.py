@@ -184,7 +184,8 @@ SLO_UNREACHABLE = _spec(
     "adaptive_batcher.slo.unreachable",
     "gauge",
     "",
-    "1 while the controller finds the SLO out of reach even for a batch of one, else 0.",
+    "1 while the controller finds the SLO out of reach even for a batch of one (for a request "
+    "that arrives while a batch runs), else 0.",
 )
 REQUESTS_SUBMITTED = _spec(
     "adaptive_batcher_requests_submitted_total",

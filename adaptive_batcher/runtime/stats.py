@@ -33,7 +33,10 @@ class BatcherStats:
         window_ms, max_batch_size, max_concurrent_batches: the settings in force now.
         slo: the latency objective, if one was set.
         policy: the controller's policy chain (None: static settings, no controller).
-        slo_unreachable: True while the SLO cannot be met even by a batch of one.
+        slo_unreachable: True while the SLO is out of reach for a request that arrives while a
+            batch runs, even with batches of one (two of them take longer than the aim); a
+            client that waits for each answer before its next request never queues and may
+            still meet it.
         decisions: controller decisions taken so far.
         slo_attainment: of the answers in the latency window, the share whose latency met the
             SLO with a result, counted exactly as ``counts.within_slo`` is (answers recorded
