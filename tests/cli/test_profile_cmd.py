@@ -106,7 +106,7 @@ def test_unmeetable_slo_warns_on_stderr_and_still_succeeds(
 ) -> None:
     status = run_cli(
         "--batch-sizes", "1,2", "--repeats", "2", "--device", "cpu", "--no-progress",
-        "--slo-p99-ms", "0.000001",
+        "--slo-p99-ms", "0.001",
     )  # fmt: skip
     captured = capsys.readouterr()
     assert status == 0
