@@ -245,16 +245,7 @@ def test_a_noisy_batch_plans_for_a_requests_tail_not_a_sum_of_worst_cases() -> N
     with 99 % of answers within the SLO. Planning a request's p99 from the fitted noise, on a
     fit without the spike, gives 1.19x, at the same attainment."""
     decode = Noisy(TableService.from_h200("llama_1b_decode"), cv=0.30)
-    slo = SLO(latency_ms=200.0)
-    arrivals = Poisson(2112.0).generate(10.0, np.random.default_rng(0))
-    rng = np.random.default_rng(0)
-    warm = tuple((1 << k, 1e3 * decode.inner.service_s(1 << k, rng)) for k in range(9))
-    ours = Simulator(
-        decode,
-        SimConfig(256, 0.0, slo=slo, policy=PID(), service_profile=warm),
-        judge_slo=slo,
-    ).run(arrivals)
-    static = Simulator(decode, SimConfig(256, 100.0), judge_slo=slo).run(arrivals)
+    ours, static = _ours_and_static(decode, 200.0, 2112.0, 10.0, 256, SimConfig(256, 100.0))
     assert static.slo_attainment >= 0.99
     assert ours.lost == 0 and ours.slo_attainment >= 0.995
     assert ours.device_ms_per_request <= 1.25 * static.device_ms_per_request
@@ -267,16 +258,23 @@ def test_rare_batches_are_a_share_of_late_requests_not_two_at_once() -> None:
     cap 128 (which answers 99 % within the SLO). At most 0.1 % of the requests later than the
     room, from the same noise, lets the window spend the aim: within 1.2x, at 99.5 %."""
     service = Noisy(LinearService(0.010, 0.0002), cv=0.20)
-    slo = SLO(latency_ms=60.0)
-    arrivals = Poisson(1500.0).generate(15.0, np.random.default_rng(0))
-    rng = np.random.default_rng(0)
-    warm = tuple((1 << k, 1e3 * service.inner.service_s(1 << k, rng)) for k in range(10))
-    ours = Simulator(
-        service,
-        SimConfig(512, 0.0, slo=slo, policy=PID(), service_profile=warm),
-        judge_slo=slo,
-    ).run(arrivals)
-    static = Simulator(service, SimConfig(128, 33.0), judge_slo=slo).run(arrivals)
+    ours, static = _ours_and_static(service, 60.0, 1500.0, 15.0, 512, SimConfig(128, 33.0))
     assert static.slo_attainment >= 0.99
     assert ours.lost == 0 and ours.slo_attainment >= 0.995
     assert ours.device_ms_per_request <= 1.2 * static.device_ms_per_request
+
+
+def _ours_and_static(
+    service: Noisy, slo_ms: float, rate_rps: float, seconds: float, cap: int, static: SimConfig
+) -> tuple[SimResult, SimResult]:
+    """Ours (the PID from window 0 at ``cap``, a power of two, warmed with the noiseless times
+    at the powers of two up to it) and ``static`` on the same Poisson arrivals, both judged
+    against the SLO."""
+    slo = SLO(latency_ms=slo_ms)
+    arrivals = Poisson(rate_rps).generate(seconds, np.random.default_rng(0))
+    rng = np.random.default_rng(0)
+    sizes = [1 << k for k in range(cap.bit_length())]
+    warm = tuple((n, 1e3 * service.inner.service_s(n, rng)) for n in sizes)
+    config = SimConfig(cap, 0.0, slo=slo, policy=PID(), service_profile=warm)
+    ours = Simulator(service, config, judge_slo=slo).run(arrivals)
+    return ours, Simulator(service, static, judge_slo=slo).run(arrivals)
