@@ -46,14 +46,6 @@ SPREAD_Z = NormalDist().inv_cdf(0.95)
 """The normal score of the error bars' quantile (the service-time estimator's
 ``spread_quantile``, 0.95): with the median it gives the noise body's sigma."""
 
-RARE_Z = NormalDist().inv_cdf(0.999)
-"""The normal score of a rare batch's time (``service_body_p999_ms``, the noise body's 99.9th
-percentile): with the median it gives the sigma the room's constraint plans with."""
-
-RARE_LATE = 1e-3
-"""The share of requests the plan lets the body's noise make later than the room (the SLO's
-latency less preprocessing): a tenth of a p99 SLO's own, against rare batches."""
-
 CHEAPER_BY = 1.1
 """A smaller cap is chosen for its cost only when it is at least 10 % cheaper per unit: the
 arrivals are not quite Poisson, and a smaller cap gives up headroom for bursts."""
@@ -89,10 +81,9 @@ class Plan:
             such constraint).
         service_p99_ms: the 99th percentile of all batches, stalls and spikes included: the
             batch a p99 request rides, ms (None: no such constraint).
-        room_ms: the SLO's latency less preprocessing, ms, which a window must keep: at most
-            ``RARE_LATE`` of the requests later than it with the noise ``service_body_p999_ms``
-            gives, and the tail latency riding a ``service_p99_ms`` batch within it (windows
-            only; :meth:`cap` takes its room as an argument).
+        room_ms: what a window's tail latency with ``service_body_p999_ms`` or ``service_p99_ms``
+            must fit: the SLO's latency less preprocessing, ms (windows only; :meth:`cap` takes
+            its room as an argument).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
         padded: batches run padded to a bucket (the service functions read the bucket's time):
@@ -374,24 +365,20 @@ class Plan:
 
         def fits(window_ms: float) -> bool:
             n = batch_units(window_ms)
-            own = _own_batch(noise, n, top, self.padded)
-            late = exceed_probability(window_ms, noise(n), own, budget_ms, self.slots)
+            n_high = _poisson_high(n, top)
+            late = exceed_probability(window_ms, noise(n), noise(n_high), budget_ms, self.slots)
             return late <= 1.0 - TAIL_QUANTILE
 
         return fits
 
-    def _noise_function(
-        self, high: Callable[[float], float] | None = None, z: float = SPREAD_Z
-    ) -> Callable[[float], tuple[float, float]]:
+    def _noise_function(self) -> Callable[[float], tuple[float, float]]:
         """``(median, sigma)`` of a batch's lognormal time at a size, units: the median never
-        optimistic beyond the sizes known, sigma from ``high``, the time at the noise's
-        normal score ``z`` (default: the noise body's error bars)."""
+        optimistic beyond the sizes known, sigma from the noise body's error bars."""
         bound = self.service_median_bound_ms or self.service_median_ms
-        quantile = high or self._service_body_spread
 
         def noise(units: float) -> tuple[float, float]:
             median = bound(max(1, round(units)))
-            return median, lognormal_sigma(quantile(units), median, z)
+            return median, lognormal_sigma(self._service_body_spread(units), median, SPREAD_Z)
 
         return noise
 
@@ -406,8 +393,10 @@ class Plan:
 
         def latency_ms(window_ms: float) -> float:
             n = batch_units(window_ms)
-            own = _own_batch(noise, n, top, self.padded)
-            return latency_quantile_ms(window_ms, noise(n), own, TAIL_QUANTILE, self.slots)
+            n_high = _poisson_high(n, top)
+            return latency_quantile_ms(
+                window_ms, noise(n), noise(n_high), TAIL_QUANTILE, self.slots
+            )
 
         return latency_ms
 
@@ -445,43 +434,29 @@ class Plan:
     def _fits_function(self, budget_ms: float, cap: int) -> Callable[[float], bool]:
         """Whether a window's tail latency fits ``budget_ms`` and, with the rare batches'
         times, the room (see the module docstring)."""
-        fits_budget = self._budget_fits_function(cap, budget_ms)
+        fits_budget, room_ms = self._budget_fits_function(cap, budget_ms), self.room_ms
         # a room constraint out of reach at any window is dropped: the smallest window would
         # only cost more (natural batches at an SLO of 20 ms on resnet50: 1.44x the cost
         # oracle's device time, and more late answers than the p99 plan's window)
-        in_reach = [fits for fits in self._room_fits_functions(cap) if fits(self.min_window_ms)]
+        in_reach = [
+            latency
+            for latency in self._room_latency_functions(cap)
+            if latency(self.min_window_ms) <= room_ms
+        ]
         return lambda window_ms: (
-            fits_budget(window_ms) and all(fits(window_ms) for fits in in_reach)
+            fits_budget(window_ms) and all(latency(window_ms) <= room_ms for latency in in_reach)
         )
 
-    def _room_fits_functions(self, cap: int) -> list[Callable[[float], bool]]:
-        """Whether a window fits the room: with rare batches (at most ``RARE_LATE`` of the
-        requests later than the room, from the body's noise), and riding a tail batch (none
-        without a finite room)."""
-        room_ms = self.room_ms
-        if not room_ms < math.inf:
+    def _room_latency_functions(self, cap: int) -> list[Callable[[float], float]]:
+        """The latencies that must fit the room: with rare batches, and riding a tail batch
+        (none without a finite room)."""
+        if not self.room_ms < math.inf:
             return []
-        functions: list[Callable[[float], bool]] = []
+        functions = []
         if self.service_body_p999_ms is not None:
-            noise, batch_units, top = (
-                self._noise_function(self._service_body_p999, RARE_Z),
-                self._batch_function(cap),
-                float(cap),
-            )
-            both_rare = self._latency_function(cap, self._service_body_p999)
-
-            def rare_fits(window_ms: float) -> bool:
-                if both_rare(window_ms) <= room_ms:  # two rare batches fit: so does the share
-                    return True
-                n = batch_units(window_ms)
-                own = _own_batch(noise, n, top, self.padded)
-                late = exceed_probability(window_ms, noise(n), own, room_ms, self.slots)
-                return late <= RARE_LATE
-
-            functions.append(rare_fits)
+            functions.append(self._latency_function(cap, self._service_body_p999))
         if self.service_p99_ms is not None:
-            riding = self._latency_function(cap, own=self._service_p99)
-            functions.append(lambda window_ms: riding(window_ms) <= room_ms)
+            functions.append(self._latency_function(cap, own=self._service_p99))
         return functions
 
     def _service(self, units: float) -> float:
@@ -515,29 +490,6 @@ def _poisson_high(units: float, top: float) -> float:
     """A batch of ``units`` on average at its 99th percentile (``POISSON_Z`` standard
     deviations of Poisson noise more), at most ``top``."""
     return min(top, units + POISSON_Z * math.sqrt(units))
-
-
-def _own_batch(
-    noise: Callable[[float], tuple[float, float]], units: float, top: float, padded: bool
-) -> tuple[float, float]:
-    """``(median, sigma)`` of the time of a request's own batch, a lognormal: the batch of
-    ``units`` on average, its size Poisson (at most ``top``) and its time noisy.
-
-    The size's spread enters the sigma as the log-ratio of the time at the size's 99th
-    percentile (:func:`_poisson_high`) to the time at the mean, over ``POISSON_Z``, added in
-    quadrature to the noise's: the two tails are taken once, together, not each at its own
-    99th percentile. With ``padded`` batches the time is a step function of the size, which a
-    lognormal cannot hold (a bucket boundary a few percent of batches cross would read as a
-    1 % tail): the batch is then taken at the size's 99th percentile, with the noise's sigma.
-    """
-    high_units = _poisson_high(units, top)
-    if padded:
-        return noise(high_units)
-    median, sigma = noise(units)
-    higher = noise(high_units)[0]
-    if not (median > 0 and higher > median):
-        return median, sigma
-    return median, math.hypot(sigma, math.log(higher / median) / POISSON_Z)
 
 
 def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:
