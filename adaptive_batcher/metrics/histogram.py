@@ -159,13 +159,14 @@ class SlidingHistogram:
         self._note_range(index, index)
         self._note_exact(1, value_s, 1 if value_s <= self._limit_s else 0)
 
-    def record_many(self, values_s: list[float], now: float, failed: int = 0) -> None:
+    def record_many(self, values_s: list[float], now: float, failed: int = 0) -> int:
         """Add several samples observed at ``now`` (one slice check for all of them);
-        ``failed`` of them were errors, which never count as within the limit."""
+        ``failed`` of them were errors, which never count as within the limit. Returns how
+        many count as within it (at most the limit, less the errors, at least 0)."""
         if self._slice_end is None or now >= self._slice_end:
             self._advance(now)
         if not values_s:
-            return
+            return 0
         counts = self._counts[self._current]
         indexes = [_bucket(value) for value in values_s]
         for index in indexes:
@@ -173,13 +174,15 @@ class SlidingHistogram:
         self._sums[self._current] += sum(values_s)
         self._note_range(min(indexes), max(indexes))
         limit = self._limit_s
-        within = sum(1 for v in values_s if v <= limit)
-        self._note_exact(len(values_s), max(values_s), max(0, within - failed))
+        within = max(0, sum(1 for v in values_s if v <= limit) - failed)
+        self._note_exact(len(values_s), max(values_s), within)
+        return within
 
-    def record_since(self, arrivals_s: list[float], now: float, failed: int = 0) -> None:
+    def record_since(self, arrivals_s: list[float], now: float, failed: int = 0) -> int:
         """Add the latencies ``now - a`` for the arrival times ``arrivals_s`` (seconds), which
         must be in non-decreasing order (a FIFO batch); ``failed`` of them were errors, which
-        never count as within the limit.
+        never count as within the limit. Returns how many count as within it (as
+        :meth:`record_many`).
 
         Sorted arrivals have sorted latencies, so each bucket's share is found by bisection:
         the cost grows with the number of buckets the batch spans, not with its size.
@@ -188,7 +191,7 @@ class SlidingHistogram:
             self._advance(now)
         end = len(arrivals_s)  # arrivals_s[:end] are still to count; the latest has the least wait
         if not end:
-            return
+            return 0
         counts = self._counts[self._current]
         log, top = math.log, _N_BUCKETS - 1
         lowest = index = _bucket(now - arrivals_s[-1])  # buckets are counted upwards from here
@@ -217,7 +220,9 @@ class SlidingHistogram:
         # latency <= limit  <=>  arrived at or after now - limit
         limit = self._limit_s
         within = answered if limit == math.inf else answered - bisect_left(arrivals_s, now - limit)
-        self._note_exact(answered, now - arrivals_s[0], max(0, within - failed))
+        within = max(0, within - failed)
+        self._note_exact(answered, now - arrivals_s[0], within)
+        return within
 
     def _freeze(self, index: int) -> None:
         """Slice ``index`` takes no more samples: keep its counts of buckets low..high as an

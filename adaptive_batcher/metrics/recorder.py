@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import Counter, deque
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -157,25 +156,19 @@ class Recorder:
         Successful answers within ``slo_latency_s`` count towards ``within_slo`` (goodput); a
         failure never counts as good, so they are counted as if they were the slowest.
         """
-        self.latency.record_many(latencies_s, now, failed)
+        within = self.latency.record_many(latencies_s, now, failed)
         if self.latency_cumulative is not None:
             self.latency_cumulative.record_many(latencies_s)
-        limit = self.slo_latency_s
-        good = len(latencies_s) if limit == math.inf else sum(1 for v in latencies_s if v <= limit)
-        self._count_answers(len(latencies_s), good, failed)
+        self._count_answers(len(latencies_s), within, failed)
 
     def record_answers(self, arrivals_s: list[float], failed: int, now: float) -> None:
         """Requests that arrived at ``arrivals_s`` (non-decreasing, as in a FIFO batch) got an
         answer at ``now``; ``failed`` of them errors. Same counting as :meth:`record_latencies`,
         with no per-request Python work: the runtime's path for every batch."""
-        self.latency.record_since(arrivals_s, now, failed)
+        within = self.latency.record_since(arrivals_s, now, failed)
         if self.latency_cumulative is not None:
             self.latency_cumulative.record_since(arrivals_s, now)
-        limit = self.slo_latency_s
-        answered = len(arrivals_s)
-        # latency <= limit  <=>  arrived at or after now - limit
-        good = answered if limit == math.inf else answered - bisect_left(arrivals_s, now - limit)
-        self._count_answers(answered, good, failed)
+        self._count_answers(len(arrivals_s), within, failed)
 
     def record_waits(self, arrivals_s: list[float], now: float) -> None:
         """Latencies of requests that arrived at ``arrivals_s`` (non-decreasing) and got a
@@ -185,10 +178,11 @@ class Recorder:
         if self.latency_cumulative is not None:
             self.latency_cumulative.record_since(arrivals_s, now)
 
-    def _count_answers(self, answered: int, good: int, failed: int) -> None:
+    def _count_answers(self, answered: int, within: int, failed: int) -> None:
+        """``within``: the successful answers within the SLO (the histogram counts them)."""
         self.completed += answered - failed
         self.failed += failed
-        self.within_slo += max(0, good - failed)
+        self.within_slo += within
 
     def counts(self) -> Counts:
         """A frozen copy of the counters."""
