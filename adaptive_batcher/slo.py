@@ -8,11 +8,24 @@ from typing import Any, NoReturn, Self
 
 from adaptive_batcher._validate import check_real
 
-__all__ = ["SLO", "SMALLEST_LATENCY_MS"]
+__all__ = ["SLO", "SMALLEST_LATENCY_MS", "check_measurable"]
 
 SMALLEST_LATENCY_MS = 0.001
 """The smallest latency target an SLO takes, ms: 1 us, the floor of the latency histograms
 (:data:`adaptive_batcher.metrics.histogram.MIN_S`); below it nothing could be measured."""
+
+
+def check_measurable(name: str, value_ms: float) -> None:
+    """Refuse a latency target below ``SMALLEST_LATENCY_MS``.
+
+    Raises:
+        ValueError: ``value_ms`` below it (the message names ``name``).
+    """
+    if value_ms < SMALLEST_LATENCY_MS:
+        raise ValueError(
+            f"{name} must be at least {SMALLEST_LATENCY_MS} ms (1 us, the smallest latency the "
+            f"histograms resolve), got {value_ms!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +85,7 @@ class SLO:
             object.__setattr__(self, name, check_real(f"SLO.{name}", getattr(self, name)))
         if not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise ValueError(f"SLO.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
-        if self.latency_ms < SMALLEST_LATENCY_MS:
-            raise ValueError(
-                f"SLO.latency_ms must be at least {SMALLEST_LATENCY_MS} ms (1 us, the smallest "
-                f"latency the histograms resolve), got {self.latency_ms!r}"
-            )
+        check_measurable("SLO.latency_ms", self.latency_ms)
         if not 1.0 <= self.percentile < 100.0:
             message = f"SLO.percentile must be in [1, 100), got {self.percentile!r}"
             if 0.0 < self.percentile < 1.0:  # a quantile given for a percentile: p0.99 is no SLO

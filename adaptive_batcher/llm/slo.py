@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adaptive_batcher._validate import check_in_range, check_real, check_str
-from adaptive_batcher.slo import SMALLEST_LATENCY_MS
+from adaptive_batcher.slo import check_measurable
 
 __all__ = ["TOKEN_SLO_PRESETS", "TokenSLO", "TokenSLOPreset", "token_slo_preset"]
 
@@ -61,11 +61,7 @@ class TokenSLO:
             value = check_real(f"TokenSLO.{name}", getattr(self, name))
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"TokenSLO.{name} must be a finite number > 0, got {value!r}")
-            if value < SMALLEST_LATENCY_MS:
-                raise ValueError(
-                    f"TokenSLO.{name} must be at least {SMALLEST_LATENCY_MS} ms (1 us, the "
-                    f"smallest latency the histograms resolve), got {value!r}"
-                )
+            check_measurable(f"TokenSLO.{name}", value)
             object.__setattr__(self, name, value)
         percentile = check_real("TokenSLO.percentile", self.percentile)
         if not 1.0 <= percentile < 100.0:
