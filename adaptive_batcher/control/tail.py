@@ -24,7 +24,13 @@ from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["POINTS", "exceed_probability", "latency_quantile_ms", "lognormal_sigma"]
+__all__ = [
+    "POINTS",
+    "exceed_probability",
+    "in_flight_points_ms",
+    "latency_quantile_ms",
+    "lognormal_sigma",
+]
 
 POINTS = 32
 """Points at which the batch in flight is taken: the midpoints of equal steps of its normal
@@ -88,26 +94,36 @@ def exceed_probability(
     own: tuple[float, float],
     latency_ms: float,
     slots: int = 1,
+    points_ms: np.ndarray | None = None,
 ) -> float:
     """``P(U * max(window_ms, X1 / slots) + X2 > latency_ms)``, with the arguments of
     :func:`latency_quantile_ms`: one evaluation where the quantile needs a search, so a plan
     checks a window against a budget with it. Where a median is not positive, 1 or 0 as
-    ``max(window_ms, median_1 / slots) + median_2`` is above ``latency_ms`` or not."""
+    ``max(window_ms, median_1 / slots) + median_2`` is above ``latency_ms`` or not.
+    ``points_ms``: :func:`in_flight_points_ms` of ``in_flight`` and ``slots``, for a caller
+    that checks many windows behind one batch in flight (default: computed here)."""
     median_1, median_2 = in_flight[0], own[0]
     if not (median_1 > 0.0 and median_2 > 0.0):
         return float(max(window_ms, median_1 / slots) + median_2 > latency_ms)
-    periods, sigma_2 = _periods(window_ms, in_flight, slots), max(own[1], _MIN_SIGMA)
+    if points_ms is None:
+        points_ms = in_flight_points_ms(in_flight, slots)
+    periods, sigma_2 = np.maximum(window_ms, points_ms), max(own[1], _MIN_SIGMA)
     limited = _limited_mean_at(latency_ms, median_2, sigma_2)
     before = _limited_mean(latency_ms - periods, median_2, sigma_2)
     return float(((limited - before) / periods) @ _WEIGHTS)
 
 
+def in_flight_points_ms(in_flight: tuple[float, float], slots: int = 1) -> np.ndarray:
+    """``X1 / slots`` at the ``POINTS`` points of its normal score, ms, for the batch in
+    flight's ``(median_ms, sigma)``."""
+    median, sigma = in_flight
+    points: np.ndarray = median * np.exp(max(sigma, _MIN_SIGMA) * _Z_POINTS) / slots
+    return points
+
+
 def _periods(window_ms: float, in_flight: tuple[float, float], slots: int) -> np.ndarray:
     """The collection period ``max(window_ms, X1 / slots)`` at the points of ``X1``, ms."""
-    median, sigma = in_flight
-    periods: np.ndarray = np.maximum(
-        window_ms, median * np.exp(max(sigma, _MIN_SIGMA) * _Z_POINTS) / slots
-    )
+    periods: np.ndarray = np.maximum(window_ms, in_flight_points_ms(in_flight, slots))
     return periods
 
 

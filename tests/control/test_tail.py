@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from adaptive_batcher.control.tail import exceed_probability, latency_quantile_ms, lognormal_sigma
+from adaptive_batcher.control.tail import (
+    exceed_probability,
+    in_flight_points_ms,
+    latency_quantile_ms,
+    lognormal_sigma,
+)
 
 
 def sampled_quantile(
@@ -79,3 +84,14 @@ def test_a_batch_timed_at_zero_has_no_noise() -> None:
     assert latency_quantile_ms(5.0, (0.0, 0.3), (0.0, 0.3), 0.99) == 5.0
     assert exceed_probability(5.0, (0.0, 0.3), (0.0, 0.3), 4.0) == 1.0
     assert exceed_probability(5.0, (0.0, 0.3), (0.0, 0.3), 6.0) == 0.0
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_points_computed_once_give_the_same_share(slots: int) -> None:
+    in_flight, own = (30.0, 0.25), (33.0, 0.4)
+    points = in_flight_points_ms(in_flight, slots)
+    for window_ms in (0.0, 5.0, 20.0, 60.0):
+        for latency_ms in (40.0, 80.0, 150.0):
+            alone = exceed_probability(window_ms, in_flight, own, latency_ms, slots)
+            shared = exceed_probability(window_ms, in_flight, own, latency_ms, slots, points)
+            assert shared == alone
