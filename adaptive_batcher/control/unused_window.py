@@ -15,6 +15,8 @@ __all__ = ["UnusedWindowGuard"]
 
 _log = get_logger()
 
+_HELD = ("window_unused", "window_probe")  # the reasons this guard's own windows carry
+
 NOISE_Z = 3.0  # a count beyond Poisson noise: this many standard deviations from its mean
 
 
@@ -80,6 +82,72 @@ class _Probe:
     shut: _Stretch = field(default_factory=_Stretch)
 
 
+CLIENTS_JUDGE_S = 1.0
+"""How long a fixed set of clients' window is held before its cost to them is judged, s."""
+
+
+@dataclass(slots=True)
+class _ClientsWindow:
+    """The window held while shut in front of a fixed set of ``clients`` (None: no such set
+    seen): measured at window 0, then judged once by the rate the clients come at."""
+
+    share: float
+    clients: float | None
+    window_ms: float | None = None  # None: still measuring at window 0
+    zero_ticks: int = 0
+    at_zero: _Stretch = field(default_factory=_Stretch)  # from the second tick at window 0
+    held: _Stretch = field(default_factory=_Stretch)  # ticks at the window
+    judged: bool = False
+    costly: bool = False  # judged: the clients came slower by more than the window should cost
+
+    def observe(self, observation: Observation) -> None:
+        """Take a tick with the window shut: measure, then judge the window held."""
+        if self.window_ms is None:
+            self._measure(observation)
+        elif self.window_ms > 0 and not self.judged and observation.current.window_ms > 0:
+            self.held.add(observation)
+            if self.held.seconds >= CLIENTS_JUDGE_S:
+                self._judge()
+
+    def _measure(self, observation: Observation) -> None:
+        """Two ticks at window 0 after the first (which still answers the open window's
+        batches); the window is then ``share`` of the clients' round trip, ``clients / rate``,
+        if their batches hold fewer than half of them, else 0."""
+        if observation.current.window_ms > 0 or observation.batches <= 0:
+            return
+        self.zero_ticks += 1
+        if self.zero_ticks < 2:
+            return
+        self.at_zero.add(observation)
+        if self.zero_ticks < 3:
+            return
+        clients, rate_rps = self.clients, self.at_zero.rate_rps
+        if clients is None or not rate_rps > 0 or not observation.mean_batch_size < clients / 2:
+            self.window_ms = 0.0  # no set, or at window 0 its batches hold it already
+            return
+        self.window_ms = 1e3 * self.share * clients / rate_rps
+
+    def _judge(self) -> None:
+        """Back to window 0 if the clients came slower than at window 0 by more than the
+        ``1 + share / 2`` the window should cost them, beyond Poisson noise (the device time
+        it saves did not speed them up)."""
+        self.judged = True
+        held, at_zero = self.held, self.at_zero
+        costly = rate_rose(
+            held.rate_rps, held.seconds, at_zero.rate_rps * held.seconds, 1.0 + self.share / 2
+        )
+        _log.info(
+            "controller.clients_window",
+            window_ms=round(self.window_ms or 0.0, 3),
+            kept=not costly,
+            rate_rps=round(held.rate_rps, 1),
+            rate_at_zero_rps=round(at_zero.rate_rps, 1),
+        )
+        if costly:
+            self.window_ms = 0.0
+            self.costly = True
+
+
 def beyond_noise(expected: float, seen: float) -> bool:
     """Whether a Poisson count ``seen`` is ``NOISE_Z`` standard deviations from ``expected``."""
     return abs(seen - expected) >= NOISE_Z * math.sqrt(expected)
@@ -107,14 +175,22 @@ class UnusedWindowGuard(Guard):
     request, below the cap), ``probe_ticks`` ticks run at window 0 (reason ``window_probe``);
     arrivals ``throttle_factor`` times the open window's rate over its latest second, beyond
     Poisson noise, shut it.
-    The window then stays at 0 until the arrival rate rises by ``rearm_factor`` or, at most,
+    The window then stays shut until the arrival rate rises by ``rearm_factor`` or, at most,
     for ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
     ``throttle_factor`` below the shut window's shuts again). A verdict waits for
     ``min_batches`` batches, pooled over consecutive ticks with the window open (a wide window
     releases few batches a tick, and a try must not last longer for it), and a shortfall of
-    company beyond Poisson noise. While the guard holds the window at 0, the policy inside sees
-    the window it chose in force (:meth:`chosen` gives it to a new policy). The law and its
-    figures: docs/policies.md, "UnusedWindowGuard".
+    company beyond Poisson noise. Shut is window 0, except in front of a fixed set of clients
+    (the latest verdict's batches alike, two or more, below the cap) whose batches at window 0
+    hold fewer than half of them (their requests come spread out): after the shut's first
+    three ticks at window 0 (the first still answers the open window's batches), the window is
+    ``clients_share`` of their round trip, ``clients / arrival rate`` at window 0, which
+    gathers about that share of them into each batch and should lengthen their round trip by
+    about half that share; after ``CLIENTS_JUDGE_S`` it goes back to 0 if they came slower by
+    more than that, beyond Poisson noise, and later shuts keep 0 until the load re-arms the
+    window. While the guard holds the window, the policy inside
+    sees the window it chose in force (:meth:`chosen` gives it to a new policy). The law and
+    its figures: docs/policies.md, "UnusedWindowGuard".
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -135,6 +211,8 @@ class UnusedWindowGuard(Guard):
         probe_ticks: how many ticks a probe runs at window 0.
         throttle_factor: how much faster clients must come at window 0 than with the window
             open for the window to count as a throttle.
+        clients_share: the window while shut in front of a fixed set of clients, as a share
+            of their round trip (0: window 0).
     """
 
     def __init__(
@@ -152,6 +230,7 @@ class UnusedWindowGuard(Guard):
         probe_s: float = 0.5,
         probe_ticks: int = 2,
         throttle_factor: float = 1.3,
+        clients_share: float = 0.2,
     ) -> None:
         super().__init__(inner)
         self.alike_factor = alike_factor
@@ -166,6 +245,11 @@ class UnusedWindowGuard(Guard):
         self.probe_s = probe_s
         self.probe_ticks = probe_ticks
         self.throttle_factor = throttle_factor
+        self.clients_share = clients_share
+        self._clients: float | None = None  # the fixed set of clients' size, as last seen
+        self._clients_window = _ClientsWindow(clients_share, None)
+        self._clients_costly = False  # a window slowed these clients: 0 until the load changes
+        self._holding = False  # the window in force is this guard's, not the policy's
         self._shut_for_s = retry_s  # how long the window stays shut now
         self._shut_at_s = -math.inf
         self._on_trial = False  # the window was tried again and has had no verdict since
@@ -186,25 +270,26 @@ class UnusedWindowGuard(Guard):
         policy sees the window it chose in force, not the guard's 0 (a policy that keeps the
         settings in force, as ``PID`` without an SLO or ``Static()``, would keep the 0 for good)."""
         seen = observation
-        if self._displaced_ms is not None and observation.current.window_ms == 0:
+        if self._displaced_ms is not None:
             current = observation.current.with_(window_ms=self._displaced_ms)
             seen = replace(observation, current=current)
         chosen = self.inner.decide(seen)
         decision = self.correct(observation, chosen)
-        held = decision.window_ms == 0 and chosen.window_ms > 0
+        held = decision.reason in _HELD and decision.window_ms < chosen.window_ms
         self._displaced_ms = chosen.window_ms if held else None
+        self._holding = held
         return decision
 
     def chosen(self, in_force: Decision) -> Decision:
         chosen = super().chosen(in_force)
-        if self._displaced_ms is not None and chosen.window_ms == 0:
+        if self._displaced_ms is not None:
             return chosen.with_(window_ms=self._displaced_ms)
         return chosen
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         now = observation.now_s
         judged = now - observation.loop_stall_s >= self.stall_hold_s
-        if observation.current.window_ms > 0 and judged:
+        if self._policy_window_open(observation) and judged:
             self._stretch.add(observation)
             self._open_ticks.append(_Stretch.of(observation))
         else:
@@ -213,6 +298,8 @@ class UnusedWindowGuard(Guard):
             self._fixed_set = False
         if self.closed and judged:
             self._shut_stretch.add(observation)
+            self._clients_window.observe(observation)
+            self._clients_costly |= self._clients_window.costly
         if not judged:
             self._evidence = _Evidence()  # the batches waited out the stall, not for company
         verdict = self._verdict(observation) if judged else None
@@ -238,7 +325,8 @@ class UnusedWindowGuard(Guard):
             self.closed = False  # try the window again
             self._on_trial = True
         if self.closed and decision.window_ms > 0:
-            return decision.with_(window_ms=0.0, reason="window_unused")
+            window_ms = min(decision.window_ms, self._clients_window.window_ms or 0.0)
+            return decision.with_(window_ms=window_ms, reason="window_unused")
         if decision.window_ms > 0 and self._probe_due():
             self._probe = _Probe(opened=self._recent_open(), ticks_left=self.probe_ticks)
             self._stretch = _Stretch()
@@ -247,7 +335,7 @@ class UnusedWindowGuard(Guard):
 
     def _verdict(self, observation: Observation) -> bool | None:
         """True: the window is unused; False: it brings company; None: too few batches yet."""
-        if observation.current.window_ms <= 0:
+        if not self._policy_window_open(observation):
             self._evidence = _Evidence()
             return None
         if observation.batches > 0:
@@ -270,8 +358,13 @@ class UnusedWindowGuard(Guard):
         self._evidence = _Evidence()
         room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
         self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
+        self._clients = mean_batch if self._fixed_set else None
         self._fired = "idle" if idle_test else "try_rate" if trial_test else "lonely"
         return unused or bool(lonely)
+
+    def _policy_window_open(self, observation: Observation) -> bool:
+        """Whether the tick ran the policy's window, > 0 (not one this guard held)."""
+        return observation.current.window_ms > 0 and not self._holding
 
     def _lonely(self, pool: _Evidence) -> bool | None:
         """Whether the batches brought under ``min_company`` of the companions the arrival rate
@@ -324,6 +417,7 @@ class UnusedWindowGuard(Guard):
             self.closed = False
             self._on_trial = False
             self._shut_for_s = self.retry_s
+            self._clients_costly = False
         else:
             self.closed_at_rate_rps = max(reference, rate_rps)
 
@@ -339,4 +433,6 @@ class UnusedWindowGuard(Guard):
         self.closed = True
         self._shut_at_s = now
         self._shut_stretch = _Stretch()
+        clients = None if self._clients_costly else self._clients
+        self._clients_window = _ClientsWindow(self.clients_share, clients)
         self.closed_at_rate_rps = None  # measured on the first tick with the window shut

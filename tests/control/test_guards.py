@@ -1029,14 +1029,99 @@ def test_a_growing_load_is_not_read_as_a_throttle() -> None:
     assert decision.window_ms == 45.0  # 1.27x the latest second's rate (1.7x the stretch's)
 
 
+def _shut_by_probe(guard: Any) -> None:
+    """Open 0.5 s to 16 clients spread over the 45 ms window, probed, shut (1.4x the rate)."""
+    _open_ticks(guard, 10.0, 2)
+    for now_s in (10.5, 10.75):
+        probe = observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=420.0)
+        decision = guard.decide(probe)
+    assert decision == Decision(0.0, 64, "window_unused")
+
+
+def _clients_window(
+    guard: Any, rate_rps: float = 560.0, mean_batch: float = 1.2, start_s: float = 11.0
+) -> Decision:
+    """Three ticks at window 0 from ``start_s``, after a shut (the first still answering the
+    open window's batches at a lower rate), the set's batches of ``mean_batch``: the guard's
+    next window."""
+    first = observe(now_s=start_s, current=Decision(0.0, 64), arrival_rate_rps=420.0,
+                    mean_batch_size=3.0)  # fmt: skip
+    assert guard.decide(first).window_ms == 0.0
+    for now_s in (start_s + 0.25, start_s + 0.5):
+        at_zero = observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=rate_rps,
+                          mean_batch_size=mean_batch)  # fmt: skip
+        decision: Decision = guard.decide(at_zero)
+    return decision
+
+
+def _held_for_a_second(guard: Any, held: Decision, rate_rps: float) -> Decision:
+    """Four ticks at the held window, the clients coming at ``rate_rps``."""
+    for k in range(4):
+        tick = observe(now_s=11.75 + 0.25 * k, current=held, arrival_rate_rps=rate_rps,
+                       mean_batch_size=3.9, largest_batch_size=6,
+                       window_idle_fraction=0.1)  # fmt: skip
+        decision: Decision = guard.decide(tick)
+    return decision
+
+
+def test_clients_whose_requests_come_spread_out_get_a_share_of_their_round_trip() -> None:
+    """16 clients, at window 0 in batches of 1.2 at 560 req/s: a round trip of 16 / 560 s =
+    28.6 ms, of which the window takes a fifth (5.7 ms), gathering about 3 of them a batch;
+    the clients coming as fast at that window, it is kept."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    assert held.reason == "window_unused"
+    assert held.window_ms == pytest.approx(0.2 * 16 / 560 * 1e3)
+    with capture_logs() as events:
+        assert _held_for_a_second(guard, held, 560.0) == held  # held, not judged as open
+    assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", True)]
+    tried = guard.decide(observe(now_s=12.75, current=held, arrival_rate_rps=560.0))
+    assert tried == Decision(45.0, 64, "policy")  # shut for 2 s: tried again
+
+
+def test_a_clients_window_that_slows_them_goes_back_to_0() -> None:
+    """At the window they come at 470 req/s against 560 at window 0: 1.19x, beyond the 1.1x
+    the window should cost them and beyond noise: the device time saved did not pay."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    assert _held_for_a_second(guard, held, 470.0) == Decision(0.0, 64, "window_unused")
+    tried = guard.decide(observe(now_s=12.75, current=Decision(0.0, 64), arrival_rate_rps=560.0))
+    assert tried.window_ms == 45.0  # shut for 2 s: tried again
+    with capture_logs() as events:
+        for now_s in (13.0, 13.25):  # the try's batches: still the set, shut again
+            guard.decide(observe(now_s=now_s, current=tried, **CLOSED_LOOP_WIDE))
+    assert [e["event"] for e in events] == ["controller.window_shut"]
+    again = _clients_window(guard, start_s=13.5)
+    assert again == Decision(0.0, 64, "window_unused")  # 0 at once now
+
+
+def test_clients_that_queue_together_at_window_0_get_window_0() -> None:
+    """At window 0 the 16 clients' batches hold 12 of them: a window gathers no more."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    assert _clients_window(guard, mean_batch=12.0) == Decision(0.0, 64, "window_unused")
+
+
+def test_a_new_policy_takes_over_the_window_chosen_under_a_held_clients_window() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    assert 0.0 < held.window_ms < 45.0
+    assert guard.chosen(held).window_ms == 45.0
+
+
 def test_a_shut_says_which_test_fired() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     with capture_logs() as events:
         _open_ticks(guard, 10.0, 2)
         for now_s in (10.5, 10.75):
             guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), arrival_rate_rps=600.0))
-        guard.decide(observe(now_s=20.0, current=Decision(45.0, 64), **CLOSED_LOOP_WIDE))
-        guard.decide(observe(now_s=20.25, current=Decision(45.0, 64), **CLOSED_LOOP_WIDE))
+        tried = guard.decide(observe(now_s=20.0, current=Decision(0.0, 64)))
+        assert tried.window_ms == 45.0  # shut for 2 s: tried again
+        for now_s in (20.25, 20.5):
+            guard.decide(observe(now_s=now_s, current=Decision(45.0, 64), **CLOSED_LOOP_WIDE))
     shuts = [e for e in events if e["event"] == "controller.window_shut"]
     assert [e["test"] for e in shuts] == ["probe", "idle"]
 
