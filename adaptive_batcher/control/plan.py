@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
+from typing import TypeVar
 
 import numpy as np
 
@@ -400,30 +401,21 @@ class Plan:
         once per batch size, the size rounded, at least 1)."""
         bound, known = self.service_median_bound_ms or self.service_median_ms, self._noise
 
-        def noise(units: float) -> tuple[float, float]:
-            size = max(1, round(units))
-            value = known.get(size)
-            if value is None:
-                median = bound(size)
-                sigma = lognormal_sigma(self._service_body_spread(size), median, SPREAD_Z)
-                value = known[size] = (median, sigma)
-            return value
+        def at_size(size: int) -> tuple[float, float]:
+            median = bound(size)
+            return median, lognormal_sigma(self._service_body_spread(size), median, SPREAD_Z)
 
-        return noise
+        return lambda units: _memoised(known, at_size, units)
 
     def _in_flight_points_function(self) -> Callable[[float], np.ndarray]:
         """:func:`~adaptive_batcher.control.tail.in_flight_points_ms` of a batch in flight of a
         size (units) on the plan's slots, computed once per batch size (rounded, at least 1)."""
         noise, known, slots = self._noise_function(), self._in_flight_points_ms, self.slots
 
-        def points_ms(units: float) -> np.ndarray:
-            size = max(1, round(units))
-            points = known.get(size)
-            if points is None:
-                points = known[size] = in_flight_points_ms(noise(size), slots)
-            return points
+        def at_size(size: int) -> np.ndarray:
+            return in_flight_points_ms(noise(size), slots)
 
-        return points_ms
+        return lambda units: _memoised(known, at_size, units)
 
     def _tail_latency_function(
         self, batch_units: Callable[[float], float], top: float
@@ -535,7 +527,10 @@ def _poisson_high(units: float, top: float) -> float:
     return min(top, units + POISSON_Z * math.sqrt(units))
 
 
-def _memoised(cache: dict[int, float], service: Callable[[int], float], units: float) -> float:
+_Value = TypeVar("_Value")
+
+
+def _memoised(cache: dict[int, _Value], service: Callable[[int], _Value], units: float) -> _Value:
     """``service`` at ``units`` rounded to a batch size (at least 1), computed once per size."""
     n = max(1, round(units))
     value = cache.get(n)
