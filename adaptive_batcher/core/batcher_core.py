@@ -547,12 +547,14 @@ class BatcherCore(Generic[H]):
     def seed_service_times(self, rows: Sequence[tuple[int, float]]) -> bool:
         """Start the controller's service-time model from ``(batch_size, median_ms)`` rows
         measured now (a warm-up), if :attr:`wants_service_times`; True if taken. The plan (and
-        SLO-aware shedding) then works from the first tick instead of after the first batches."""
+        SLO-aware shedding) then works from the next poll's tick instead of after the first
+        batches."""
         if not self.wants_service_times or not rows:
             return False
         assert self.controller is not None
         self._service_seed = tuple((int(n), float(ms)) for n, ms in rows)
         self.controller.service_estimator = ServiceTimeEstimator(seed=self._service_seed)
+        self._tick_forced = True  # the next poll plans (and sheds) with it, however soon
         return True
 
     # -- internals -------------------------------------------------------------------------

@@ -29,6 +29,11 @@ __all__ = ["LoopDriver"]
 _log = get_logger()
 _Requests = list[Request[asyncio.Future[Any]]]
 
+LATE_START_S = 0.001
+"""A batch whose model call begins more than this after its dispatch (the event loop was busy
+in between) first fails the requests whose deadline passed in that gap, s."""
+_LATE_START = "request's deadline passed while its batch waited for the event loop"
+
 
 def _all_pending(requests: _Requests) -> bool:
     """True when no request's future is done yet (the usual case for a batch about to run)."""
@@ -226,6 +231,8 @@ class LoopDriver:
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
         self.in_flight.unstarted.discard(batch)
         started = self.now()
+        if started - batch.formed_s > LATE_START_S:
+            self._expire_overdue(batch, started)
         live = batch.requests
         if not _all_pending(live):  # some callers gave up meanwhile
             live = [r for r in live if not r.handle.done()]
@@ -255,6 +262,19 @@ class LoopDriver:
         finally:
             running.remove(live)
             self._finish_batch(batch, live, started, calls)
+
+    def _expire_overdue(self, batch: Batch[asyncio.Future[Any]], started: float) -> None:
+        """Fail (``DeadlineExceededError``) the requests of ``batch`` whose deadline came more
+        than ``LATE_START_S`` before ``started``, after the batch was formed: the event loop
+        held the batch between its dispatch and its model call, past their deadline."""
+        formed, last = batch.formed_s, started - LATE_START_S
+        expired = 0
+        for request in batch.requests:
+            deadline = request.deadline_s
+            if deadline is not None and formed < deadline < last:
+                expired += settle_error(request, DeadlineExceededError(_LATE_START))
+        if expired:
+            self.core.count_expired(expired)
 
     def _finish_batch(
         self,

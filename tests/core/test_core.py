@@ -330,6 +330,18 @@ def test_seed_service_times_is_taken_once_by_a_controller_with_an_slo() -> None:
     assert not core.wants_service_times and not core.seed_service_times([(1, 9.0)])
 
 
+def test_a_seed_makes_the_next_poll_tick_and_shed_however_soon() -> None:
+    core = make_core(slo=SLO(latency_ms=50.0), shed_late=True, max_batch_size=8)
+    assert core.controller is not None
+    core.poll(0.3)  # a tick (due at once after the start) with nothing to plan from
+    assert core.shed_after_s is None
+    assert core.seed_service_times([(1, 2.0), (8, 4.0)])
+    core.arrive(Request(0, 0.31), 0.31)  # 10 ms after the last tick: not due by itself
+    core.poll(0.31)
+    assert core.shed_after_s is not None  # a burst right after a warm-up is shed from its start
+    assert core.controller.decisions == 2
+
+
 def test_a_batch_run_makes_the_seed_unwanted() -> None:
     core = make_core(slo=SLO(latency_ms=50.0))
     core.record_run(0.01, 1, 1, 0.002)

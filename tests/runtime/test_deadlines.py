@@ -14,6 +14,7 @@ from adaptive_batcher.sim.service import LinearService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
 from adaptive_batcher.sim.workloads import Poisson
 from adaptive_batcher.testing import run_in_virtual_time
+from adaptive_batcher.testing.virtual_time import VirtualClockLoop
 
 
 async def echo_after_1ms(batch: list[int]) -> list[int]:
@@ -84,3 +85,53 @@ def test_a_replay_with_deadlines_shorter_than_the_window_answers_them() -> None:
     result = Simulator(LinearService(0.001, 0.0001), config).run(arrivals)
     assert result.expired == 0
     assert result.completed == result.requests
+
+
+def test_a_deadline_that_passes_while_the_loop_holds_a_dispatched_batch_fails_it() -> None:
+    """Before: a batch formed just before the event loop stood still ran once the loop came
+    back, and answered its requests whose deadline had passed meanwhile (a cold burst right
+    after ``warmup()``: every answer late, with ``shed_late=True``). Now they fail as if the
+    loop had polled at their deadline; a request whose own deadline started its batch runs."""
+
+    async def main() -> tuple[list[int], list[object], int]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualClockLoop)
+        seen: list[int] = []
+
+        async def model(batch: list[int]) -> list[int]:
+            seen.extend(batch)
+            return batch
+
+        batcher = AdaptiveBatcher(model, max_batch_size=8, window_ms=0)
+        calls = [
+            asyncio.ensure_future(batcher.submit(1, deadline_ms=20)),
+            asyncio.ensure_future(batcher.submit(2, deadline_ms=500)),
+            asyncio.ensure_future(batcher.submit(3)),
+        ]
+        # the callers queue their requests and the pump forms their batch at 0 ms; then, before
+        # the batch's task runs, the loop stands still for 50 ms
+        loop.call_soon(loop.call_soon, loop.stall, 0.05)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        expired = batcher.stats().counts.expired
+        await batcher.aclose()
+        return seen, results, expired
+
+    seen, results, expired = run_in_virtual_time(main())
+    assert seen == [2, 3]
+    assert isinstance(results[0], DeadlineExceededError) and results[1:] == [2, 3]
+    assert expired == 1
+
+
+def test_a_request_whose_deadline_started_its_batch_runs_after_a_stall() -> None:
+    async def main() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualClockLoop)
+        async with AdaptiveBatcher(echo_after_1ms, max_batch_size=8, window_ms=200) as batcher:
+            # the 20 ms deadline starts the batch at 20 ms; the loop then stands still 50 ms
+            loop.call_at(0.02, loop.call_soon, loop.stall, 0.05)
+            result = await batcher.submit(7, deadline_ms=20)
+            return result, loop.time()
+
+    result, answered_s = run_in_virtual_time(main())
+    assert result == 7
+    assert answered_s > 0.07  # ran after the stall, not failed
