@@ -343,6 +343,11 @@ class StepGuard(Guard):
         return decision.with_(max_batch_size=cap, window_ms=window, reason="step")
 
 
+WINDOW_UNUSED: Final = "window_unused"
+"""The reason :class:`~adaptive_batcher.control.unused_window.UnusedWindowGuard` gives the
+window it holds: 0, or a share of a fixed set of clients' round trip."""
+
+
 class StallGuard(Guard):
     """Narrow the window while the event loop stalls again and again.
 
@@ -356,7 +361,9 @@ class StallGuard(Guard):
     stalls at ``loop_stall_rate_hz`` (0 unless two or more stalls began in the last 30 s),
     the window is at most ``tail_share * (tail - that share) / loop_stall_rate_hz``: the
     requests it exposes spend at most ``tail_share`` of the tail the stalls leave (window 0
-    once they leave none). The ceiling lifts as the rate decays. Source: docs/policies.md,
+    once they leave none). The ceiling lifts as the rate decays. A window held for a fixed set
+    of closed-loop clients (reason ``window_unused``) is left alone: a stall catches every
+    request they have in flight, whatever the window. Source: docs/policies.md,
     "StallGuard".
 
     Args:
@@ -371,7 +378,9 @@ class StallGuard(Guard):
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         rate = observation.loop_stall_rate_hz
         slo = observation.slo
-        if rate <= 0.0 or slo is None:
+        if rate <= 0.0 or slo is None or decision.reason == WINDOW_UNUSED:
+            # (a window held for a fixed set of closed-loop clients: a stall catches all their
+            # requests in flight, whatever the window)
             return decision
         tail = 1.0 - slo.percentile / 100.0
         left = max(0.0, tail - _stalls_miss_share(observation, slo))

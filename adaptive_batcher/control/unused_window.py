@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.guards import Guard
+from adaptive_batcher.control.guards import WINDOW_UNUSED, Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
@@ -15,7 +15,7 @@ __all__ = ["UnusedWindowGuard"]
 
 _log = get_logger()
 
-_HELD = ("window_unused", "window_probe")  # the reasons this guard's own windows carry
+_HELD = (WINDOW_UNUSED, "window_probe")  # the reasons this guard's own windows carry
 
 NOISE_Z = 3.0  # a count beyond Poisson noise: this many standard deviations from its mean
 
@@ -110,6 +110,20 @@ class _ClientsWindow:
         if self.clients is None:
             self.window_ms = 0.0  # no set of clients: window 0, nothing to measure
 
+    @classmethod
+    def kept_from(cls, earlier: _ClientsWindow) -> _ClientsWindow:
+        """A window judged and kept for the same set of clients, held again at once."""
+        return cls(earlier.share, earlier.clients, window_ms=earlier.window_ms, judged=True)
+
+    @property
+    def kept(self) -> bool:
+        """Whether a window above 0 was judged and kept."""
+        return self.judged and not self.costly and (self.window_ms or 0.0) > 0
+
+    def same_clients(self, clients: float | None) -> bool:
+        """Whether ``clients`` is this window's set, within one request."""
+        return clients is not None and self.clients is not None and abs(clients - self.clients) <= 1
+
     def observe(self, observation: Observation) -> None:
         """Take a tick with the window shut: measure, then judge the window held."""
         if self.window_ms is None:
@@ -201,8 +215,10 @@ class UnusedWindowGuard(Guard):
     ``clients_share`` of their round trip, ``clients / arrival rate`` at window 0, which
     gathers about that share of them into each batch and should lengthen their round trip by
     about half that share; after ``CLIENTS_JUDGE_S`` it goes back to 0 if they came slower by
-    more than that, and later shuts keep 0 until the load re-arms the window. The shut's
-    retry waits for that judgement. While the guard holds the window, the policy inside
+    more than that, and later shuts keep 0 until the load re-arms the window; a window kept
+    is held again at once when a later try shuts for the same set. The shut's retry waits
+    for that judgement; its clock stops while the loop stalls (and for ``stall_hold_s``
+    after), and a try's verdict needs ``trial_min_batches``. While the guard holds the window, the policy inside
     sees the window it chose in force (:meth:`chosen` gives it to a new policy). The law and
     its figures: docs/policies.md, "UnusedWindowGuard".
 
@@ -212,6 +228,8 @@ class UnusedWindowGuard(Guard):
             after their last arrival (and ``idle_excess`` times the Poisson share) is unused.
         idle_excess: how far beyond what Poisson arrivals leave the idle share must be.
         min_batches: batches a verdict needs (pooled over ticks with the window open).
+        trial_min_batches: the same for a window tried again after a shut (a try costs the
+            clients its window's latency until the verdict).
         rearm_factor: arrival-rate growth that lets the policy open the window again.
         alike_factor: batches whose largest holds at most this many times their mean (plus
             one) are alike.
@@ -236,6 +254,7 @@ class UnusedWindowGuard(Guard):
         max_idle_fraction: float = 0.5,
         idle_excess: float = 2.0,
         min_batches: int = 5,
+        trial_min_batches: int = 3,
         rearm_factor: float = 1.5,
         alike_factor: float = 1.5,
         retry_s: float = 2.0,
@@ -255,6 +274,7 @@ class UnusedWindowGuard(Guard):
         self.max_idle_fraction = max_idle_fraction
         self.idle_excess = idle_excess
         self.min_batches = min_batches
+        self.trial_min_batches = trial_min_batches
         self.rearm_factor = rearm_factor
         self.probe_s = probe_s
         self.probe_ticks = probe_ticks
@@ -263,6 +283,7 @@ class UnusedWindowGuard(Guard):
         self._clients: float | None = None  # the fixed set of clients' size, as last seen
         self._clients_window = _ClientsWindow(clients_share, None)
         self._clients_costly = False  # a window slowed these clients: 0 until the load changes
+        self._kept_window: _ClientsWindow | None = None  # the last kept, until the load changes
         self._holding = False  # the window in force is this guard's, not the policy's
         self._shut_for_s = retry_s  # how long the window stays shut now
         self._shut_at_s = -math.inf
@@ -314,6 +335,12 @@ class UnusedWindowGuard(Guard):
             self._shut_stretch.add(observation)
             self._clients_window.observe(observation)
             self._clients_costly |= self._clients_window.costly
+            if self._clients_window.kept:
+                self._kept_window = self._clients_window
+        elif self.closed:
+            # the shut's clock stops while the loop stalls (and for the hold after it): a try
+            # must show the traffic, and a stall shows none
+            self._shut_at_s += observation.interval_s
         if not judged:
             self._evidence = _Evidence()  # the batches waited out the stall, not for company
         verdict = self._verdict(observation) if judged else None
@@ -340,7 +367,7 @@ class UnusedWindowGuard(Guard):
             self._on_trial = True
         if self.closed and decision.window_ms > 0:
             window_ms = min(decision.window_ms, self._clients_window.window_ms or 0.0)
-            return decision.with_(window_ms=window_ms, reason="window_unused")
+            return decision.with_(window_ms=window_ms, reason=WINDOW_UNUSED)
         if decision.window_ms > 0 and self._probe_due():
             self._probe = _Probe(opened=self._recent_open(), ticks_left=self.probe_ticks)
             self._stretch = _Stretch()
@@ -355,7 +382,7 @@ class UnusedWindowGuard(Guard):
         if observation.batches > 0:
             self._evidence.add(observation)
         pool = self._evidence
-        if pool.batches < self.min_batches:
+        if pool.batches < (self.trial_min_batches if self._on_trial else self.min_batches):
             return None
         mean_batch = pool.batch_size / pool.batches
         idle = pool.idle / pool.idle_batches if pool.idle_batches else math.nan
@@ -440,6 +467,7 @@ class UnusedWindowGuard(Guard):
             self._on_trial = False
             self._shut_for_s = self.retry_s
             self._clients_costly = False
+            self._kept_window = None
         else:
             self.closed_at_rate_rps = max(reference, rate_rps)
 
@@ -456,5 +484,9 @@ class UnusedWindowGuard(Guard):
         self._shut_at_s = now
         self._shut_stretch = _Stretch()
         clients = None if self._clients_costly else self._clients
-        self._clients_window = _ClientsWindow(self.clients_share, clients)
+        kept = self._kept_window
+        if kept is not None and kept.same_clients(clients):
+            self._clients_window = _ClientsWindow.kept_from(kept)  # measured and judged before
+        else:
+            self._clients_window = _ClientsWindow(self.clients_share, clients)
         self.closed_at_rate_rps = None  # measured on the first tick with the window shut

@@ -465,6 +465,20 @@ def test_stall_guard_measures_the_stalls_share_against_the_batchers_room() -> No
     assert guard.decide(observation).window_ms == pytest.approx(2.5)
 
 
+def test_stall_guard_leaves_a_window_held_for_a_fixed_set_of_clients() -> None:
+    """The README's FastAPI app: a 20 s stall and a short one 25 s later read as stalls that
+    recur and spend the whole tail; the guard cut the 16 clients' 4.3 ms window to 0 for 5 s,
+    and they came about 0.75x as fast. A stall catches all their requests in flight, whatever
+    the window: the window held for them is left alone; the policy's is not."""
+    stalls = {"loop_stall_rate_hz": 0.04, "loop_stall_durations_s": (20.0, 0.1)}
+    held = guarded(StallGuard, Decision(4.3, 64, "window_unused"))
+    kept = held.decide(observe(current=Decision(4.3, 64), slo=SLO(latency_ms=50.0), **stalls))
+    assert kept == Decision(4.3, 64, "window_unused")
+    policys = guarded(StallGuard, Decision(4.3, 64, "pid.plan"))
+    cut = policys.decide(observe(current=Decision(4.3, 64), slo=SLO(latency_ms=50.0), **stalls))
+    assert cut == Decision(0.0, 64, "stall.recurring")
+
+
 def test_stall_guard_needs_an_slo() -> None:
     guard = guarded(StallGuard, Decision(40.0, 64, "p"))
     decision = guard.decide(observe(current=Decision(40.0, 64), slo=None, loop_stall_rate_hz=5.0))
@@ -895,6 +909,19 @@ def test_a_wide_window_is_judged_on_batches_pooled_over_ticks() -> None:
     assert second == Decision(0.0, 64, "window_unused")
 
 
+def test_a_try_is_judged_on_fewer_batches() -> None:
+    """A try of a 45 ms window in front of 16 closed-loop clients answered them late for two
+    ticks (the README's app, SLO 50 ms): the first held 4 batches, under the 5 a first verdict
+    needs. A try's verdict needs 3: one tick."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    wide, shut = Decision(45.0, 64), Decision(0.0, 64)
+    guard.decide(observe(now_s=10.0, current=wide, **CLOSED_LOOP_WIDE))
+    assert guard.decide(observe(now_s=10.25, current=wide, **CLOSED_LOOP_WIDE)).window_ms == 0
+    assert guard.decide(observe(now_s=12.25, current=shut, **CLOSED_LOOP_WIDE)).window_ms == 45
+    tried = guard.decide(observe(now_s=12.5, current=wide, **CLOSED_LOOP_WIDE))
+    assert tried == Decision(0.0, 64, "window_unused")
+
+
 def test_pooled_evidence_starts_again_after_the_window_was_shut() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     wide = Decision(45.0, 64)
@@ -921,10 +948,30 @@ def test_a_try_that_a_loop_stall_interrupts_still_doubles_the_wait() -> None:
     assert tick(2.25, wide) == 0.0  # shut for 2 s
     assert tick(4.25, shut) == 45.0  # tried again
     assert tick(4.5, wide, stall_end_s=24.4) == 45.0  # a 20 s stall: not judged
-    assert tick(25.5, wide, stall_end_s=24.4) == 45.0  # 4 batches: no verdict yet
-    assert tick(25.75, wide, stall_end_s=24.4) == 0.0  # shut, for 4 s: the try failed
-    assert tick(27.8, shut) == 0.0
-    assert tick(29.75, shut) == 45.0
+    assert tick(25.5, wide, stall_end_s=24.4) == 0.0  # shut, for 4 s: the try failed
+    assert tick(27.55, shut) == 0.0
+    assert tick(29.5, shut) == 45.0
+
+
+def test_a_loop_stall_stops_the_shut_windows_clock() -> None:
+    """The FastAPI app: the retry fell due during a 20 s stall, so the window opened on the
+    first tick after it and, its verdict held back for a second after a stall, ran 1.1 s of
+    45 ms windows. The stall's time (and the hold after it) no longer counts."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    wide, shut = Decision(45.0, 64), Decision(0.0, 64)
+
+    def tick(now_s: float, current: Decision, interval_s: float = 0.25) -> float:
+        stall_end_s = 23.0 if now_s >= 23.0 else -math.inf  # the loop stood 3.0-23.0 s
+        observation = observe(now_s=now_s, current=current, interval_s=interval_s,
+                              loop_stall_s=stall_end_s, **CLOSED_LOOP_WIDE)  # fmt: skip
+        return guard.decide(observation).window_ms
+
+    assert tick(2.0, wide) == 45.0
+    assert tick(2.25, wide) == 0.0  # shut for 2 s, to 4.25
+    assert tick(3.0, shut, interval_s=0.75) == 0.0
+    after_stall = [tick(23.0 + 0.25 * k, shut, 20.0 if k == 0 else 0.25) for k in range(9)]
+    assert after_stall[:-1] == [0.0] * 8  # the stall and its hold: 21 s off the clock
+    assert after_stall[-1] == 45.0  # 25.0: 0.75 s of the 2 s counted before, 1.25 s after
 
 
 def test_the_burst_after_a_loop_stall_does_not_reopen_a_shut_window() -> None:
@@ -1094,12 +1141,29 @@ def test_a_clients_window_that_slows_them_goes_back_to_0(
         tried = _held(guard, held, held_rps, 12.0, 4)  # a second held: judged; 2 s: tried
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", False)]
     assert tried == Decision(45.0, 64, "policy")
-    with capture_logs() as events:
-        for now_s in (13.0, 13.25):  # the try's batches: still the set, shut again
-            guard.decide(observe(now_s=now_s, current=tried, **CLOSED_LOOP_WIDE))
+    with capture_logs() as events:  # the try's batches: still the set, shut again
+        guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
     assert [e["event"] for e in events] == ["controller.window_shut"]
     again = _clients_window(guard, start_s=13.5)
     assert again == Decision(0.0, 64, "window_unused")  # 0 at once now
+
+
+def test_a_kept_clients_window_is_held_again_at_once_after_a_try() -> None:
+    """The same 16 clients shut the tried window again: their window, measured and kept, is
+    held at once, not after a second at window 0 (the README's app: about 0.9x the answers)."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept, then tried
+    assert tried == Decision(45.0, 64, "policy")
+    again = guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
+    assert again == held  # the try's batches: the same 16, shut again
+    fewer = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(fewer)
+    _held(fewer, _clients_window(fewer), 560.0, 12.0, 4)
+    eight = {**CLOSED_LOOP_WIDE, "mean_batch_size": 8.0, "largest_batch_size": 8}
+    again = fewer.decide(observe(now_s=13.0, current=tried, **eight))
+    assert again == Decision(0.0, 64, "window_unused")  # another set: measured again at 0
 
 
 def test_the_retry_waits_for_the_clients_window_judgement() -> None:
