@@ -218,9 +218,9 @@ class UnusedWindowGuard(Guard):
     more than that, and later shuts keep 0 until the load re-arms the window; a window kept
     is held again at once when a later try shuts for the same set. The shut's retry waits
     for that judgement; its clock stops while the loop stalls (and for ``stall_hold_s``
-    after), and a try's verdict needs ``trial_min_batches``. While the guard holds the window, the policy inside
-    sees the window it chose in force (:meth:`chosen` gives it to a new policy). The law and
-    its figures: docs/policies.md, "UnusedWindowGuard".
+    after), and a try's verdict needs ``trial_min_batches``. While the guard holds the
+    window, the policy inside sees the window it chose in force (:meth:`chosen` gives it to
+    a new policy). The law and its figures: docs/policies.md, "UnusedWindowGuard".
 
     Args:
         min_company: the least share of the expected company that counts as company.
