@@ -146,6 +146,7 @@ class BatcherCore(Generic[H]):
         self._tick_forced = False
         self._timer_due_s: float | None = None  # the timer the last poll asked for
         self._stall_seen_until = -math.inf  # the end of the last stall noted
+        self._submitted_at_stall = math.inf  # submitted when a stall was noted, until a tick
         self.loop_stalls = 0
         self._policy_stopped = False  # set_policy(None): an SLO set later starts no controller
         self._apply_slo(settings.slo)
@@ -240,7 +241,9 @@ class BatcherCore(Generic[H]):
         if due is not None:
             self.timer_fired(due, now)
         if controller is not None and (
-            self._tick_forced or controller.due(now, self.recorder.batch_count)
+            self._tick_forced
+            or controller.due(now, self.recorder.batch_count)
+            or self.recorder.submitted > self._submitted_at_stall
         ):
             self._tick(controller, now)
         actions = self._engine.poll(now)
@@ -260,6 +263,9 @@ class BatcherCore(Generic[H]):
         """A timer due at ``due_s`` fires only at ``now``: the shell's loop stood still."""
         self._stall_seen_until = now
         self.loop_stalls += 1
+        # the first poll that has taken in requests the stall held back ticks: the batch
+        # formed there is planned for the queue the stall left
+        self._submitted_at_stall = self.recorder.submitted
         _log.warning(
             "batcher.loop_stalled",
             batcher=self.name,
@@ -589,6 +595,8 @@ class BatcherCore(Generic[H]):
 
     def _tick(self, controller: Controller, now: float) -> None:
         self._tick_forced = False
+        if self.recorder.submitted > self._submitted_at_stall:
+            self._submitted_at_stall = math.inf  # (a tick before they came in leaves it)
         engine = self._engine
         try:
             telemetry = self._read_telemetry(now)

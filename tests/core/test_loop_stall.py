@@ -60,3 +60,24 @@ def test_no_timer_no_stall_after_an_idle_spell() -> None:
     core.arrive(Request(1, 60.0), 60.0)  # a minute of nothing: idle, not stalled
     core.poll(60.0)
     assert core.loop_stalls == 0
+
+
+def test_the_first_poll_with_the_requests_a_stall_held_back_ticks() -> None:
+    """Replayed, the batch formed when a 2 s stall ended ran at the cap of the tick before the
+    stall (256), not at the overload's (512) that the next tick, 20 ms later, chose for the
+    queue the stall had left. The poll that takes in the held-back requests now ticks first."""
+    core = _core()
+    controller = core.controller
+    assert controller is not None
+    core.arrive(Request(0, 0.3), 0.3)
+    core.poll(0.3)  # the first tick
+    core.timer_fired(0.32, 0.4)  # the heartbeat: the loop stood still from 0.32 to 0.4 s
+    core.poll(0.4)
+    assert controller.decisions == 1  # nothing new queued: no tick (one 0.1 s ago)
+    for k in range(1, 9):
+        core.arrive(Request(k, 0.4), 0.4)  # what the stall held back comes in
+    core.poll(0.4)
+    assert controller.decisions == 2
+    core.arrive(Request(9, 0.41), 0.41)
+    core.poll(0.41)
+    assert controller.decisions == 2  # once per stall
