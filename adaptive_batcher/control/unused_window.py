@@ -112,8 +112,10 @@ class _ClientsWindow:
 
     @classmethod
     def kept_from(cls, earlier: _ClientsWindow) -> _ClientsWindow:
-        """A window judged and kept for the same set of clients, held again at once."""
-        return cls(earlier.share, earlier.clients, window_ms=earlier.window_ms, judged=True)
+        """A window judged and kept for the same set of clients, held again at once and
+        judged again against the rate they came at at window 0 then (one judgement that
+        kept a costly window by chance must not hold it for good)."""
+        return cls(earlier.share, earlier.clients, earlier.window_ms, at_zero=earlier.at_zero)
 
     @property
     def kept(self) -> bool:
