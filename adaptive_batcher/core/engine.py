@@ -26,7 +26,8 @@ Semantics (each learned from a bug in an earlier batcher; see docs/architecture.
 * A deadline bounds its request's queue delay: a request whose deadline comes while a slot is
   free starts its batch then, window or not, with what queued meanwhile (Triton's rule: a
   request's timeout bounds its queue delay); it expires only if no slot can take it at its
-  deadline.
+  deadline, or if the poll comes more than ``START_GRACE_S`` after it (the caller's loop stood
+  still past the deadline: the request did not start in time).
 * ``max_queue_size`` counts the requests waiting beyond what the free slots take next (a full
   batch each): a request is never refused while a free slot could take it.
 * Cancelled requests are skipped lazily and never dispatched (Ray #50054).
@@ -47,6 +48,7 @@ from adaptive_batcher._validate import check_integral, check_real
 from adaptive_batcher.errors import BatcherClosedError, ItemTooLargeError, QueueFullError
 
 __all__ = [
+    "START_GRACE_S",
     "Action",
     "Batch",
     "BatchingEngine",
@@ -59,6 +61,11 @@ __all__ = [
 ]
 
 H = TypeVar("H")
+
+START_GRACE_S: Final = 0.002
+"""How late past its deadline a request may still start, s: a poll later than that (the
+caller's loop stood still) expires it instead; the asyncio shell applies the same grace between
+a batch's dispatch and its model call. About the lateness of a busy event loop's timers."""
 
 _NOT_READY, _AT_ONCE, _BY_WINDOW = 0, 1, 2  # why a batch may form now
 _COMPACT_AT = 1024  # passed entries at the queue's front before the list is compacted
@@ -543,9 +550,13 @@ class BatchingEngine(Generic[H]):
             # a request whose deadline came while a slot was free starts now, window or not,
             # rather than expire (its deadline bounds its queue delay: Triton's rule); those
             # due before (every slot busy, or a deadline set in the past) expire
+            # ... and so do those due more than START_GRACE_S before this poll: a poll that
+            # late (the loop stood still) cannot start them at their deadline
+            missed = now - START_GRACE_S
             free_since = self._free_since
             if free_since > -math.inf:
-                self._expire(min(now, math.nextafter(free_since, -math.inf)), actions)
+                missed = max(missed, math.nextafter(free_since, -math.inf))
+            self._expire(min(now, missed), actions)
             started = self._start_due(now)
             self._expire(now, actions)
             actions.extend(started)

@@ -16,7 +16,14 @@ from typing import Any
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.core.batcher_core import HEARTBEAT_S, BatcherCore
 from adaptive_batcher.core.buckets import pad_target
-from adaptive_batcher.core.engine import Batch, Dispatch, Expire, Request, SetTimer
+from adaptive_batcher.core.engine import (
+    START_GRACE_S,
+    Batch,
+    Dispatch,
+    Expire,
+    Request,
+    SetTimer,
+)
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
 from adaptive_batcher.runtime.batch_runner import BatchRunner, ModelCall, fail_pending
 from adaptive_batcher.runtime.in_flight import InFlight
@@ -29,9 +36,6 @@ __all__ = ["LoopDriver"]
 _log = get_logger()
 _Requests = list[Request[asyncio.Future[Any]]]
 
-LATE_START_S = 0.001
-"""A batch whose model call begins more than this after its dispatch (the event loop was busy
-in between) first fails the requests whose deadline passed in that gap, s."""
 _LATE_START = "request's deadline passed while its batch waited for the event loop"
 
 
@@ -231,7 +235,7 @@ class LoopDriver:
     async def _run_batch(self, batch: Batch[asyncio.Future[Any]]) -> None:
         self.in_flight.unstarted.discard(batch)
         started = self.now()
-        if started - batch.formed_s > LATE_START_S:
+        if started - batch.formed_s > START_GRACE_S:
             self._expire_overdue(batch, started)
         live = batch.requests
         if not _all_pending(live):  # some callers gave up meanwhile
@@ -265,9 +269,9 @@ class LoopDriver:
 
     def _expire_overdue(self, batch: Batch[asyncio.Future[Any]], started: float) -> None:
         """Fail (``DeadlineExceededError``) the requests of ``batch`` whose deadline came more
-        than ``LATE_START_S`` before ``started``, after the batch was formed: the event loop
+        than ``START_GRACE_S`` before ``started``, after the batch was formed: the event loop
         held the batch between its dispatch and its model call, past their deadline."""
-        formed, last = batch.formed_s, started - LATE_START_S
+        formed, last = batch.formed_s, started - START_GRACE_S
         expired = 0
         for request in batch.requests:
             deadline = request.deadline_s

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from adaptive_batcher.core.engine import (
+    START_GRACE_S,
     Batch,
     BatchingEngine,
     Dispatch,
@@ -193,6 +194,23 @@ def test_a_deadline_before_the_window_closes_starts_the_batch_on_an_idle_engine(
     assert urgent.state == RequestState.DISPATCHED
     (batch,) = [a.batch for a in actions if isinstance(a, Dispatch)]
     assert batch.window_idle_s == 0.0  # not a batch its window released
+
+
+def test_a_poll_long_after_a_deadline_expires_it_instead_of_starting_it() -> None:
+    """A fresh user's trial: window 20 ms, deadlines of 10 and 15 ms, the caller's loop stood
+    still from 0 to 50 ms; the late poll started both 35-40 ms after their deadlines. A poll
+    more than START_GRACE_S late expires them; one within it still starts the batch."""
+    engine = make_engine(window_s=0.020, cap=8)
+    engine.arrive(Request(0, 0.0, deadline_s=0.010), 0.0)
+    engine.arrive(Request(1, 0.0, deadline_s=0.015), 0.0)
+    assert timer(engine.poll(0.0)) == pytest.approx(0.010)
+    actions = engine.poll(0.050)  # the timer due at 10 ms fired at 50 ms
+    assert [a.request.handle for a in actions if isinstance(a, Expire)] == [0, 1]
+    assert dispatched(actions) == []
+    engine.arrive(Request(2, 0.1, deadline_s=0.110), 0.1)
+    engine.poll(0.1)
+    actions = engine.poll(0.110 + START_GRACE_S / 2)  # a busy loop's timer, a little late
+    assert dispatched(actions) == [[2]]
 
 
 def test_a_deadline_falls_due_with_the_slot_busy_and_expires_then_the_rest_waits() -> None:

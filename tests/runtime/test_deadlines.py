@@ -135,3 +135,31 @@ def test_a_request_whose_deadline_started_its_batch_runs_after_a_stall() -> None
     result, answered_s = run_in_virtual_time(main())
     assert result == 7
     assert answered_s > 0.07  # ran after the stall, not failed
+
+
+def test_deadlines_that_pass_while_the_loop_stands_still_fail_them() -> None:
+    """A fresh user's trial: window 20 ms, deadlines of 10 and 15 ms, the loop blocked from 0
+    to 50 ms: both were answered, their model call beginning 35-40 ms after their deadlines.
+    Now they fail, and the model never runs."""
+
+    async def main() -> tuple[list[object], list[int]]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualClockLoop)
+        seen: list[int] = []
+
+        async def model(batch: list[int]) -> list[int]:
+            seen.extend(batch)
+            return batch
+
+        async with AdaptiveBatcher(model, max_batch_size=8, window_ms=20) as batcher:
+            calls = [
+                asyncio.ensure_future(batcher.submit(1, deadline_ms=10)),
+                asyncio.ensure_future(batcher.submit(2, deadline_ms=15)),
+            ]
+            loop.call_soon(loop.call_soon, loop.stall, 0.05)  # once both have queued
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        return results, seen
+
+    results, seen = run_in_virtual_time(main())
+    assert all(isinstance(r, DeadlineExceededError) for r in results)
+    assert seen == []
