@@ -178,6 +178,11 @@ class _ClientsWindow:
             self.costly = True
 
 
+def _same_window(window_ms: float, other_ms: float | None) -> bool:
+    """Whether two windows in force are the same one, within 10 % (or 0.05 ms)."""
+    return other_ms is not None and math.isclose(window_ms, other_ms, rel_tol=0.1, abs_tol=0.05)
+
+
 def beyond_noise(expected: float, seen: float) -> bool:
     """Whether a Poisson count ``seen`` is ``NOISE_Z`` standard deviations from ``expected``."""
     return abs(seen - expected) >= NOISE_Z * math.sqrt(expected)
@@ -205,9 +210,11 @@ class UnusedWindowGuard(Guard):
     request, below the cap), ``probe_ticks`` ticks run at window 0 (reason ``window_probe``);
     arrivals ``throttle_factor`` times the open window's rate over its latest second, beyond
     Poisson noise, shut it.
-    The window then stays shut until the arrival rate rises by ``rearm_factor`` or, at most,
-    for ``retry_s`` (doubled after each try that shuts it again; a try whose arrivals fall by
-    ``throttle_factor`` below the shut window's shuts again). A verdict waits for
+    The window then stays shut until the arrival rate rises by ``rearm_factor`` over the
+    highest seen at the window in force (from its second tick) or, at most, for ``retry_s``
+    (doubled after each try that shuts it again, and at least the try's length over
+    ``try_share``; a try whose arrivals fall by ``throttle_factor`` below the shut window's
+    shuts again; one that a guard outside holds at 0 is put off). A verdict waits for
     ``min_batches`` batches, pooled over consecutive ticks with the window open (a wide window
     releases few batches a tick, and a try must not last longer for it), and a shortfall of
     company beyond Poisson noise. Shut is window 0, except in front of a fixed set of clients
@@ -217,8 +224,9 @@ class UnusedWindowGuard(Guard):
     ``clients_share`` of their round trip, ``clients / arrival rate`` at window 0, which
     gathers about that share of them into each batch and should lengthen their round trip by
     about half that share; after ``CLIENTS_JUDGE_S`` it goes back to 0 if they came slower by
-    more than that, and later shuts keep 0 until the load re-arms the window; a window kept
-    is held again at once when a later try shuts for the same set. The shut's retry waits
+    more than that, and the next shut measures and judges it afresh (one judgement can be
+    spoilt by the clients' own hiccup); a window kept is held again at once when a later try
+    shuts for the same set. The shut's retry waits
     for that judgement; its clock stops while the loop stalls (and for ``stall_hold_s``
     after), and a try's verdict needs ``trial_min_batches``. While the guard holds the
     window, the policy inside sees the window it chose in force (:meth:`chosen` gives it to
@@ -237,6 +245,8 @@ class UnusedWindowGuard(Guard):
             one) are alike.
         retry_s: how long the window stays shut before it is tried again, s (doubled after
             each try that shuts it again, up to ``max_retry_s``).
+        try_share: the most share of the time that tries of a window that shuts again may
+            take: a try that lasted ``T`` s keeps it shut at least ``T / try_share`` s after.
         max_retry_s: the longest the window stays shut without a try, and the longest between
             probes, s.
         stall_hold_s: ticks this soon after a stall of the event loop are not judged and do
@@ -260,6 +270,7 @@ class UnusedWindowGuard(Guard):
         rearm_factor: float = 1.5,
         alike_factor: float = 1.5,
         retry_s: float = 2.0,
+        try_share: float = 0.05,
         max_retry_s: float = 64.0,
         stall_hold_s: float = 1.0,
         probe_s: float = 0.5,
@@ -270,6 +281,7 @@ class UnusedWindowGuard(Guard):
         super().__init__(inner)
         self.alike_factor = alike_factor
         self.retry_s = retry_s
+        self.try_share = try_share
         self.max_retry_s = max_retry_s
         self.stall_hold_s = stall_hold_s
         self.min_company = min_company
@@ -284,23 +296,26 @@ class UnusedWindowGuard(Guard):
         self.clients_share = clients_share
         self._clients: float | None = None  # the fixed set of clients' size, as last seen
         self._clients_window = _ClientsWindow(clients_share, None)
-        self._clients_costly = False  # a window slowed these clients: 0 until the load changes
         self._kept_window: _ClientsWindow | None = None  # the last kept, until the load changes
         self._holding = False  # the window in force is this guard's, not the policy's
         self._shut_for_s = retry_s  # how long the window stays shut now
         self._shut_at_s = -math.inf
         self._on_trial = False  # the window was tried again and has had no verdict since
+        self._tried = False  # the latest decision released the policy's window for a try
+        self._trial_s = 0.0  # how long the try has run, stalls excepted, s
         self._probe_every_s = probe_s
         self._probe: _Probe | None = None
         self._fired = ""  # the test behind the latest verdict (the window_shut event says it)
         self._displaced_ms: float | None = None  # the policy's window while this guard holds 0
         self._fixed_set = False  # the latest verdict's batches looked like a fixed set of clients
+        self._largest = 0  # the largest of the latest verdict's batches
         self._evidence = _Evidence()
         self._stretch = _Stretch()
         self._shut_stretch = _Stretch()  # arrivals while the window was last shut
         self._open_ticks: deque[_Stretch] = deque(maxlen=4)  # the open stretch's latest
         self.closed = False
         self.closed_at_rate_rps: float | None = None
+        self._reference_window_ms: float | None = None  # the window the reference was seen at
 
     def decide(self, observation: Observation) -> Decision:
         """The inner policy's decision, corrected; while this guard holds the window at 0, the
@@ -315,6 +330,7 @@ class UnusedWindowGuard(Guard):
         held = decision.reason in _HELD  # the guard's window, even where it equals the policy's
         self._displaced_ms = chosen.window_ms if held else None
         self._holding = held
+        self._tried = self._on_trial and not held and decision.window_ms > 0
         return decision
 
     def chosen(self, in_force: Decision) -> Decision:
@@ -325,6 +341,8 @@ class UnusedWindowGuard(Guard):
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         now = observation.now_s
+        if self._tried and observation.current.window_ms <= 0.0:
+            self._postpone_try(now)  # a guard outside held the try's window at 0
         judged = now - observation.loop_stall_s >= self.stall_hold_s
         if self._policy_window_open(observation) and judged:
             self._stretch.add(observation)
@@ -336,15 +354,18 @@ class UnusedWindowGuard(Guard):
         if self.closed and judged:
             self._shut_stretch.add(observation)
             self._clients_window.observe(observation)
-            self._clients_costly |= self._clients_window.costly
             if self._clients_window.kept:
                 self._kept_window = self._clients_window
+            elif self._clients_window.costly:
+                self._kept_window = None  # the next shut measures at window 0 afresh
         elif self.closed:
             # the shut's clock stops while the loop stalls (and for the hold after it): a try
             # must show the traffic, and a stall shows none
             self._shut_at_s += observation.interval_s
         if not judged:
             self._evidence = _Evidence()  # the batches waited out the stall, not for company
+        elif self._on_trial:
+            self._trial_s += observation.interval_s
         verdict = self._verdict(observation) if judged else None
         probe = self._probe
         if probe is not None:
@@ -363,10 +384,11 @@ class UnusedWindowGuard(Guard):
         elif verdict is False:
             self._on_trial = False
         elif self.closed and judged:
-            self._rearm_on_load(observation.arrival_rate_rps)
+            self._rearm_on_load(observation.arrival_rate_rps, observation.current.window_ms)
         if self._retry_due(now):
             self.closed = False  # try the window again
             self._on_trial = True
+            self._trial_s = 0.0
         if self.closed and decision.window_ms > 0:
             window_ms = min(decision.window_ms, self._clients_window.window_ms or 0.0)
             return decision.with_(window_ms=window_ms, reason=WINDOW_UNUSED)
@@ -402,6 +424,7 @@ class UnusedWindowGuard(Guard):
         room = observation.current.max_batch_size / max(observation.mean_request_units, 1.0)
         self._fixed_set = mean_batch >= 2.0 and pool.largest <= min(mean_batch + 1.0, room - 1.0)
         self._clients = mean_batch if self._fixed_set else None
+        self._largest = pool.largest
         self._fired = "idle" if idle_test else "try_rate" if trial_test else "lonely"
         return unused or bool(lonely)
 
@@ -457,38 +480,60 @@ class UnusedWindowGuard(Guard):
         to probe it."""
         return self._fixed_set and self._stretch.seconds >= self._probe_every_s
 
-    def _rearm_on_load(self, rate_rps: float) -> None:
-        """Open the window when the arrival rate has grown ``rearm_factor`` times since it shut."""
+    def _rearm_on_load(self, rate_rps: float, window_ms: float) -> None:
+        """Open the window when the arrival rate has grown ``rearm_factor`` times over the
+        reference: the highest rate seen at the window in force (``window_ms``) since the tick
+        after the one that changed it."""
+        if not _same_window(window_ms, self._reference_window_ms):
+            # closed-loop clients come at the pace the window in force sets them (faster once
+            # it is shut, faster again at their own window): a rate seen at another window, or
+            # on the tick that changed it (which still answers the old one's batches), is not
+            # what a real rise in load must exceed
+            self._reference_window_ms = window_ms
+            self.closed_at_rate_rps = None
+            return
         reference = self.closed_at_rate_rps
         if reference is None:
-            # closed-loop clients come faster once the window is shut: that rate, not the one
-            # seen with the window open, is what a real rise in load must exceed
             self.closed_at_rate_rps = rate_rps
         elif rate_rps > self.rearm_factor * reference:
             self.closed = False
             self._on_trial = False
             self._shut_for_s = self.retry_s
-            self._clients_costly = False
             self._kept_window = None
         else:
             self.closed_at_rate_rps = max(reference, rate_rps)
 
+    def _postpone_try(self, now: float) -> None:
+        """A guard outside held a try's window at 0 (``StallGuard``, while loop stalls
+        recur): no verdict can come, and the clients' window is lost meanwhile. Shut again as
+        before, for as long as before."""
+        self.closed, self._on_trial = True, False
+        self._shut_at_s = now
+        self._shut_stretch = _Stretch()
+
     def _shut(self, now: float) -> None:
-        """Shut the window at ``now``: for twice as long as before if it was on trial (tried
-        again after a shut and shut again at its first verdict)."""
+        """Shut the window at ``now``: if it was on trial (tried again after a shut and shut
+        again at its first verdict), for twice as long as before and at least the try's length
+        over ``try_share``."""
         _log.info("controller.window_shut", test=self._fired, on_trial=self._on_trial)
+        kept = self._kept_window
+        if kept is not None and self._on_trial and kept.same_clients(float(self._largest)):
+            # a try of the wide window gathers the whole set into its batches; the first may
+            # hold the kept window's last few, so their mean is no measure of the set
+            self._clients = kept.clients
         if self._on_trial:
-            self._shut_for_s = min(self.max_retry_s, 2.0 * self._shut_for_s)
+            longer_s = max(2.0 * self._shut_for_s, self._trial_s / self.try_share)
+            self._shut_for_s = min(self.max_retry_s, longer_s)
         elif not self.closed:
             self._shut_for_s = self.retry_s
         self._on_trial = False
         self.closed = True
         self._shut_at_s = now
         self._shut_stretch = _Stretch()
-        clients = None if self._clients_costly else self._clients
-        kept = self._kept_window
+        clients = self._clients
         if kept is not None and kept.same_clients(clients):
             self._clients_window = _ClientsWindow.kept_from(kept)  # measured and judged before
         else:
             self._clients_window = _ClientsWindow(self.clients_share, clients)
-        self.closed_at_rate_rps = None  # measured on the first tick with the window shut
+        self.closed_at_rate_rps = None  # measured from the second tick with the window shut
+        self._reference_window_ms = None

@@ -54,6 +54,7 @@ def test_unused_window_closes_and_stays_closed_until_load_grows() -> None:
     lonely = observe(current=Decision(10.0, 64), mean_batch_size=1.0, arrival_rate_rps=50.0)
     assert guard.decide(lonely) == Decision(0.0, 64, "window_unused")
     calm = observe(current=Decision(0.0, 64), mean_batch_size=1.0, arrival_rate_rps=60.0)
+    assert guard.decide(calm).window_ms == 0.0  # the shut's first tick: no reference yet
     assert guard.decide(calm).window_ms == 0.0  # still closed: load barely moved
     busier = observe(current=Decision(0.0, 64), mean_batch_size=1.0, arrival_rate_rps=100.0)
     assert guard.decide(busier).window_ms == 10.0  # load doubled: the policy may try again
@@ -857,7 +858,7 @@ def test_shed_guard_bounds_the_queue_when_the_slo_is_out_of_reach_under_overload
 def test_a_shut_window_is_tried_again_and_shut_for_longer_each_time() -> None:
     """No cut is permanent: after ``retry_s`` the policy's window is tried again; a try that
     shuts again doubles the wait (closed-loop clients pay one tick per try, ever rarer)."""
-    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0, try_share=1.0)
     lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
 
     def tick(now_s: float, window_ms: float) -> float:
@@ -875,12 +876,39 @@ def test_a_shut_window_is_tried_again_and_shut_for_longer_each_time() -> None:
     assert tick(24.5, 0.0) == 10.0
 
 
+def test_tries_take_at_most_their_share_of_the_time() -> None:
+    """The README's FastAPI app: a try of the policy's 45 ms window costs 16 closed-loop clients
+    its answers (past the 50 ms SLO) until its verdict, a tick; tried 2 and 4 s after the shuts,
+    a quarter of a 40 s run's answers went to tries. The wait after a try that shut again is at
+    least the try's length over ``try_share``: a try of 0.25 s, at 5 %, keeps it shut for 5 s,
+    not 4; a try that took two ticks, for 10 s."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    wide, shut = Decision(45.0, 64), Decision(0.0, 64)
+    few = {**CLOSED_LOOP_WIDE, "batches": 1}  # too few batches for a verdict: a second tick
+
+    def tick(now_s: float, current: Decision, **fields: float) -> float:
+        observation = observe(now_s=now_s, current=current, **{**CLOSED_LOOP_WIDE, **fields})
+        return guard.decide(observation).window_ms
+
+    tick(2.0, wide)
+    assert tick(2.25, wide) == 0.0  # shut for 2 s
+    assert tick(4.25, shut) == 45.0  # tried again
+    assert tick(4.5, wide) == 0.0  # a tick's try: shut for 5 s
+    assert tick(9.25, shut) == 0.0
+    assert tick(9.5, shut) == 45.0
+    assert tick(9.75, wide, **few) == 45.0
+    assert tick(10.0, wide) == 0.0  # a try of two ticks: shut for 10 s
+    assert tick(19.75, shut) == 0.0
+    assert tick(20.0, shut) == 45.0
+
+
 def test_a_window_that_reopens_on_its_own_resets_the_wait() -> None:
     guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
     lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
     for now_s, window_ms in ((10.0, 10.0), (12.0, 0.0), (12.25, 10.0)):  # shut, try, shut
         guard.decide(observe(now_s=now_s, current=Decision(window_ms, 64), **lonely))
-    guard.decide(observe(now_s=12.5, current=Decision(0.0, 64), **lonely))  # the reference rate
+    for now_s in (12.5, 12.75):  # the shut's first tick (its batches), then the reference
+        guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), **lonely))
     busier = observe(now_s=13.0, current=Decision(0.0, 64), mean_batch_size=1.0)
     assert guard.decide(busier).window_ms == 10.0  # load grew: open, the wait back to 2 s
     assert guard.decide(observe(now_s=20.0, current=Decision(10.0, 64), **lonely)).window_ms == 0
@@ -948,9 +976,10 @@ def test_a_try_that_a_loop_stall_interrupts_still_doubles_the_wait() -> None:
     assert tick(2.25, wide) == 0.0  # shut for 2 s
     assert tick(4.25, shut) == 45.0  # tried again
     assert tick(4.5, wide, stall_end_s=24.4) == 45.0  # a 20 s stall: not judged
-    assert tick(25.5, wide, stall_end_s=24.4) == 0.0  # shut, for 4 s: the try failed
-    assert tick(27.55, shut) == 0.0
-    assert tick(29.5, shut) == 45.0
+    assert tick(25.5, wide, stall_end_s=24.4) == 0.0  # the try failed: shut for 5 s
+    assert tick(27.55, shut) == 0.0  # (its one judged tick over 5 %, not the stall's 21 s)
+    assert tick(29.5, shut) == 0.0
+    assert tick(30.5, shut) == 45.0
 
 
 def test_a_loop_stall_stops_the_shut_windows_clock() -> None:
@@ -974,13 +1003,65 @@ def test_a_loop_stall_stops_the_shut_windows_clock() -> None:
     assert after_stall[-1] == 45.0  # 25.0: 0.75 s of the 2 s counted before, 1.25 s after
 
 
+def test_clients_coming_faster_at_their_own_window_do_not_reopen_it() -> None:
+    """The README's app: 16 clients came at 670 req/s at window 0 and at 880-1020 at their
+    own 4.9 ms window, whose first ticks a loop stall's hold kept from the reference; 1020
+    read as a rise of 1.5x over 670 and re-armed the policy's 40 ms window, a shut and a
+    second at window 0 (the shut's first tick, 360 req/s as the reference, re-armed it once
+    more). The reference is now the rate at the window in force, from the tick after the
+    one that set it."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard, rate_rps=670.0)  # first tick at 420, then 670
+    assert held.window_ms > 0.0
+    after_stall = observe(now_s=12.5, current=held, arrival_rate_rps=1020.0,
+                          mean_batch_size=5.0, loop_stall_s=11.4)  # fmt: skip
+    assert guard.decide(after_stall) == held  # the stall's hold: not judged
+    for now_s in (12.75, 13.0):  # the first judged ticks at the held window: no re-arm
+        faster = observe(now_s=now_s, current=held, arrival_rate_rps=1020.0, mean_batch_size=5.0)
+        assert guard.decide(faster) == held
+    busier = observe(now_s=13.25, current=held, arrival_rate_rps=1600.0, mean_batch_size=5.0)
+    assert guard.decide(busier).window_ms == 45.0  # a real rise over the held window's rate
+
+
+def test_a_try_whose_first_batch_held_the_kept_windows_last_few_keeps_the_set() -> None:
+    """The README's app: the try's pooled batches held 14 on average, one of them the kept
+    window's last few and the rest all 16 clients; the mean, off by more than one, was read
+    as no fixed set, and the clients got window 0 for 33 s (0.8x the answers). A try whose
+    largest batch holds the kept set is that set."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept, then tried
+    assert tried == Decision(45.0, 64, "policy")
+    mixed = {**CLOSED_LOOP_WIDE, "mean_batch_size": 14.0, "batches": 5}
+    assert guard.decide(observe(now_s=13.0, current=tried, **mixed)) == held
+
+
+def test_a_try_that_a_guard_outside_holds_at_0_is_put_off() -> None:
+    """The README's app: a try fell due while loop stalls recurred, and ``StallGuard`` held the
+    policy's window at 0 for 1.25 s: no verdict could come, and the clients lost their own
+    window meanwhile (0.75x the rate). The clients' window is held again at once, and the
+    try put off by the shut's length."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept; 2 s since the shut: a try
+    assert tried == Decision(45.0, 64, "policy")
+    vetoed = observe(now_s=13.0, current=Decision(0.0, 64), arrival_rate_rps=560.0)
+    assert guard.decide(vetoed) == held  # held at 0 from outside: the clients' window again
+    assert _held(guard, held, 560.0, 13.25, 7) == held  # until 14.75: shut for 2 s
+    assert _held(guard, held, 560.0, 15.0, 1) == Decision(45.0, 64, "policy")
+
+
 def test_the_burst_after_a_loop_stall_does_not_reopen_a_shut_window() -> None:
     """Requests held up by a stall arrive at once when it ends: a rate that says nothing about
     the load, neither a reason to re-arm nor the reference a real rise must exceed."""
     guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=60.0)
     lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
     guard.decide(observe(now_s=10.0, current=Decision(10.0, 64), **lonely))  # shut
-    guard.decide(observe(now_s=10.25, current=Decision(0.0, 64), **lonely))  # reference 50
+    for now_s in (10.25, 10.5):  # the shut's first tick, then the reference: 50 req/s
+        guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), **lonely))
     burst = observe(
         now_s=30.0, current=Decision(0.0, 64), arrival_rate_rps=4000.0, loop_stall_s=29.9
     )
@@ -1029,8 +1110,8 @@ def test_a_window_that_slows_its_clients_is_probed_and_shut() -> None:
     assert shut_tick(11.0) == 0.0
     assert shut_tick(12.75) == 45.0
     assert _open_ticks(guard, 13.0, 1)[0] == Decision(0.0, 64, "window_unused")
-    assert shut_tick(16.25) == 0.0  # shut for 4 s now
-    assert shut_tick(17.0) == 45.0
+    assert shut_tick(17.0) == 0.0  # shut for 5 s now: a tick's try at 5 % of the time
+    assert shut_tick(18.0) == 45.0
 
 
 def test_a_probe_that_finds_the_rate_unmoved_doubles_the_time_to_the_next() -> None:
@@ -1128,11 +1209,14 @@ def test_clients_whose_requests_come_spread_out_get_a_share_of_their_round_trip(
 
 
 @pytest.mark.parametrize(("at_zero_rps", "held_rps"), [(560.0, 470.0), (120.0, 100.0)])
-def test_a_clients_window_that_slows_them_goes_back_to_0(
+def test_a_clients_window_that_slows_them_goes_back_to_0_until_judged_again(
     at_zero_rps: float, held_rps: float
 ) -> None:
     """At the window they come 1.19-1.2x slower than at window 0, beyond the 1.1x the window
-    should cost them: the device time saved did not pay, and later shuts keep 0."""
+    should cost them: the device time saved did not pay, and it goes back to 0. The next shut
+    measures and judges it afresh: in the README's app, the client's own hiccup (building a
+    20 MB body) spoilt one judgement, and window 0 for the rest of the run cost 0.7x the
+    answers of the 5 ms window."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard, rate_rps=at_zero_rps)
@@ -1144,8 +1228,11 @@ def test_a_clients_window_that_slows_them_goes_back_to_0(
     with capture_logs() as events:  # the try's batches: still the set, shut again
         guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
     assert [e["event"] for e in events] == ["controller.window_shut"]
-    again = _clients_window(guard, start_s=13.5)
-    assert again == Decision(0.0, 64, "window_unused")  # 0 at once now
+    again = _clients_window(guard, start_s=13.5)  # measured afresh at window 0
+    assert again.window_ms == pytest.approx(0.2 * 16 / 560 * 1e3)
+    with capture_logs() as events:
+        assert _held(guard, again, 560.0, 14.5, 4) == again  # as fast: kept
+    assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", True)]
 
 
 def test_a_kept_clients_window_is_held_again_at_once_after_a_try() -> None:
