@@ -360,6 +360,7 @@ class Controller:
             device_ms_per_request=busy_s * 1e3 / answered if answered else math.nan,
             device_busy_fraction=busy_s / interval / max(1, slots),
             telemetry=telemetry,
+            answer_share=_answer_share(recorder.answer_shares),
         )
 
     def _peak_rate(self, now: float, rate: float) -> float:
@@ -399,6 +400,20 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         co_tenant_fraction=observation.co_tenant_fraction,
         oom_errors=observation.oom_errors,
     )
+
+
+ANSWER_QUANTILE = 0.9
+"""The quantile of recent streaming batches' answer shares that plans take: the share of a
+batch's time before its first answer varies with the stream's length, and a high one keeps
+the latency planned for a request's own batch on the safe side."""
+
+
+def _answer_share(shares: Sequence[float]) -> float:
+    """``ANSWER_QUANTILE`` of ``shares`` (each in [0, 1]), 1 without any (not a stream)."""
+    if not shares:
+        return 1.0
+    ordered = sorted(shares)
+    return ordered[min(len(ordered) - 1, int(ANSWER_QUANTILE * len(ordered)))]
 
 
 def _smallest_oom(recorder: Recorder, calls: int) -> int | None:

@@ -417,7 +417,9 @@ class ShedGuard(Guard):
 
     A request that has not started by ``latency_ms - preprocess_ms - s(n)`` after its arrival,
     where ``n`` is the batch it will run in, cannot finish within the SLO: serving it late only
-    delays the requests behind it. The guard sets two such deadlines (the core gives each
+    delays the requests behind it. For a streaming model ``s(n)`` is the share of the batch's
+    time before its first answer (``Observation.answer_share``): its callers' latency ends
+    there. The guard sets two such deadlines (the core gives each
     arrival one, by the queue it joins):
 
     * ``shed_after_ms``, for a request that arrives into a queue already holding a full batch
@@ -470,16 +472,17 @@ class ShedGuard(Guard):
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
-        full = room - high(cap)
+        share = observation.answer_share  # a stream's callers are answered at its first step
+        full = room - share * high(cap)
         if full <= 0:
-            full = room - typical(cap)
+            full = room - share * typical(cap)
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all, but
             # under overload a queue left to grow makes every answer later without end: a
             # request not begun within one batch has a full batch ahead of it, and is failed
             late = typical(cap) if overload else None
             return decision.with_(max_batch_size=cap, shed_after_ms=late, shed_after_short_ms=late)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
-        short = max(full, room - typical(realised))
+        short = max(full, room - share * typical(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
 
 

@@ -269,6 +269,9 @@ class Observation:
             window and cap; :meth:`predicted_window_floor_ms`), ms: the part of the latency no
             setting removes, exempt from the SLO's margin by its share of the room (see
             :attr:`aim_budget_ms`; NaN: not known).
+        answer_share: the share of a batch's service time that passes before its callers'
+            first answer, a high quantile over recent batches (1: answers come at the end; a
+            streaming model's come at its first step, and the slot stays busy to the end).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -317,6 +320,7 @@ class Observation:
     telemetry: TelemetrySample = field(default_factory=TelemetrySample)
     window_budget_scale: float = 1.0
     window_floor_ms: float = math.nan
+    answer_share: float = 1.0
     _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property

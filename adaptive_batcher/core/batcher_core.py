@@ -330,12 +330,20 @@ class BatcherCore(Generic[H]):
         self.recorder.cancelled += cancelled
 
     def record_run(
-        self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
+        self,
+        end_s: float,
+        items: int,
+        units: int,
+        service_s: float,
+        window_idle_s: float = 0.0,
+        answer_s: float | None = None,
     ) -> None:
         """A model call on ``items`` requests (``units`` size units, padding included) ran for
         ``service_s`` seconds and ended at ``end_s``; ``window_idle_s`` as in
-        :attr:`Batch.window_idle_s` (count it for one call per batch only)."""
-        self.recorder.record_batch(end_s, items, units, service_s, window_idle_s)
+        :attr:`Batch.window_idle_s` (count it for one call per batch only); ``answer_s``: a
+        streaming call's first answer came that many seconds after it began (None: not a
+        stream, the answers came at its end)."""
+        self.recorder.record_batch(end_s, items, units, service_s, window_idle_s, answer_s)
 
     def record_device_time(self, busy_s: float) -> None:
         """The device ran model calls for ``busy_s`` seconds (every call counts: split, failed

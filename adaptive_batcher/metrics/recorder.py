@@ -13,6 +13,10 @@ from adaptive_batcher.metrics.histogram import CumulativeHistogram, Quantiles, S
 __all__ = ["BatchSample", "Counts", "Recorder"]
 
 
+ANSWER_SHARES = 64
+"""How many recent streaming batches' answer shares a recorder keeps."""
+
+
 class BatchSample(NamedTuple):
     """One finished batch: when it ended (s), items, size units, and model time (s)."""
 
@@ -121,6 +125,9 @@ class Recorder:
         self.window_batches = 0
         self.window_idle_s = 0.0
         self.device_busy_s = 0.0
+        # of each recent streaming batch, the share of its time that came before its first
+        # answer (its callers' latency ends there; the slot stays busy to the stream's end)
+        self.answer_shares: deque[float] = deque(maxlen=ANSWER_SHARES)
 
     @property
     def slo_latency_s(self) -> float:
@@ -133,11 +140,20 @@ class Recorder:
         self.latency.set_limit(limit_s)
 
     def record_batch(
-        self, end_s: float, items: int, units: int, service_s: float, window_idle_s: float = 0.0
+        self,
+        end_s: float,
+        items: int,
+        units: int,
+        service_s: float,
+        window_idle_s: float = 0.0,
+        answer_s: float | None = None,
     ) -> None:
         """A batch of ``items`` requests (``units`` size units) ran for ``service_s`` seconds;
-        ``window_idle_s`` > 0 when its window waited that long after its last arrival."""
+        ``window_idle_s`` > 0 when its window waited that long after its last arrival;
+        ``answer_s``: a streaming batch's time to its first answer, s (None: not a stream)."""
         self.batches.append(BatchSample(end_s, items, units, service_s))
+        if answer_s is not None and service_s > 0.0:
+            self.answer_shares.append(min(1.0, max(0.0, answer_s / service_s)))
         if window_idle_s > 0.0:
             self.window_batches += 1
             self.window_idle_s += window_idle_s

@@ -58,12 +58,14 @@ _NOT_RESULT_SEQUENCES = (Mapping, Set, str, bytes)  # a tuple: no union object b
 
 class ModelCall(NamedTuple):
     """One model call that succeeded: when it ended (s, the loop's clock), its requests, the
-    units it ran (padding included) and how long it took (s)."""
+    units it ran (padding included), how long it took (s) and, for a streaming model, how long
+    its first answer took (s; None: not a stream)."""
 
     end_s: float
     items: int
     units: int
     service_s: float
+    answer_s: float | None = None
 
 
 def fail_pending(requests: Sequence[Any], exc: BaseException, core: BatcherCore[Any]) -> int:

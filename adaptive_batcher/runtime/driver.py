@@ -301,7 +301,9 @@ class LoopDriver:
                 else:  # split: each call that succeeded is a run (the failed ones are not)
                     idle = batch.window_idle_s
                     for call in calls:
-                        core.record_run(call.end_s, call.items, call.units, call.service_s, idle)
+                        core.record_run(
+                            call.end_s, call.items, call.units, call.service_s, idle, call.answer_s
+                        )
                         idle = 0.0
                 if self.listeners:
                     record = BatchRecord(

@@ -29,13 +29,16 @@ once, when it ends: ``completed`` at its normal end (``within_slo`` if its first
 in time), ``failed`` at its error (the model raises, a close times out, after elements or not),
 and a caller that stops reading (or a ``submit`` caller cancelled) after its first element
 counts as ``completed``, one that stops before as ``cancelled``. So every count only goes up.
-The batch's service time is the whole stream.
+The batch's service time is the whole stream (its slot is busy to the end); its first step's
+time is recorded beside it, so that shedding leaves a request's own batch only the time to its
+first answer (``Observation.answer_share``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from operator import attrgetter
@@ -43,6 +46,7 @@ from typing import Any, TypeVar
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.core.batcher_core import BatcherCore
+from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.errors import (
     BatchFailedError,
     ConcurrentReadError,
@@ -50,7 +54,12 @@ from adaptive_batcher.errors import (
     StreamBufferFullError,
     describe,
 )
-from adaptive_batcher.runtime.batch_runner import BatchRunner, check_results, fail_pending
+from adaptive_batcher.runtime.batch_runner import (
+    BatchRunner,
+    ModelCall,
+    check_results,
+    fail_pending,
+)
 from adaptive_batcher.runtime.executors import StreamExecutor, close_stream
 from adaptive_batcher.runtime.requests import QueuedRequest
 
@@ -287,17 +296,23 @@ class StreamRunner(BatchRunner):
         self.core.count_completed(1, int(in_time))
         return True
 
-    async def run(self, requests: list[Any]) -> None:
+    async def run(self, requests: list[Any]) -> list[ModelCall] | None:
         """Stream ``requests`` through the model and settle each stream.
 
         Raises:
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
+
+        Returns:
+            The model call, with its first answer's time, when a step answered and the stream
+            ended without an error; None otherwise (the batch's time is its run's).
         """
         delivery = _Delivery(requests, self.core, self.clock, self.max_buffered, self.name)
         stream: AsyncIterator[Sequence[Any]] | None = None
+        started = self.clock()
         try:
-            batch = self.pad(list(map(_item_of, requests)), self._units(requests))
+            units = self._units(requests)
+            batch = self.pad(list(map(_item_of, requests)), units)
             expected = len(batch)  # before the model: it may change the list it is given
             stream = self.streamer.stream(batch)
             async for step in stream:
@@ -307,6 +322,7 @@ class StreamRunner(BatchRunner):
                 if self.hold and not await delivery.room():
                     break  # every caller left while the step was held
             delivery.end_all()
+            return self._answered_call(requests, units, started, delivery.first_step_s)
         except PaddingError as exc:  # before the model ran: nothing was delivered
             self.padding_failed(requests, exc)
         except Exception as exc:
@@ -326,6 +342,18 @@ class StreamRunner(BatchRunner):
         finally:
             if stream is not None:
                 await self._close(stream)
+        return None
+
+    def _answered_call(
+        self, requests: list[Any], units: int, started: float, first_step_s: float
+    ) -> list[ModelCall] | None:
+        """The stream's one model call, its first answer ``first_step_s - started`` after its
+        start (None: no step answered)."""
+        if math.isnan(first_step_s):
+            return None
+        ended = self.clock()
+        ran = pad_target(self.buckets, units) if self.buckets else units
+        return [ModelCall(ended, len(requests), ran, ended - started, first_step_s - started)]
 
     async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
         """Run the stream for ``items`` to its end, checking every step; returns no results.
@@ -373,6 +401,7 @@ class _Delivery:
         self.max_buffered = max_buffered  # None: unbounded
         self.name = name
         self.answered = False  # the first step has been handed out
+        self.first_step_s = math.nan  # when it was (the clock's time)
         # callers of submit(): their elements, set as their result at their end
         self.collected: dict[int, list[Any]] = {
             id(r): [] for r in requests if type(r) is not StreamRequest
@@ -382,6 +411,7 @@ class _Delivery:
         """Hand out one step; True while some caller is still reading."""
         if not self.answered:
             self.answered = True
+            self.first_step_s = self.clock()
             self._first_step()
         reading = False
         for request, element in zip(self.requests, step, strict=False):

@@ -256,3 +256,17 @@ def test_tail_slack_must_be_a_tail_slack(wrong: object) -> None:
     not at the first tick; False or 0 do not quietly give the default."""
     with pytest.raises(TypeError, match="tail_slack must be a TailSlack or None"):
         Controller(Spy(), Bounds(0.0, 50.0, 1, 128), tail_slack=wrong)  # type: ignore[arg-type]
+
+
+def test_a_streams_answer_share_is_a_high_quantile_of_its_recent_batches() -> None:
+    """Each streaming batch records when its first element came; the observation carries the
+    90th percentile of those shares of its time (1 without streams: answers at the end)."""
+    spy = Spy()
+    controller, recorder = started(spy, slo=SLO(latency_ms=100))
+    recorder.record_batch(0.1, 4, 4, 0.040)  # not a stream
+    controller.tick(0.25, recorder, queue_depth=0, queued_units=0, telemetry=UNKNOWN)
+    assert spy.seen[-1].answer_share == 1.0
+    for k in range(20):  # first elements after 1-20 % of each stream's time
+        recorder.record_batch(0.3 + 0.01 * k, 4, 4, 0.040, answer_s=0.0004 * (k + 1))
+    controller.tick(0.5, recorder, queue_depth=0, queued_units=0, telemetry=UNKNOWN)
+    assert spy.seen[-1].answer_share == pytest.approx(0.19)  # the 18th of 20, sorted

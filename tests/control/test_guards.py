@@ -669,6 +669,16 @@ def test_shed_guard_uses_the_error_bars() -> None:
     assert decision.shed_after_short_ms == pytest.approx(50.0 - 4.25)
 
 
+def test_shed_guard_leaves_a_stream_the_room_before_its_first_answer() -> None:
+    """A streaming model answers its callers at its first step, a tenth of the batch here: a
+    request that starts its batch by the room less a tenth of the batch's time is in time."""
+    stream = observe(answer_share=0.1)
+    decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(stream)
+    assert decision.max_batch_size == 64
+    assert decision.shed_after_ms == pytest.approx(50.0 - 0.72)
+    assert decision.shed_after_short_ms == pytest.approx(50.0 - 0.425)
+
+
 def test_shed_guard_refuses_batches_too_slow_for_the_slo() -> None:
     slow = linear_ms(4.0, 0.2)  # 256 -> 55 ms: cannot meet 50 ms; 64 -> 16.8 ms fits 40 ms
     decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(observe(service_median_ms=slow))

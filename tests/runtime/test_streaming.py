@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from adaptive_batcher import (
+    SLO,
     AdaptiveBatcher,
     BatcherClosedError,
     BatchFailedError,
@@ -20,6 +23,7 @@ from adaptive_batcher import (
     batched,
 )
 from adaptive_batcher.runtime.decorator import BatchedStream
+from adaptive_batcher.testing import run_in_virtual_time
 
 
 async def read(stream: AsyncIterator[Any]) -> list[Any]:
@@ -683,3 +687,38 @@ async def test_a_reader_cancelled_as_its_stream_fails_marks_the_error_read_at_on
     gate.set()
     assert await read(first) == [0]
     await batcher.aclose()
+
+
+def test_shedding_counts_a_streams_time_to_its_first_element() -> None:
+    """A stream's latency ends at its first element: a request that starts its batch by the
+    SLO less that first step's time is in time. Ten steps of 4 ms on 2 slots, SLO 102 ms,
+    622 req/s: the deadlines left the whole stream's time (40 ms and more), and 9 % of the
+    requests were shed that would have met the SLO (virtual time: exact)."""
+
+    async def model(batch: list[int]) -> AsyncIterator[list[int]]:
+        for _ in range(10):
+            await asyncio.sleep(0.004 + 0.0001 * len(batch))
+            yield list(batch)
+
+    async def main() -> tuple[int, int, int]:
+        batcher = AdaptiveBatcher(
+            model, slo=SLO(latency_ms=102), shed_late=True, max_concurrent_batches=2
+        )
+        rng = random.Random(1)
+
+        async def one(item: int) -> None:
+            with contextlib.suppress(DeadlineExceededError):
+                await read(batcher.submit_stream(item))
+
+        tasks = []
+        for item in range(3110):  # 5 s of Poisson arrivals at 622 req/s
+            tasks.append(asyncio.ensure_future(one(item)))
+            await asyncio.sleep(rng.expovariate(622.0))
+        await asyncio.gather(*tasks)
+        counts = batcher.stats().counts
+        await batcher.aclose()
+        return counts.expired, counts.completed, counts.within_slo
+
+    expired, completed, within = run_in_virtual_time(main())
+    assert expired == 0
+    assert completed == within == 3110
