@@ -178,6 +178,11 @@ class _ClientsWindow:
             self.costly = True
 
 
+def _pooled(ticks: deque[_Stretch]) -> _Stretch:
+    """The arrivals and seconds of ``ticks`` together."""
+    return _Stretch(sum(t.arrivals for t in ticks), sum(t.seconds for t in ticks))
+
+
 def _same_window(window_ms: float, other_ms: float | None) -> bool:
     """Whether two windows in force are the same one, within 10 % (or 0.05 ms)."""
     return other_ms is not None and math.isclose(window_ms, other_ms, rel_tol=0.1, abs_tol=0.05)
@@ -211,10 +216,11 @@ class UnusedWindowGuard(Guard):
     arrivals ``throttle_factor`` times the open window's rate over its latest second, beyond
     Poisson noise, shut it.
     The window then stays shut until the arrival rate rises by ``rearm_factor`` over the
-    highest seen at the window in force (from its second tick) or, at most, for ``retry_s``
-    (doubled after each try that shuts it again, and at least the try's length over
-    ``try_share``; a try whose arrivals fall by ``throttle_factor`` below the shut window's
-    shuts again; one that a guard outside holds at 0 is put off). A verdict waits for
+    highest seen at the window in force (from its second tick, each tick joining it a tick
+    late) or, at most, for ``retry_s`` (doubled after each try that shuts it again, and at
+    least the try's length over ``try_share``; a try whose arrivals fall by
+    ``throttle_factor`` below the shut's latest second shuts again; one that a guard outside
+    holds at 0 is put off). A verdict waits for
     ``min_batches`` batches, pooled over consecutive ticks with the window open (a wide window
     releases few batches a tick, and a try must not last longer for it), and a shortfall of
     company beyond Poisson noise. Shut is window 0, except in front of a fixed set of clients
@@ -311,11 +317,12 @@ class UnusedWindowGuard(Guard):
         self._largest = 0  # the largest of the latest verdict's batches
         self._evidence = _Evidence()
         self._stretch = _Stretch()
-        self._shut_stretch = _Stretch()  # arrivals while the window was last shut
         self._open_ticks: deque[_Stretch] = deque(maxlen=4)  # the open stretch's latest
         self.closed = False
         self.closed_at_rate_rps: float | None = None
         self._reference_window_ms: float | None = None  # the window the reference was seen at
+        self._latest_rate_rps: float | None = None  # the latest tick's, not yet in the reference
+        self._recent_shut: deque[_Stretch] = deque(maxlen=4)  # the shut's latest ticks
 
     def decide(self, observation: Observation) -> Decision:
         """The inner policy's decision, corrected; while this guard holds the window at 0, the
@@ -352,7 +359,7 @@ class UnusedWindowGuard(Guard):
             self._open_ticks.clear()
             self._fixed_set = False
         if self.closed and judged:
-            self._shut_stretch.add(observation)
+            self._recent_shut.append(_Stretch.of(observation))
             self._clients_window.observe(observation)
             if self._clients_window.kept:
                 self._kept_window = self._clients_window
@@ -451,8 +458,10 @@ class UnusedWindowGuard(Guard):
         return True if beyond_noise(promised, seen) else None
 
     def _throttled_on_trial(self) -> bool:
-        """Whether a window tried again brought fewer arrivals than it did while shut."""
-        shut, stretch = self._shut_stretch, self._stretch
+        """Whether a window tried again brought fewer arrivals than the shut's latest ticks
+        (at most four; over the whole shut, up to 64 s, a load that fell before the try read
+        as a throttle)."""
+        shut, stretch = _pooled(self._recent_shut), self._stretch
         if not self._on_trial or shut.seconds <= 0 or stretch.seconds <= 0:
             return False
         return rate_rose(stretch.rate_rps, stretch.seconds, shut.rate_rps * stretch.seconds,
@@ -461,8 +470,7 @@ class UnusedWindowGuard(Guard):
     def _recent_open(self) -> _Stretch:
         """Arrivals over the open stretch's latest ticks (at most four): what the probe is
         compared with (over the whole stretch, up to 64 s, a growing load read as a throttle)."""
-        ticks = self._open_ticks
-        return _Stretch(sum(t.arrivals for t in ticks), sum(t.seconds for t in ticks))
+        return _pooled(self._open_ticks)
 
     def _throttled_at_probe(self, probe: _Probe) -> bool:
         """Whether the probe's ticks (window 0) brought arrivals faster than the open window's;
@@ -490,9 +498,10 @@ class UnusedWindowGuard(Guard):
             # on the tick that changed it (which still answers the old one's batches), is not
             # what a real rise in load must exceed
             self._reference_window_ms = window_ms
-            self.closed_at_rate_rps = None
+            self.closed_at_rate_rps = self._latest_rate_rps = None
             return
-        reference = self.closed_at_rate_rps
+        reference, latest = self.closed_at_rate_rps, self._latest_rate_rps
+        self._latest_rate_rps = rate_rps
         if reference is None:
             self.closed_at_rate_rps = rate_rps
         elif rate_rps > self.rearm_factor * reference:
@@ -500,8 +509,10 @@ class UnusedWindowGuard(Guard):
             self._on_trial = False
             self._shut_for_s = self.retry_s
             self._kept_window = None
-        else:
-            self.closed_at_rate_rps = max(reference, rate_rps)
+        elif latest is not None:
+            # a tick joins the reference a tick late: one that a step in the load straddles
+            # reads part of the step, and as the reference it hid the step's next full tick
+            self.closed_at_rate_rps = max(reference, latest)
 
     def _postpone_try(self, now: float) -> None:
         """A guard outside held a try's window at 0 (``StallGuard``, while loop stalls
@@ -509,7 +520,7 @@ class UnusedWindowGuard(Guard):
         before, for as long as before."""
         self.closed, self._on_trial = True, False
         self._shut_at_s = now
-        self._shut_stretch = _Stretch()
+        self._recent_shut.clear()
 
     def _shut(self, now: float) -> None:
         """Shut the window at ``now``: if it was on trial (tried again after a shut and shut
@@ -529,7 +540,7 @@ class UnusedWindowGuard(Guard):
         self._on_trial = False
         self.closed = True
         self._shut_at_s = now
-        self._shut_stretch = _Stretch()
+        self._recent_shut.clear()
         clients = self._clients
         if kept is not None and kept.same_clients(clients):
             self._clients_window = _ClientsWindow.kept_from(kept)  # measured and judged before

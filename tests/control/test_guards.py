@@ -1064,6 +1064,44 @@ def test_a_try_that_a_guard_outside_holds_at_0_is_put_off() -> None:
     assert _held(guard, held, 560.0, 15.0, 1) == Decision(45.0, 64, "policy")
 
 
+def test_a_step_in_the_load_that_straddles_a_tick_reopens_the_window() -> None:
+    """A fresh user's trial: the load stepped 1.9x halfway through a tick; that tick read
+    1.45x and became the reference, so the next full tick read 1.31x of it, and the window
+    stayed shut until the next try (up to 64 s). A tick joins the reference a tick late."""
+    guard = guarded(UnusedWindowGuard, Decision(20.0, 64, "policy"), retry_s=60.0)
+    closed = {"mean_batch_size": 16.0, "largest_batch_size": 16, "batches": 40}
+    shut = Decision(0.0, 64)
+    guard.decide(observe(now_s=10.0, current=Decision(20.0, 64), arrival_rate_rps=640.0,
+                         window_idle_fraction=0.9, **closed))  # fmt: skip
+    for k, rate in enumerate((3600.0, 3600.0, 3600.0, 5220.0)):  # the step in the last tick
+        tick = observe(now_s=10.25 + 0.25 * k, current=shut, arrival_rate_rps=rate, **closed)
+        assert guard.decide(tick).window_ms == 0.0
+    stepped = observe(now_s=11.25, current=shut, arrival_rate_rps=6840.0, mean_batch_size=9.0)
+    assert guard.decide(stepped).window_ms == 20.0  # 1.9x the rate before the step
+
+
+def test_a_try_is_compared_with_the_shuts_latest_second() -> None:
+    """A fresh user's trial: 16 closed-loop clients (3,600 req/s at window 0) gave way to
+    open-loop traffic at 2,500 req/s a second before a try; against the whole shut's rate the
+    try read as a throttle and shut again, for twice as long. Against the shut's latest
+    ticks it is no throttle, and the window the policy chose stays."""
+    guard = guarded(UnusedWindowGuard, Decision(20.0, 64, "policy"), retry_s=4.0)
+    closed = {"mean_batch_size": 16.0, "largest_batch_size": 16, "batches": 40}
+    guard.decide(observe(now_s=10.0, current=Decision(20.0, 64), arrival_rate_rps=640.0,
+                         window_idle_fraction=0.9, **closed))  # fmt: skip
+    shut = Decision(0.0, 64)
+    for k in range(15):
+        rate, traffic = (3600.0, closed) if k < 11 else (2500.0, {"mean_batch_size": 9.0})
+        tick = observe(now_s=10.25 + 0.25 * k, current=shut, arrival_rate_rps=rate, **traffic)
+        assert guard.decide(tick).window_ms == 0.0
+    tried = observe(now_s=14.0, current=shut, arrival_rate_rps=2500.0, mean_batch_size=9.0)
+    assert guard.decide(tried).window_ms == 20.0  # 4 s: tried
+    open_loop = observe(now_s=14.25, current=Decision(20.0, 64), arrival_rate_rps=2500.0,
+                        mean_batch_size=51.0, largest_batch_size=64, batches=12,
+                        window_idle_fraction=0.02)  # fmt: skip
+    assert guard.decide(open_loop).window_ms == 20.0
+
+
 def test_the_burst_after_a_loop_stall_does_not_reopen_a_shut_window() -> None:
     """Requests held up by a stall arrive at once when it ends: a rate that says nothing about
     the load, neither a reason to re-arm nor the reference a real rise must exceed."""
