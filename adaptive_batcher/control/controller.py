@@ -403,9 +403,9 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
 
 
 ANSWER_QUANTILE = 0.9
-"""The quantile of recent streaming batches' answer shares that plans take: the share of a
-batch's time before its first answer varies with the stream's length, and a high one keeps
-the latency planned for a request's own batch on the safe side."""
+"""The quantile of recent streaming batches' answer shares that observations carry: the share
+of a batch's time before its first answer varies with the stream's length, and a high one keeps
+the shedding deadlines (``ShedGuard``) on the safe side."""
 
 
 def _answer_share(shares: Sequence[float]) -> float:

@@ -63,6 +63,11 @@ class _Stretch:
         """The tick's own arrivals and length."""
         return cls(observation.arrival_rate_rps * observation.interval_s, observation.interval_s)
 
+    @classmethod
+    def pooled(cls, ticks: deque[_Stretch]) -> _Stretch:
+        """The arrivals and seconds of ``ticks`` together."""
+        return cls(sum(t.arrivals for t in ticks), sum(t.seconds for t in ticks))
+
     def add(self, observation: Observation) -> None:
         tick = _Stretch.of(observation)
         self.arrivals += tick.arrivals
@@ -178,14 +183,40 @@ class _ClientsWindow:
             self.costly = True
 
 
-def _pooled(ticks: deque[_Stretch]) -> _Stretch:
-    """The arrivals and seconds of ``ticks`` together."""
-    return _Stretch(sum(t.arrivals for t in ticks), sum(t.seconds for t in ticks))
-
-
 def _same_window(window_ms: float, other_ms: float | None) -> bool:
     """Whether two windows in force are the same one, within 10 % (or 0.05 ms)."""
     return other_ms is not None and math.isclose(window_ms, other_ms, rel_tol=0.1, abs_tol=0.05)
+
+
+@dataclass(slots=True)
+class _RearmReference:
+    """The arrival rate a real rise in load must exceed while the window is shut: the highest
+    seen at the window in force, from the tick after the one that set it (closed-loop clients
+    come at the pace the window sets them: faster once it is shut, faster again at their own
+    window; the tick that changed it still answers the old one's batches), each tick joining
+    it a tick late (a tick that a step in the load straddles reads part of the step, and as
+    the reference at once it hid the step's next full tick)."""
+
+    window_ms: float | None = None  # the window in force it was seen at
+    rate_rps: float | None = None
+    latest_rps: float | None = None  # the latest tick's, not yet in it
+
+    def risen(self, rate_rps: float, window_ms: float, factor: float) -> bool:
+        """Take a tick's rate at the window in force; True when it is ``factor`` times the
+        reference."""
+        if not _same_window(window_ms, self.window_ms):
+            self.window_ms, self.rate_rps, self.latest_rps = window_ms, None, None
+            return False
+        reference, latest = self.rate_rps, self.latest_rps
+        self.latest_rps = rate_rps
+        if reference is None:
+            self.rate_rps = rate_rps
+            return False
+        if rate_rps > factor * reference:
+            return True
+        if latest is not None:
+            self.rate_rps = max(reference, latest)
+        return False
 
 
 def beyond_noise(expected: float, seen: float) -> bool:
@@ -319,9 +350,7 @@ class UnusedWindowGuard(Guard):
         self._stretch = _Stretch()
         self._open_ticks: deque[_Stretch] = deque(maxlen=4)  # the open stretch's latest
         self.closed = False
-        self.closed_at_rate_rps: float | None = None
-        self._reference_window_ms: float | None = None  # the window the reference was seen at
-        self._latest_rate_rps: float | None = None  # the latest tick's, not yet in the reference
+        self._reference = _RearmReference()  # measured afresh at each shut
         self._recent_shut: deque[_Stretch] = deque(maxlen=4)  # the shut's latest ticks
 
     def decide(self, observation: Observation) -> Decision:
@@ -461,7 +490,7 @@ class UnusedWindowGuard(Guard):
         """Whether a window tried again brought fewer arrivals than the shut's latest ticks
         (at most four; over the whole shut, up to 64 s, a load that fell before the try read
         as a throttle)."""
-        shut, stretch = _pooled(self._recent_shut), self._stretch
+        shut, stretch = _Stretch.pooled(self._recent_shut), self._stretch
         if not self._on_trial or shut.seconds <= 0 or stretch.seconds <= 0:
             return False
         return rate_rose(stretch.rate_rps, stretch.seconds, shut.rate_rps * stretch.seconds,
@@ -470,7 +499,7 @@ class UnusedWindowGuard(Guard):
     def _recent_open(self) -> _Stretch:
         """Arrivals over the open stretch's latest ticks (at most four): what the probe is
         compared with (over the whole stretch, up to 64 s, a growing load read as a throttle)."""
-        return _pooled(self._open_ticks)
+        return _Stretch.pooled(self._open_ticks)
 
     def _throttled_at_probe(self, probe: _Probe) -> bool:
         """Whether the probe's ticks (window 0) brought arrivals faster than the open window's;
@@ -490,29 +519,12 @@ class UnusedWindowGuard(Guard):
 
     def _rearm_on_load(self, rate_rps: float, window_ms: float) -> None:
         """Open the window when the arrival rate has grown ``rearm_factor`` times over the
-        reference: the highest rate seen at the window in force (``window_ms``) since the tick
-        after the one that changed it."""
-        if not _same_window(window_ms, self._reference_window_ms):
-            # closed-loop clients come at the pace the window in force sets them (faster once
-            # it is shut, faster again at their own window): a rate seen at another window, or
-            # on the tick that changed it (which still answers the old one's batches), is not
-            # what a real rise in load must exceed
-            self._reference_window_ms = window_ms
-            self.closed_at_rate_rps = self._latest_rate_rps = None
-            return
-        reference, latest = self.closed_at_rate_rps, self._latest_rate_rps
-        self._latest_rate_rps = rate_rps
-        if reference is None:
-            self.closed_at_rate_rps = rate_rps
-        elif rate_rps > self.rearm_factor * reference:
+        reference (:class:`_RearmReference`)."""
+        if self._reference.risen(rate_rps, window_ms, self.rearm_factor):
             self.closed = False
             self._on_trial = False
             self._shut_for_s = self.retry_s
             self._kept_window = None
-        elif latest is not None:
-            # a tick joins the reference a tick late: one that a step in the load straddles
-            # reads part of the step, and as the reference it hid the step's next full tick
-            self.closed_at_rate_rps = max(reference, latest)
 
     def _postpone_try(self, now: float) -> None:
         """A guard outside held a try's window at 0 (``StallGuard``, while loop stalls
@@ -546,5 +558,4 @@ class UnusedWindowGuard(Guard):
             self._clients_window = _ClientsWindow.kept_from(kept)  # measured and judged before
         else:
             self._clients_window = _ClientsWindow(self.clients_share, clients)
-        self.closed_at_rate_rps = None  # measured from the second tick with the window shut
-        self._reference_window_ms = None
+        self._reference = _RearmReference()

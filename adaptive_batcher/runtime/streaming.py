@@ -412,7 +412,7 @@ class _Delivery:
         if not self.answered:
             self.answered = True
             self.first_step_s = self.clock()
-            self._first_step()
+            self._first_step(self.first_step_s)
         reading = False
         for request, element in zip(self.requests, step, strict=False):
             future = request.handle
@@ -429,10 +429,11 @@ class _Delivery:
                 reading = True
         return reading
 
-    def _first_step(self) -> None:
-        """The latencies of the callers still open, whose first element this step holds."""
+    def _first_step(self, now: float) -> None:
+        """The latencies of the callers still open, whose first element this step holds at
+        ``now`` (the clock's time)."""
         pending = [r for r in self.requests if not r.handle.done()]
-        in_time = self.core.record_first_elements([r.arrival_s for r in pending], self.clock())
+        in_time = self.core.record_first_elements([r.arrival_s for r in pending], now)
         for request, good in zip(pending, in_time, strict=True):
             request.in_time = good
 
@@ -441,7 +442,7 @@ class _Delivery:
         no element has its latency, to this end, recorded now)."""
         if not self.answered:
             self.answered = True
-            self._first_step()
+            self._first_step(self.clock())
         for request in self.requests:
             if not request.handle.done():
                 self._end(request)
