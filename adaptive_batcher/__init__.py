@@ -36,6 +36,7 @@ from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
 from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
 from adaptive_batcher.runtime.collector import GCPauseProbe, freeze_after_warmup
 from adaptive_batcher.runtime.decorator import BatchedFunction, batched
+from adaptive_batcher.runtime.streaming import Stream
 from adaptive_batcher.slo import SLO
 
 __version__ = "0.1.0"
@@ -60,6 +61,7 @@ __all__ = [
     "PresetError",
     "QueueFullError",
     "ResultCountError",
+    "Stream",
     "StreamBufferFullError",
     "__version__",
     "batched",

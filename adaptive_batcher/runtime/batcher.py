@@ -13,7 +13,7 @@ import asyncio
 import functools
 import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -73,6 +73,10 @@ __all__ = ["AdaptiveBatcher", "BatchListener", "BatchRecord", "BatcherStats", "d
 
 X = TypeVar("X")
 Y = TypeVar("Y")
+
+ModelResult = Sequence[Y] | Awaitable[Sequence[Y]] | AsyncIterator[Sequence[Y]]
+"""What a model returns for a batch: its results, an awaitable of them, or (an async generator
+function, a streaming model) an async iterator of one element per item per ``yield``."""
 P = ParamSpec("P")
 
 _log = get_logger()
@@ -194,7 +198,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     @_settings_or_arguments
     def __init__(
         self,
-        model: Callable[[list[X]], Sequence[Y] | Awaitable[Sequence[Y]]],
+        model: Callable[[list[X]], ModelResult[Y]],
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         window_ms: float = DEFAULT_WINDOW_MS,
@@ -296,7 +300,7 @@ class AdaptiveBatcher(Generic[X, Y]):
     def from_preset(
         cls,
         preset: str | os.PathLike[str],
-        model: Callable[[list[Any]], Sequence[Any] | Awaitable[Sequence[Any]]],
+        model: Callable[[list[Any]], ModelResult[Any]],
         **overrides: Any,
     ) -> AdaptiveBatcher[Any, Any]:
         """A batcher configured by a scenario preset (see :mod:`adaptive_batcher.presets`).

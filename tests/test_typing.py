@@ -1,0 +1,50 @@
+"""The public API's types as a user's ``mypy --strict`` sees them (a model of each kind)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+mypy_api = pytest.importorskip("mypy.api", reason="mypy is a dev dependency")
+
+USER_CODE = """
+from collections.abc import AsyncIterator
+from typing import assert_type
+
+from adaptive_batcher import AdaptiveBatcher, Stream
+
+
+async def tokens(batch: list[str]) -> AsyncIterator[list[str]]:
+    for step in range(3):
+        yield [f"{text}{step}" for text in batch]
+
+
+def doubled(batch: list[int]) -> list[int]:
+    return [x * 2 for x in batch]
+
+
+async def halved(batch: list[int]) -> list[float]:
+    return [x / 2 for x in batch]
+
+
+async def main() -> None:
+    streaming = AdaptiveBatcher(tokens)
+    stream = streaming.submit_stream("a")
+    assert_type(stream, Stream[str])
+    async for token in stream:
+        assert_type(token, str)
+    assert_type(await AdaptiveBatcher(doubled).submit(1), int)
+    assert_type(await AdaptiveBatcher(halved).submit(1), float)
+"""
+
+
+def test_models_of_every_kind_type_check(tmp_path: Path) -> None:
+    """A sync, an ``async def`` and an async generator (streaming) model each give the
+    batcher their item and result types, with no error under ``--strict``."""
+    module = tmp_path / "user_service.py"
+    module.write_text(USER_CODE, encoding="utf-8")
+    cache = str(tmp_path / "mypy_cache")
+    out, err, status = mypy_api.run(["--strict", "--cache-dir", cache, str(module)])
+    assert status == 0, out + err
+    assert "Success" in out
