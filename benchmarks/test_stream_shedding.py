@@ -7,8 +7,9 @@ run), with shedding and without, on a grid: four stream shapes, SLOs of 2.5x and
 a stream of one, 1 and 2 slots, loads of 0.3, 0.7 and 1.1x the capacity at cap 32. Reported per
 cell: the share of requests answered within the SLO, with and without shedding, the share shed
 and the device time per answer. Target: shedding answers more than a point fewer within the SLO
-than no shedding in at most 11 of the 48 cells (it did in 16 when the deadlines left a request's
-own batch its whole stream, docs/policies.md, "ShedGuard").
+than no shedding in at most 8 of the 48 cells (it did in 16 when the deadlines left a request's
+own batch its whole stream, and in 11 when the overload cap still did, docs/policies.md,
+"ShedGuard").
 
 Run: ``python -m pytest benchmarks/test_stream_shedding.py`` (about 30 s).
 """
@@ -26,7 +27,7 @@ from benchmarks.conftest import report_lines
 
 SECONDS = 5.0
 SHAPES = ((3, 2.0, 0.1), (5, 2.0, 0.1), (10, 4.0, 0.1), (20, 1.0, 0.05))  # steps, ms, ms/item
-MOST_WORSE_CELLS = 11
+MOST_WORSE_CELLS = 8
 
 
 def _cells() -> list[tuple[int, float, float, float, int, int]]:
@@ -54,9 +55,8 @@ def _serve(cell: tuple[int, float, float, float, int, int], shed: bool) -> tuple
             yield list(batch)
 
     async def main() -> tuple[float, ...]:
-        streaming: Any = model  # the batcher's type hints name plain models only
         batcher = AdaptiveBatcher(
-            streaming, slo=SLO(latency_ms=slo_ms), shed_late=shed, max_concurrent_batches=slots
+            model, slo=SLO(latency_ms=slo_ms), shed_late=shed, max_concurrent_batches=slots
         )
         rng = random.Random(1)
 

@@ -447,8 +447,10 @@ class ShedGuard(Guard):
         if slo is None or not plan.ready:
             return decision
         room = observation.room_ms
+        share = observation.answer_share  # a stream's callers are answered at its first step
         high = observation.service_spread_ms or observation.service_median_ms
         typical = observation.service_median_bound_ms or observation.service_median_ms
+        high_answer, typical_answer = _answered(high, share), _answered(typical, share)
         # the deadlines enforce the SLO itself, so a full batch behind a full batch must fit
         # the room, not the target (whose margin is the p99 plan's)
         best = plan.throughput_cap(room) or decision.max_batch_size
@@ -463,27 +465,34 @@ class ShedGuard(Guard):
             # no cap both keeps up and fits twice: the most answers within the SLO; where not
             # even two of the smallest fit, the one batch whose wait gathers the most does
             arriving = _at_mean_rate(observation, plan)
-            off_grid = _fill_cap(arriving, room, high)
+            off_grid = _fill_cap(arriving, room, high_answer)
             if tail is None:
-                best = _one_batch_cap(arriving, room, typical, high, off_grid) or best
-            cap = _goodput_cap(arriving, room, best, high, off_grid) or best
+                best = _one_batch_cap(arriving, room, typical_answer, high_answer, off_grid) or best
+            cap = _goodput_cap(arriving, room, best, high_answer, off_grid, share) or best
         else:
             cap = min(decision.max_batch_size, fits)
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
-        share = observation.answer_share  # a stream's callers are answered at its first step
-        full = room - share * high(cap)
+        full = room - high_answer(cap)
         if full <= 0:
-            full = room - share * typical(cap)
+            full = room - typical_answer(cap)
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all, but
             # under overload a queue left to grow makes every answer later without end: a
             # request not begun within one batch has a full batch ahead of it, and is failed
             late = typical(cap) if overload else None
             return decision.with_(max_batch_size=cap, shed_after_ms=late, shed_after_short_ms=late)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
-        short = max(full, room - share * typical(realised))
+        short = max(full, room - typical_answer(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
+
+
+def _answered(service: Callable[[int], float], share: float) -> Callable[[int], float]:
+    """The time from a batch's start to its callers' answers, ms: ``share`` of ``service``
+    (a streaming model's first step; ``service`` itself at 1)."""
+    if share >= 1.0:
+        return service
+    return lambda units: share * service(units)
 
 
 def _one_batch_cap(
@@ -500,7 +509,8 @@ def _one_batch_cap(
     below that (:func:`_shed_answers`): a cap whose one batch just fits leaves no wait and
     answers almost nothing. Ties go to the higher throughput. ``off_grid``, a cap between the
     candidates (:func:`_fill_cap`), fills within the deadline that is set, ``room - high(cap)``
-    (``high``: with the error bars)."""
+    (``high``: with the error bars). ``typical`` and ``high`` run to the callers' answers
+    (a stream's first step: :func:`_answered`)."""
     answers = {cap: _shed_answers(plan, cap, room_ms - typical(cap)) for cap in plan.caps}
     if off_grid is not None:
         waited = room_ms - high(off_grid)
@@ -554,18 +564,21 @@ def _goodput_cap(
     best: int,
     high: Callable[[int], float],
     off_grid: int | None = None,
+    share: float = 1.0,
 ) -> int | None:
     """A cap above ``best`` (the highest-throughput cap whose two full batches fit
     ``room_ms``; it sheds what it cannot keep up with) whose batches answer more of the
     arrivals within the room, or None. Where the cap keeps up, the batches that form at window
     0 hold what arrived during the batch before (:func:`_natural_batch`), ``n`` units; a
-    request waits up to one cycle (``s(n) / slots``) and then rides its batch, so about
-    ``(room - s(n)) / cycle`` of them meet the room. Where it does not, its batches run full
-    of the requests that have waited at most ``room - high(cap)`` (``high``: the batch's time
-    with its error bars, ms; the shedding deadline drops the rest), so it answers its
-    throughput within the room while that wait gathers a full batch (:func:`_shed_answers`);
-    it is taken only for ``SHED_SWITCH_GAIN`` more answers than the alternative, and
-    ``off_grid`` (a cap between the candidates, :func:`_fill_cap`) for as much again.
+    request waits up to one cycle (``s(n) / slots``) and then rides its batch to its answers
+    (``share`` of it: 1, or a stream's first step), so about ``(room - share * s(n)) / cycle``
+    of them meet the room. Where it does not, its batches run full of the requests that have
+    waited at most ``room - high(cap)`` (``high``: the time from a batch's start to its
+    callers' answers with its error bars, ms; the shedding deadline drops the rest), so it
+    answers its throughput within the room while that wait gathers a full batch
+    (:func:`_shed_answers`); it is taken only for ``SHED_SWITCH_GAIN`` more answers than the
+    alternative, and ``off_grid`` (a cap between the candidates, :func:`_fill_cap`) for as
+    much again.
     With ``best``, ``throughput(best) / rate`` of them meet it (why: docs/policies.md,
     "ShedGuard")."""
     rate = plan.rate_units_per_s
@@ -582,7 +595,8 @@ def _goodput_cap(
                 answered /= 1.0 + SHED_SWITCH_GAIN
         else:
             service = plan.service_median_ms(units)
-            within = min(1.0, max(0.0, (room_ms - service) / (service / plan.slots)))
+            answered_ms = share * service  # its own batch, to its answers
+            within = min(1.0, max(0.0, (room_ms - answered_ms) / (service / plan.slots)))
             answered = within * rate
         if answered > most:
             chosen, most = cap, answered

@@ -744,6 +744,22 @@ def test_shed_guard_lets_natural_batches_keep_up_when_they_answer_more_in_time()
     assert decision.shed_after_ms == pytest.approx(50.0 - 26.4)
 
 
+def test_shed_guard_under_overload_counts_a_streams_wait_to_its_first_answer() -> None:
+    """A stream answers its callers at its first step (a fifth of the batch here). At 9k req/s
+    (3x slowed resnet50: no cap keeps up) full batches of 256 (45.6 ms, 5.6k/s) answer within
+    50 ms every request that began by 50 - 0.2 x 45.6 = 40.9 ms, a wait that gathers a full
+    batch: 9 % more than 163's 5.15k/s. Counting the whole batch before the answer, the wait
+    was 4.4 ms, 256 seemed to answer a sixth of its throughput, and the guard kept 163 (as it
+    does for a model that answers at the end)."""
+    for share, cap in ((0.2, 256), (1.0, 163)):
+        swamped = observe(
+            service_median_ms=_slowed_resnet, arrival_rate_rps=9000.0, answer_share=share
+        )
+        decision = guarded(ShedGuard, Decision(0.0, 256, "p")).decide(swamped)
+        assert decision.max_batch_size == cap
+        assert decision.shed_after_ms == pytest.approx(50.0 - share * _slowed_resnet(cap))
+
+
 def test_shed_guard_never_raises_the_cap_above_the_memory_ceiling() -> None:
     """After an out-of-memory error at 64 the memory guard holds the cap at 32. Under an
     overload the shed guard, which wraps it, would take 128 (64 before its overload law took
