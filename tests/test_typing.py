@@ -12,7 +12,8 @@ USER_CODE = """
 from collections.abc import AsyncIterator
 from typing import assert_type
 
-from adaptive_batcher import AdaptiveBatcher, Stream
+from adaptive_batcher import AdaptiveBatcher, Stream, batched
+from adaptive_batcher.runtime.decorator import BatchedStream
 
 
 async def tokens(batch: list[str]) -> AsyncIterator[list[str]]:
@@ -28,6 +29,26 @@ async def halved(batch: list[int]) -> list[float]:
     return [x / 2 for x in batch]
 
 
+@batched(max_batch_size=4)
+async def generate(prompts: list[str]) -> AsyncIterator[list[str]]:
+    yield prompts
+
+
+@batched()
+def scaled(xs: list[int]) -> list[float]:
+    return [x / 2 for x in xs]
+
+
+class Service:
+    @batched(max_batch_size=4)
+    async def generate(self, prompts: list[str]) -> AsyncIterator[list[str]]:
+        yield prompts
+
+    @batched()
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        return [[1.0] for _ in texts]
+
+
 async def main() -> None:
     streaming = AdaptiveBatcher(tokens)
     stream = streaming.submit_stream("a")
@@ -36,12 +57,21 @@ async def main() -> None:
         assert_type(token, str)
     assert_type(await AdaptiveBatcher(doubled).submit(1), int)
     assert_type(await AdaptiveBatcher(halved).submit(1), float)
+    assert_type(generate, BatchedStream[str, str])
+    async for token in generate("a"):
+        assert_type(token, str)
+    assert_type(await scaled(1), float)
+    service = Service()
+    assert_type(service.generate("a"), Stream[str])
+    assert_type(await service.embed("a"), list[float])
+    await generate.aclose(timeout_s=1.0)
 """
 
 
 def test_models_of_every_kind_type_check(tmp_path: Path) -> None:
     """A sync, an ``async def`` and an async generator (streaming) model each give the
-    batcher their item and result types, with no error under ``--strict``."""
+    batcher, and ``@batched`` on a function or a method, their item and result types, with no
+    error under ``--strict``."""
     module = tmp_path / "user_service.py"
     module.write_text(USER_CODE, encoding="utf-8")
     cache = str(tmp_path / "mypy_cache")

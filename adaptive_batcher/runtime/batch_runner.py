@@ -334,11 +334,14 @@ def check_results(results: Any, expected: int) -> None:
     try:
         count = len(results)
     except TypeError:
-        hint = (
-            " (a plain function returned a coroutine: make the model itself `async def`)"
-            if inspect.iscoroutine(results)
-            else ""
-        )
+        hint = ""
+        if inspect.iscoroutine(results):
+            hint = " (a plain function returned a coroutine: make the model itself `async def`)"
+        elif inspect.isasyncgen(results):
+            hint = (
+                " (a plain function returned an async generator: make the model itself an"
+                " `async def` generator function, or wrap one with functools.wraps)"
+            )
         raise ResultCountError(
             f"model returned {type(results).__name__}, expected a sequence of {expected} "
             f"results{hint}"

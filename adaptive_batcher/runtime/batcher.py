@@ -327,6 +327,11 @@ class AdaptiveBatcher(Generic[X, Y]):
     async def submit(self, item: X, *, deadline_ms: float | None = None) -> Y:
         """Queue ``item`` and return its result once its batch has run.
 
+        On a streaming model the result is the list of the caller's elements, once its stream
+        has ended. Its static type is still ``Y``, the element's (the batcher's type does not
+        say which kind of model it holds): ``typing.cast`` it to ``list[Y]``, or read the
+        elements with :meth:`submit_stream`.
+
         Args:
             item: one input; its size is ``size_fn(item)`` units (1 by default).
             deadline_ms: if the request has not started within this many ms of now, it fails with

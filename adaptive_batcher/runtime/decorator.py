@@ -6,14 +6,14 @@ import asyncio
 import copy
 import functools
 import weakref
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher
 from adaptive_batcher.runtime.executors import is_stream_callable
 from adaptive_batcher.runtime.streaming import Stream
 
-__all__ = ["BatchedFunction", "BatchedStream", "batched"]
+__all__ = ["BatchedDecorator", "BatchedFunction", "BatchedStream", "batched"]
 
 X = TypeVar("X")
 Y = TypeVar("Y")
@@ -107,15 +107,17 @@ class BatchedFunction(Generic[X, Y]):
                 max_concurrent_batches=max_concurrent_batches,
             )
 
-    async def aclose(self, *, drain: bool = True) -> None:
-        """Close the batcher of the running loop (a later call starts a new one)."""
+    async def aclose(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Close the batcher of the running loop (a later call starts a new one); ``drain``
+        and ``timeout_s`` as for :meth:`AdaptiveBatcher.aclose` (a hung model's callers fail
+        with ``BatcherClosedError`` once ``timeout_s`` runs out)."""
         loop = asyncio.get_running_loop()
         batcher = self._batchers.pop(loop, None)
         self._last = None
         if batcher is not None:
-            await batcher.aclose(drain=drain)
+            await batcher.aclose(drain=drain, timeout_s=timeout_s)
 
-    def __get__(self, instance: object, owner: type | None = None) -> BatchedFunction[X, Y]:
+    def __get__(self, instance: object, owner: type | None = None) -> Self:
         if instance is None:
             return self
         key = f"__batched_{self._fn.__name__}"
@@ -126,7 +128,7 @@ class BatchedFunction(Generic[X, Y]):
                 f"@batched on a method needs instances with a __dict__ to keep their batcher; "
                 f"{type(instance).__name__} uses __slots__ without __dict__"
             ) from None
-        bound: BatchedFunction[X, Y] | None = namespace.get(key)
+        bound: Self | None = namespace.get(key)
         if bound is None:
             bound = type(self)(self._fn.__get__(instance, owner), self._options)
             namespace[key] = bound
@@ -147,7 +149,31 @@ class BatchedStream(BatchedFunction[X, Y]):
         return self.batcher.submit_stream(item, deadline_ms=deadline_ms)
 
 
-def batched(**options: Any) -> Callable[[Callable[..., Any]], BatchedFunction[Any, Any]]:
+class BatchedDecorator(Protocol):
+    """What ``batched(...)`` returns: it turns a batch function into a :class:`BatchedStream`
+    (an async generator function, or method) or a :class:`BatchedFunction` (any other), typed
+    by the function's item and result types."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[list[X]], AsyncIterator[Sequence[Y]]]
+    ) -> BatchedStream[X, Y]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[Any, list[X]], AsyncIterator[Sequence[Y]]]
+    ) -> BatchedStream[X, Y]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[list[X]], Awaitable[Sequence[Y]] | Sequence[Y]]
+    ) -> BatchedFunction[X, Y]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[Any, list[X]], Awaitable[Sequence[Y]] | Sequence[Y]]
+    ) -> BatchedFunction[X, Y]: ...
+    def __call__(self, fn: Callable[..., Any]) -> BatchedFunction[Any, Any]: ...
+
+
+def batched(**options: Any) -> BatchedDecorator:
     """Decorate ``fn(batch: list[X]) -> list[Y]`` (sync or async; function or method).
 
     An async generator function (each ``yield`` one element per item) becomes a
@@ -170,4 +196,4 @@ def batched(**options: Any) -> Callable[[Callable[..., Any]], BatchedFunction[An
             return BatchedStream(fn, options)
         return BatchedFunction(fn, options)
 
-    return decorate
+    return decorate  # type: ignore[return-value]  # the overloads narrow what decorate returns

@@ -270,8 +270,10 @@ async def close_stream(stream: AsyncIterator[Any]) -> None:
 
 
 def is_stream_callable(fn: Callable[..., Any]) -> bool:
-    """True for async generator functions and objects whose ``__call__`` is one."""
-    if inspect.isasyncgenfunction(fn):
+    """True for async generator functions, wrappers of one made with ``functools.wraps`` (a
+    logging or tracing decorator: its calls return the wrapped one's generator), and objects
+    whose ``__call__`` is one."""
+    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(inspect.unwrap(fn)):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
     return call is not None and inspect.isasyncgenfunction(call)

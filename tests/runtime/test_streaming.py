@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -499,6 +500,51 @@ async def test_an_object_whose_call_is_an_async_generator_streams() -> None:
 
     async with AdaptiveBatcher(StreamingCallable(), max_batch_size=2, window_ms=10) as batcher:
         assert await read(batcher.submit_stream("a")) == ["a"]
+
+
+async def test_a_streaming_model_behind_a_functools_wraps_decorator_still_streams() -> None:
+    """A logging or tracing decorator made with ``functools.wraps`` returns the wrapped async
+    generator's stream: the batcher sees through it (it used to take the model for a plain
+    one and fail every request with ``ResultCountError``)."""
+    calls: list[int] = []
+
+    def traced(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(batch: list[str]) -> Any:
+            calls.append(len(batch))
+            return fn(batch)
+
+        return wrapper
+
+    async with AdaptiveBatcher(traced(three_steps), max_batch_size=4, window_ms=20) as batcher:
+        assert await read(batcher.submit_stream("a")) == ["a0", "a1", "a2"]
+    assert calls == [1]
+
+
+async def test_a_plain_function_returning_an_async_generator_says_how_to_fix_it() -> None:
+    """A model that cannot be seen to stream (a lambda around a generator function) fails its
+    callers with a hint, as a plain function that returns a coroutine does."""
+    async with AdaptiveBatcher(lambda batch: three_steps(batch), window_ms=1) as batcher:
+        with pytest.raises(ResultCountError, match="returned an async generator"):
+            await batcher.submit("a")
+
+
+async def test_batched_close_with_a_timeout_ends_a_hung_streams_callers() -> None:
+    """``aclose(timeout_s=...)`` on the decorated function, as on the batcher: a model that
+    never yields again cannot hold the close, and its caller gets a typed error."""
+
+    @batched(max_batch_size=2, window_ms=1)
+    async def hangs(prompts: list[str]) -> AsyncIterator[list[str]]:
+        yield list(prompts)
+        await asyncio.Event().wait()
+        yield list(prompts)
+
+    stream = hangs("x")
+    assert await anext(stream) == "x"  # the model now hangs before its second step
+    reading = asyncio.ensure_future(read_until_error(stream))
+    await asyncio.wait_for(hangs.aclose(timeout_s=0.05), timeout=5.0)
+    seen, error = await reading
+    assert seen == [] and isinstance(error, BatcherClosedError)
 
 
 async def test_batched_on_an_async_generator_gives_streams() -> None:
