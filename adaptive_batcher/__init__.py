@@ -35,7 +35,7 @@ from adaptive_batcher.presets import (
 from adaptive_batcher.runtime.batcher import AdaptiveBatcher, BatcherStats
 from adaptive_batcher.runtime.collate import concat_rows, pad_rows, repeat_last, row_count, stacked
 from adaptive_batcher.runtime.collector import GCPauseProbe, freeze_after_warmup
-from adaptive_batcher.runtime.decorator import BatchedFunction, batched
+from adaptive_batcher.runtime.decorator import BatchedFunction, BatchedStream, batched
 from adaptive_batcher.runtime.streaming import Stream
 from adaptive_batcher.slo import SLO
 
@@ -46,6 +46,7 @@ __all__ = [
     "AdaptiveBatcher",
     "BatchFailedError",
     "BatchedFunction",
+    "BatchedStream",
     "BatcherClosedError",
     "BatcherError",
     "BatcherStats",

@@ -12,8 +12,7 @@ USER_CODE = """
 from collections.abc import AsyncIterator
 from typing import assert_type
 
-from adaptive_batcher import AdaptiveBatcher, Stream, batched
-from adaptive_batcher.runtime.decorator import BatchedStream
+from adaptive_batcher import AdaptiveBatcher, BatchedStream, Stream, batched
 
 
 async def tokens(batch: list[str]) -> AsyncIterator[list[str]]:
