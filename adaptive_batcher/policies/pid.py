@@ -7,7 +7,8 @@ tail latency fits the planning budget ``window_budget * (1 + u)`` (the SLO's bud
 by the room the measured tail shows: :class:`~adaptive_batcher.control.slack.TailSlack`).
 ``u`` in [-1, 0] is the output of a velocity-form PID on the normalised latency error
 ``(target - latency) / target``, with conditional integration (none while overloaded, nor for
-``settle_s`` after an overload or a stall) and derivative on the measurement. The law, its
+``settle_s`` after an overload or a stall; stalls that hold it ``settle_s`` without a break
+relax ``u`` toward 0) and derivative on the measurement. The law, its
 reason tags and the figures behind it: docs/policies.md, "PID". Source: Åström & Hägglund,
 "Advanced PID Control", 2006.
 """
@@ -72,6 +73,7 @@ class PID:
         self._error: float | None = None
         self._measurements: list[float] = []
         self._overloaded_at = -math.inf
+        self._held_since = math.inf  # since when stalls have held the overshoot without a break
 
     def reset(self, current: Decision) -> None:
         """Take over from ``current``: the plan is trusted again, derivative memory cleared."""
@@ -118,11 +120,22 @@ class PID:
             # the overshoot follows a stall (of the loop, or a batch far beyond the error
             # bars) still in the measurement: the queue behind it, not the window, set it
             self._error = None
+            self._relax_while_held(observation.now_s)
             return True
+        self._held_since = math.inf
         self._measurements = [*self._measurements[-2:], latency]
         self.output = max(-1.0, min(0.0, self.output + self._step(error, target)))
         self._error = error
         return False
+
+    def _relax_while_held(self, now_s: float) -> None:
+        """Stalls that recur blind the feedback for good: once they have held it for
+        ``settle_s`` without a break, the trim decays toward the plan by ``ki`` a tick (a
+        trim made before the stalls were known would otherwise hold a narrow window whose
+        emptier batches meet more of them)."""
+        self._held_since = min(self._held_since, now_s)
+        if now_s - self._held_since >= self.settle_s:
+            self.output *= 1.0 - min(self.ki, 1.0)
 
     def _step(self, error: float, target_ms: float) -> float:
         previous = self._error if self._error is not None else error

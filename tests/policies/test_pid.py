@@ -177,6 +177,36 @@ def test_an_overshoot_after_a_stall_does_not_narrow_the_window() -> None:
     assert recovering.output > before
 
 
+def test_stalls_that_recur_relax_a_trim_made_before_them() -> None:
+    """A trim made before the stalls were known is no measure of the window once stalls hold
+    every tick: after ``settle_s`` of holds without a break it decays toward the plan (a
+    narrow window's emptier batches meet more stalls). One stall's hold leaves it as it was."""
+    pid = PID(settle_s=2.0)
+    now = 10.0
+    while pid.output > -1.0:  # an overshoot before any stall was seen trims to window 0
+        pid.decide(observe(now_s=now, latency_ms=200.0))
+        now += 0.25
+    assert pid.decide(observe(now_s=now, latency_ms=200.0)).window_ms == 0.0
+    held = [
+        pid.decide(observe(now_s=now + 0.25 * k, latency_ms=90.0, last_stall_s=now + 0.25 * k))
+        for k in range(1, 9)
+    ]  # a stall every tick for 2 s: the hold goes on
+    assert all(d.reason == "pid.stall" for d in held)
+    assert pid.output == -1.0  # within settle_s of the first hold: nothing moves
+    now += 0.25 * 8
+    for _ in range(12):  # 3 s more of stalls
+        now += 0.25
+        decision = pid.decide(observe(now_s=now, latency_ms=90.0, last_stall_s=now))
+    assert -0.5 < pid.output < 0.0 and decision.window_ms > 0.0
+    assert decision.reason == "pid.stall"
+    # a tick that the feedback reads again ends the run of holds: the next stall's hold
+    # starts its own settle_s
+    pid.decide(observe(now_s=now + 5.0, latency_ms=200.0, last_stall_s=now))
+    trimmed = pid.output
+    pid.decide(observe(now_s=now + 5.25, latency_ms=90.0, last_stall_s=now + 5.25))
+    assert pid.output == trimmed
+
+
 def test_an_overshoot_after_a_loop_stall_holds_whatever_the_outliers() -> None:
     """A stall of the event loop (a timer that fired late) made the latency, not the window:
     the overshoot it leaves in the measure narrows nothing, even when outliers scale with the
