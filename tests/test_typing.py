@@ -38,6 +38,20 @@ def scaled(xs: list[int]) -> list[float]:
     return [x / 2 for x in xs]
 
 
+class Rows:  # one row per item, not a Sequence (as a tensor or an array)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> float:
+        return 0.0
+
+
+@batched()
+def as_rows(xs: list[int]) -> Rows:
+    return Rows()
+
+
 class Service:
     @batched(max_batch_size=4)
     async def generate(self, prompts: list[str]) -> AsyncIterator[list[str]]:
@@ -64,6 +78,7 @@ async def main() -> None:
     assert_type(service.generate("a"), Stream[str])
     assert_type(await service.embed("a"), list[float])
     await generate.aclose(timeout_s=1.0)
+    await as_rows(1)  # results not a Sequence: untyped, but no error
 """
 
 

@@ -336,7 +336,10 @@ def check_results(results: Any, expected: int) -> None:
     except TypeError:
         hint = ""
         if inspect.iscoroutine(results):
-            hint = " (a plain function returned a coroutine: make the model itself `async def`)"
+            hint = (
+                " (a plain function returned a coroutine: make the model itself `async def`,"
+                " and a decorator's wrapper of it `async def` too)"
+            )
         elif inspect.isasyncgen(results):
             hint = (
                 " (a plain function returned an async generator: make the model itself an"

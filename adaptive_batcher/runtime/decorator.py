@@ -112,10 +112,15 @@ class BatchedFunction(Generic[X, Y]):
         and ``timeout_s`` as for :meth:`AdaptiveBatcher.aclose` (a hung model's callers fail
         with ``BatcherClosedError`` once ``timeout_s`` runs out)."""
         loop = asyncio.get_running_loop()
-        batcher = self._batchers.pop(loop, None)
+        batcher = self._batchers.get(loop)
         self._last = None
-        if batcher is not None:
+        if batcher is None:
+            return
+        try:  # kept meanwhile, so that a second close waits for this one (a call opens anew)
             await batcher.aclose(drain=drain, timeout_s=timeout_s)
+        finally:
+            if self._batchers.get(loop) is batcher:
+                del self._batchers[loop]
 
     def __get__(self, instance: object, owner: type | None = None) -> Self:
         if instance is None:
@@ -151,8 +156,10 @@ class BatchedStream(BatchedFunction[X, Y]):
 
 class BatchedDecorator(Protocol):
     """What ``batched(...)`` returns: it turns a batch function into a :class:`BatchedStream`
-    (an async generator function, or method) or a :class:`BatchedFunction` (any other), typed
-    by the function's item and result types."""
+    (an async generator function or method, or a function annotated to return an async
+    iterator) or a :class:`BatchedFunction` (any other), typed by the function's item and
+    result types where its results are a sequence (a function returning one tensor or array
+    for the batch is ``BatchedFunction[Any, Any]``)."""
 
     @overload
     def __call__(
@@ -170,6 +177,8 @@ class BatchedDecorator(Protocol):
     def __call__(
         self, fn: Callable[[Any, list[X]], Awaitable[Sequence[Y]] | Sequence[Y]]
     ) -> BatchedFunction[X, Y]: ...
+    @overload
+    def __call__(self, fn: Callable[..., Any]) -> BatchedFunction[Any, Any]: ...
     def __call__(self, fn: Callable[..., Any]) -> BatchedFunction[Any, Any]: ...
 
 

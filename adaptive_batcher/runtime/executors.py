@@ -270,13 +270,39 @@ async def close_stream(stream: AsyncIterator[Any]) -> None:
 
 
 def is_stream_callable(fn: Callable[..., Any]) -> bool:
-    """True for async generator functions, wrappers of one made with ``functools.wraps`` (a
-    logging or tracing decorator: its calls return the wrapped one's generator), and objects
-    whose ``__call__`` is one."""
-    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(inspect.unwrap(fn)):
+    """True for async generator functions; plain functions annotated to return an async
+    iterator (``-> AsyncIterator[...]``, as a type checker reads them); plain wrappers of
+    either made with ``functools.wraps`` (a logging or tracing decorator: its calls return the
+    wrapped one's generator); and objects whose ``__call__`` is one. An ``async def`` is never
+    one, whatever it wraps: its calls return a coroutine."""
+    if inspect.isasyncgenfunction(fn):
+        return True
+    if inspect.iscoroutinefunction(fn):
+        return False
+    unwrapped = inspect.unwrap(fn)
+    if inspect.isasyncgenfunction(unwrapped) or _returns_async_iterator(unwrapped):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
     return call is not None and inspect.isasyncgenfunction(call)
+
+
+_ASYNC_ITERATORS = ("AsyncIterator", "AsyncGenerator", "AsyncIterable")
+
+
+def _returns_async_iterator(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a plain function whose return annotation is an async iterator type
+    (a string annotation is read by its name, without evaluating it)."""
+    if not inspect.isfunction(fn) or inspect.iscoroutinefunction(fn):
+        return False
+    annotation = fn.__annotations__.get("return")
+    if annotation is None:
+        return False
+    if isinstance(annotation, str):
+        name = annotation.split("[", 1)[0].rsplit(".", 1)[-1].strip()
+    else:
+        origin = getattr(annotation, "__origin__", annotation)
+        name = getattr(origin, "__name__", "")
+    return name in _ASYNC_ITERATORS
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:

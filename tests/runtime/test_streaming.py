@@ -521,6 +521,27 @@ async def test_a_streaming_model_behind_a_functools_wraps_decorator_still_stream
     assert calls == [1]
 
 
+async def test_what_a_model_returns_decides_if_it_streams_not_what_it_wraps() -> None:
+    """A plain function annotated ``-> AsyncIterator[...]`` streams (as a type checker reads
+    it, and its calls return a generator); an ``async def`` wrapper of a generator function,
+    made with ``functools.wraps``, is a plain async model (its calls return a coroutine)."""
+
+    def first_two(batch: list[str]) -> AsyncIterator[list[str]]:
+        return three_steps(batch)
+
+    @functools.wraps(three_steps)
+    async def last_step(batch: list[str]) -> list[str]:
+        last: list[str] = []
+        async for step in three_steps(batch):
+            last = step
+        return last
+
+    async with AdaptiveBatcher(first_two, window_ms=1) as streaming:
+        assert await read(streaming.submit_stream("a")) == ["a0", "a1", "a2"]
+    async with AdaptiveBatcher(last_step, window_ms=1) as whole:
+        assert await whole.submit("b") == "b2"
+
+
 async def test_a_plain_function_returning_an_async_generator_says_how_to_fix_it() -> None:
     """A model that cannot be seen to stream (a lambda around a generator function) fails its
     callers with a hint, as a plain function that returns a coroutine does."""
@@ -545,6 +566,28 @@ async def test_batched_close_with_a_timeout_ends_a_hung_streams_callers() -> Non
     await asyncio.wait_for(hangs.aclose(timeout_s=0.05), timeout=5.0)
     seen, error = await reading
     assert seen == [] and isinstance(error, BatcherClosedError)
+
+
+async def test_a_second_close_of_a_batched_function_waits_for_the_first() -> None:
+    """Two tasks close the same ``@batched`` function at once: neither returns before its
+    batcher is closed (the second used to find nothing to close and return at once, with
+    the hung call still pending)."""
+    release = asyncio.Event()
+
+    @batched(max_batch_size=2, window_ms=1)
+    async def hangs(xs: list[int]) -> list[int]:
+        await release.wait()
+        return xs
+
+    call = asyncio.ensure_future(hangs(1))
+    await asyncio.sleep(0.01)  # the call's batch is running
+    first = asyncio.ensure_future(hangs.aclose(timeout_s=0.3))
+    second = asyncio.ensure_future(hangs.aclose(timeout_s=0.3))
+    await asyncio.sleep(0.05)
+    assert not second.done() and not call.done()
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=5.0)
+    with pytest.raises(BatcherClosedError):
+        await call
 
 
 async def test_batched_on_an_async_generator_gives_streams() -> None:
