@@ -144,11 +144,7 @@ class BudgetGuard(Guard):
     def _note_batches(self, observation: Observation) -> None:
         """Lower :attr:`smallest_units_seen` to the tick's mean batch, in units (its smallest
         batch was at most that)."""
-        if observation.batches > 0:
-            mean_units = observation.fill_ratio * observation.current.max_batch_size
-            if mean_units >= 1.0:  # False for NaN
-                floor = math.floor(mean_units + 1e-9)  # a mean of whole units, in floats
-                self.smallest_units_seen = min(self.smallest_units_seen, floor)
+        self.smallest_units_seen = _smallest_seen(self.smallest_units_seen, observation)
 
     def _floor_service_ms(self, observation: Observation, smallest: int) -> float:
         """The service time of a batch of ``smallest`` units as far as the batches seen show
@@ -181,6 +177,17 @@ class BudgetGuard(Guard):
             )
         self.slo_unreachable = unreachable
         return unreachable
+
+
+def _smallest_seen(smallest: float, observation: Observation) -> float:
+    """``smallest`` (units; inf: no batch yet) lowered to the tick's mean batch in units: the
+    tick's smallest batch was at most that."""
+    if observation.batches > 0:
+        mean_units = observation.fill_ratio * observation.current.max_batch_size
+        if mean_units >= 1.0:  # False for NaN
+            floor = math.floor(mean_units + 1e-9)  # a mean of whole units, in floats
+            return min(smallest, floor)
+    return smallest
 
 
 class PowerGuard(Guard):
@@ -442,7 +449,13 @@ class ShedGuard(Guard):
 
     sheds: ClassVar[bool] = True  # see Policy
 
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.smallest_units_seen = math.inf
+        """The smallest batch run so far is at most this many units (inf: none yet)."""
+
     def correct(self, observation: Observation, decision: Decision) -> Decision:
+        self.smallest_units_seen = _smallest_seen(self.smallest_units_seen, observation)
         slo, plan = observation.slo, observation.plan()
         if slo is None or not plan.ready:
             return decision
@@ -467,7 +480,11 @@ class ShedGuard(Guard):
             arriving = _at_mean_rate(observation, plan)
             off_grid = _fill_cap(arriving, room, high_answer)
             if tail is None:
-                best = _one_batch_cap(arriving, room, typical_answer, high_answer, off_grid) or best
+                best = (
+                    _one_batch_cap(arriving, room, typical_answer, high_answer, off_grid)
+                    or _unexplored_cap(plan, self.smallest_units_seen, room, typical_answer)
+                    or best
+                )
             cap = _goodput_cap(arriving, room, best, high_answer, off_grid, share) or best
         else:
             cap = min(decision.max_batch_size, fits)
@@ -517,6 +534,31 @@ def _one_batch_cap(
         answers[off_grid] = _shed_answers(plan, off_grid, waited) / (1.0 + SHED_SWITCH_GAIN)
     chosen = max(answers, key=lambda cap: (answers[cap], plan.throughput_units_per_s(cap)))
     return chosen if answers[chosen] > 0 else None
+
+
+def _unexplored_cap(
+    plan: Plan, smallest_units_seen: float, room_ms: float, typical: Callable[[int], float]
+) -> int | None:
+    """The largest cap below every batch run so far (``smallest_units_seen``), where the fit
+    is flat (it knows nothing there), that could answer within ``room_ms`` if its time shrank
+    in proportion to its size (the most a smaller batch can gain), or None. Where no cap's
+    batch answers within the room as the fit reads it, the fit is flat below the sizes it
+    knows (a cold start straight into overload runs full batches only), so a smaller batch's
+    time is unknown, not known to be as slow.
+    Taken for a tick, its batches teach the fit their time; the next smaller one follows
+    while none answers, so the cost is bounded by the number of candidates."""
+    if math.isinf(smallest_units_seen):
+        return None
+    seen = int(smallest_units_seen)
+    at_seen = typical(seen)
+    below = [
+        cap
+        for cap in plan.caps
+        if cap < seen
+        and typical(cap) >= at_seen * (1.0 - 1e-9)  # the fit is flat there: unknown
+        and at_seen * cap / seen < room_ms
+    ]
+    return below[-1] if below else None
 
 
 def _fill_cap(plan: Plan, room_ms: float, service: Callable[[int], float]) -> int | None:

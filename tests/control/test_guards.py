@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -867,6 +868,32 @@ def test_shed_guard_sheds_nothing_when_the_slo_is_out_of_reach() -> None:
     hopeless = observe(service_median_ms=linear_ms(60.0, 0.0))
     decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(hopeless)
     assert decision.shed_after_ms is None and decision.shed_after_short_ms is None
+
+
+def test_shed_guard_tries_a_smaller_cap_whose_time_the_fit_does_not_know() -> None:
+    """A cold start straight into overload on two slots runs only full batches of 32 (5 ms +
+    0.2 ms/item: 11.4 ms, past the 10 ms SLO); the fit is flat below 32, so no cap seems to
+    answer in time and the guard used to keep 32, whose batches all miss. It tries 16, the
+    largest below what has run that could answer if its time shrank with its size; once run,
+    its time is known (here 8.2 ms) and the usual choice takes over."""
+    guard = guarded(ShedGuard, Decision(0.0, 32, "p"))
+
+    def cold(n: int) -> float:
+        return 5.0 + 0.2 * max(n, 32)  # flat below the only size run
+
+    swamped = observe(
+        slo=SLO(latency_ms=10.0),
+        service_median_ms=cold,
+        arrival_rate_rps=6700.0,
+        slots=2,
+        current=Decision(0.0, 32),
+        mean_batch_size=32.0,
+        fill_ratio=1.0,
+        bounds=Bounds(0.0, 10.0, 1, 32),
+    )
+    assert guard.decide(swamped).max_batch_size == 16
+    known = replace(swamped, service_median_ms=linear_ms(5.0, 0.2))
+    assert guard.decide(known).max_batch_size < 32  # a cap whose batches can answer in time
 
 
 def test_shed_guard_bounds_the_queue_when_the_slo_is_out_of_reach_under_overload() -> None:
