@@ -540,11 +540,11 @@ def _unexplored_cap(
     plan: Plan, smallest_units_seen: float, room_ms: float, typical: Callable[[int], float]
 ) -> int | None:
     """The largest cap below every batch run so far (``smallest_units_seen``), where the fit
-    is flat (it knows nothing there), that could answer within ``room_ms`` if its time shrank
-    in proportion to its size (the most a smaller batch can gain), or None. Where no cap's
-    batch answers within the room as the fit reads it, the fit is flat below the sizes it
-    knows (a cold start straight into overload runs full batches only), so a smaller batch's
-    time is unknown, not known to be as slow.
+    is flat (the same time at the cap and one unit above: it knows nothing there), that could
+    answer within ``room_ms`` if its time shrank in proportion to its size (the most a
+    smaller batch can gain), or None. Where no cap's batch answers within the room as the fit
+    reads it, the fit is flat below the sizes it knows (a cold start straight into overload
+    runs full batches only), so a smaller batch's time is unknown, not known to be as slow.
     Taken for a tick, its batches teach the fit their time; the next smaller one follows
     while none answers, so the cost is bounded by the number of candidates."""
     if math.isinf(smallest_units_seen):
@@ -555,7 +555,7 @@ def _unexplored_cap(
         cap
         for cap in plan.caps
         if cap < seen
-        and typical(cap) >= at_seen * (1.0 - 1e-9)  # the fit is flat there: unknown
+        and typical(cap + 1) <= typical(cap) * (1.0 + 1e-9)  # the fit is flat there: unknown
         and at_seen * cap / seen < room_ms
     ]
     return below[-1] if below else None

@@ -894,6 +894,14 @@ def test_shed_guard_tries_a_smaller_cap_whose_time_the_fit_does_not_know() -> No
     assert guard.decide(swamped).max_batch_size == 16
     known = replace(swamped, service_median_ms=linear_ms(5.0, 0.2))
     assert guard.decide(known).max_batch_size < 32  # a cap whose batches can answer in time
+    # one batch of 30 among those of 32: the fit knows 30 and 31, and is flat below 30 still
+    almost = replace(
+        swamped,
+        service_median_ms=lambda n: 5.0 + 0.2 * max(n, 30),
+        mean_batch_size=31.95,
+        fill_ratio=31.95 / 32,
+    )
+    assert guarded(ShedGuard, Decision(0.0, 32, "p")).decide(almost).max_batch_size == 16
 
 
 def test_shed_guard_bounds_the_queue_when_the_slo_is_out_of_reach_under_overload() -> None:
