@@ -81,6 +81,7 @@ class PID:
         self.output = 0.0
         self._error = None
         self._measurements = []
+        self._held_since = math.inf
 
     def decide(self, observation: Observation) -> Decision:
         """The next (window, cap); the law: docs/policies.md, "PID"."""
@@ -113,6 +114,7 @@ class PID:
         settling = observation.now_s - self._overloaded_at < self.settle_s
         if settling or observation.latency_samples < self.min_samples or math.isnan(latency):
             self._error = None
+            self._held_since = math.inf  # a tick unread breaks a run of holds as one read does
             return False
         target = observation.target_ms
         error = max(-2.0, min(1.0, (target - latency) / target))

@@ -207,6 +207,17 @@ def test_stalls_that_recur_relax_a_trim_made_before_them() -> None:
     assert pid.output == trimmed
 
 
+def test_a_run_of_holds_is_broken_by_a_tick_without_a_reading() -> None:
+    """Holds before and after a tick with too few samples are two runs, not one: the second
+    relaxes nothing until it has lasted ``settle_s`` itself."""
+    pid = PID(settle_s=2.0)
+    pid.output = -1.0
+    pid.decide(observe(now_s=10.0, latency_ms=90.0, last_stall_s=10.0))  # a run begins
+    pid.decide(observe(now_s=11.0, latency_ms=90.0, latency_samples=3))  # unread: it ends
+    pid.decide(observe(now_s=12.5, latency_ms=90.0, last_stall_s=12.5))  # a new run begins
+    assert pid.output == -1.0
+
+
 def test_an_overshoot_after_a_loop_stall_holds_whatever_the_outliers() -> None:
     """A stall of the event loop (a timer that fired late) made the latency, not the window:
     the overshoot it leaves in the measure narrows nothing, even when outliers scale with the
