@@ -350,6 +350,7 @@ class Controller:
             service_body_spread_ms=model.body_spread_ms,
             service_body_p999_ms=model.body_p999_ms,
             service_p99_ms=model.p99_ms,
+            service_mean_ms=model.mean_ms,
             contention=model.contention,
             last_stall_s=model.last_stall_s,
             loop_stall_s=self.loop_stall[1],

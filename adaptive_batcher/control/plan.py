@@ -85,6 +85,8 @@ class Plan:
             such constraint).
         service_p99_ms: the 99th percentile of all batches, stalls and spikes included: the
             batch a p99 request rides, ms (None: no such constraint).
+        service_mean_ms: the mean, spikes and stalls included: what the throughput of full
+            batches rests on, ms (None: ``service_median_ms``).
         room_ms: what a window's tail latency with ``service_body_p999_ms`` or ``service_p99_ms``
             must fit: the SLO's latency less preprocessing, ms (windows only; :meth:`cap` takes
             its room as an argument).
@@ -114,6 +116,7 @@ class Plan:
     service_median_bound_ms: Callable[[int], float] | None = None
     service_body_p999_ms: Callable[[int], float] | None = None
     service_p99_ms: Callable[[int], float] | None = None
+    service_mean_ms: Callable[[int], float] | None = None
     room_ms: float = math.inf
     padded: bool = False
     start_units: float = 1.0
@@ -151,8 +154,9 @@ class Plan:
     # -- caps --------------------------------------------------------------------------------
 
     def throughput_units_per_s(self, cap: int) -> float:
-        """Units per second that full batches of ``cap`` give on all slots."""
-        service = self.service_median_ms(cap)
+        """Units per second that full batches of ``cap`` give on all slots, at their mean
+        time."""
+        service = (self.service_mean_ms or self.service_median_ms)(cap)
         return math.inf if service <= 0 else self.slots * cap / (service / 1e3)
 
     def demand_units_per_s(self, budget_ms: float) -> float:

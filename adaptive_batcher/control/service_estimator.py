@@ -14,7 +14,9 @@ by what quantile of what they are, as the ``Observation`` and ``Plan`` fields th
   included);
 * :meth:`~ServiceTimeEstimator.body_spread_ms`: the ``spread_quantile`` of the noise's body (a
   lognormal fitted robustly, which rare stalls leave alone);
-* :meth:`~ServiceTimeEstimator.body_p999_ms`: the body's 99.9th percentile.
+* :meth:`~ServiceTimeEstimator.body_p999_ms`: the body's 99.9th percentile;
+* :meth:`~ServiceTimeEstimator.mean_ms`: :meth:`~ServiceTimeEstimator.median_ms` times the
+  ratios' mean (their 99th percentile caps each): the mean, what throughput rests on.
 
 Isolated outliers (a batch that measured a stall of the event loop) are kept out of the
 medians; a lasting change of every size's time (contention) moves its ``level``. The law, the
@@ -37,8 +39,10 @@ from adaptive_batcher.metrics.recorder import BatchSample
 
 __all__ = [
     "CATCH_UP_MAX_S",
+    "CHANGE_ALPHA",
     "CHANGE_RATIO",
     "END_STEP_Z",
+    "KNOWN_SPAN",
     "MAX_LEVEL",
     "OPTIMISM",
     "OUTLIER_CONFIRM",
@@ -52,6 +56,9 @@ __all__ = [
     "REFINE_AFTER",
     "REFINE_MEMORY",
     "REFINE_STEP",
+    "SUSPECT_KEEP_MIN",
+    "SUSPECT_MEMORY",
+    "SUSPECT_MEMORY_MIN",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -94,6 +101,23 @@ percentile, if that is wider) is suspect: ``OUTLIER_CONFIRM`` of them in one dir
 the last ``OUTLIER_WINDOW`` batches are a change of level (see
 :attr:`ServiceTimeEstimator.level`)."""
 
+KNOWN_SPAN = 2.0
+"""The widest ratio between two fitted sizes across which the fit's chord judges a batch of a
+size between them (see :meth:`ServiceTimeEstimator.update`)."""
+
+SUSPECT_MEMORY = 256
+"""Batches before the last ``OUTLIER_WINDOW`` whose rate of suspects a run of them is judged
+against (see :meth:`ServiceTimeEstimator.update`)."""
+
+SUSPECT_MEMORY_MIN = 32
+"""Of those, the fewest that give a rate; before, ``OUTLIER_CONFIRM`` suspects suffice."""
+
+CHANGE_ALPHA = 1e-4
+"""How unlikely a run of suspects must be, at their earlier rate, to be a change of level."""
+
+SUSPECT_KEEP_MIN = 3
+"""The fewest samples a size must have for a slow suspect of it, unconfirmed, to join them."""
+
 MAX_LEVEL = 1e3
 """The most :attr:`ServiceTimeEstimator.level` may move from 1, either way."""
 
@@ -120,7 +144,7 @@ docs/policies.md, "The service-time model"."""
 P99_QUANTILE = 0.99
 """Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.p99_ms`."""
 
-_NORMAL_IQR = 1.349  # interquartile range of a standard normal distribution
+_NORMAL_MAD = 0.6745  # median absolute deviation of a standard normal distribution
 
 
 class ServiceTimeEstimator:
@@ -183,11 +207,16 @@ class ServiceTimeEstimator:
         self._spread_z = NormalDist().inv_cdf(spread_quantile)
         self._body = (1.0, 0.0)
         self._body_at = 0  # the ratios taken when the body was last fitted
+        # the ratios of the batches of sizes the fit knows (see _known), for mean_ratio
+        self._known_ratios: deque[float] = deque(maxlen=spread_window)
+        self._mean, self._mean_at = 1.0, -1  # mean_ratio, and the ratios taken then
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
         # the direction of each recent batch: 1 a slow outlier, -1 a fast one, 0 neither
         self._recent_outliers: deque[int] = deque(maxlen=OUTLIER_WINDOW)
+        # the directions of the batches before those, what a run of suspects is judged against
+        self._earlier_directions: deque[int] = deque(maxlen=SUSPECT_MEMORY)
         # suspect batches held out: (batch number, units, ms, ratio to the prediction,
         # direction, whether an outlier)
         self._held: deque[tuple[int, int, float, float, int, bool]] = deque()
@@ -281,22 +310,35 @@ class ServiceTimeEstimator:
         """One batch's time: into the error bars, and into its size's samples unless it is
         suspect (beyond ``change_ratio`` either way: held until it is either part of a change
         of level or old) or an isolated outlier (beyond ``outlier_ratio``: dropped; see
-        docs/policies.md). True if it is held out as a slow outlier (a stall)."""
+        docs/policies.md). A size the fit does not know (see :meth:`_known`) is suspect only
+        as a slow outlier, and enters the error bars only as one. True if it is held out as a
+        slow outlier (a stall)."""
         direction, ratio, outlier = 0, math.nan, False
         if outlier_ratio < math.inf:
             predicted = self.median_ms(units)
             if predicted > 0:
                 ratio = measured_ms / predicted
-                self._note_ratio(ratio)
                 # beyond the sizes known the prediction is optimistic on purpose: no outliers
-                if self._ends is not None and units <= self._ends[1]:
-                    direction = (ratio > change_ratio) - (ratio * change_ratio < 1.0)
-                    outlier = ratio > outlier_ratio or ratio * outlier_ratio < 1.0
+                inside = self._ends is not None and units <= self._ends[1]
+                known = not inside or self._known(units)
+                if known or ratio > outlier_ratio:  # a chord's error is no noise, a stall is
+                    self._note_ratio(ratio)
+                if inside and known:
+                    self._known_ratios.append(ratio)
+                if inside:
+                    outlier = ratio > outlier_ratio  # a batch is never fast by accident
+                    if known:
+                        direction = (ratio > change_ratio) - (ratio * change_ratio < 1.0)
+                    else:  # a chord's error is within ``outlier_ratio``, a stall is beyond
+                        direction = int(ratio > outlier_ratio)
                     if ratio > outlier_ratio:
                         self._outliers.append((predicted, measured_ms - predicted))
                         self.outliers_seen += 1
         self._taken += 1
-        self._recent_outliers.append(direction)
+        recent = self._recent_outliers
+        if len(recent) == recent.maxlen:
+            self._earlier_directions.append(recent[0])
+        recent.append(direction)
         self._release_aged()
         if direction == 0:
             self._keep(units, measured_ms)
@@ -304,18 +346,49 @@ class ServiceTimeEstimator:
         self._held.append((self._taken, units, measured_ms, ratio, direction, outlier))
         stall = outlier and direction > 0
         self.outliers_held_out += stall
-        if self._recent_outliers.count(direction) >= OUTLIER_CONFIRM:
+        if self._confirms_change(direction):
             self._change_level(direction)  # the service time has changed
             return False
         return stall
 
+    def _known(self, units: int) -> bool:
+        """Whether the fit's prediction for ``units`` is close enough to a measurement to judge
+        a batch by: a size fitted itself, or one between two fitted sizes at most
+        ``KNOWN_SPAN`` times apart. Elsewhere the prediction is a chord or a flat extension
+        of a curve (a convex one's chord is far above it: ``1 + 0.02 n**2`` ms fitted at 1 and
+        32 predicts 1.78 times the time at 16), which a batch's time contradicts without any
+        change of level."""
+        sizes = self._sizes
+        above = int(np.searchsorted(sizes, units))
+        if above < sizes.size and sizes[above] == units:
+            return True
+        return 0 < above < sizes.size and sizes[above] <= KNOWN_SPAN * sizes[above - 1]
+
+    def _confirms_change(self, direction: int) -> bool:
+        """Whether the suspects of ``direction`` among the last ``OUTLIER_WINDOW`` batches are a
+        change of service time: at least ``OUTLIER_CONFIRM`` of them, and (once
+        ``SUSPECT_MEMORY_MIN`` batches came before) more than their rate among the batches
+        before makes likely: a binomial tail below ``CHANGE_ALPHA``. Spikes on 30 % of batches
+        put 5 of 8 together every 17 batches or so; each was read as a tenfold slowdown."""
+        count = self._recent_outliers.count(direction)
+        if count < OUTLIER_CONFIRM:
+            return False
+        earlier = self._earlier_directions
+        if len(earlier) < SUSPECT_MEMORY_MIN:
+            return True
+        rate = earlier.count(direction) / len(earlier)
+        return _binomial_tail(OUTLIER_WINDOW, count, rate) < CHANGE_ALPHA
+
     def _release_aged(self) -> None:
         """The suspect batches that left the last ``OUTLIER_WINDOW`` with no change of level:
-        kept as samples, but for the outliers (isolated ones: never counted)."""
+        kept as samples, but for the outliers (isolated ones: never counted) and slow ones of
+        a size with fewer than ``SUSPECT_KEEP_MIN`` samples, whose median they would set (a
+        stall of 2.5x on the one batch of 113 that had run lifted the fit at 128 by half)."""
         held, oldest = self._held, self._taken - OUTLIER_WINDOW
         while held and held[0][0] <= oldest:
-            _, units, measured_ms, _, _, outlier = held.popleft()
-            if not outlier:
+            _, units, measured_ms, _, direction, outlier = held.popleft()
+            few = len(self._reservoir.get(units, ())) < SUSPECT_KEEP_MIN
+            if not outlier and not (direction > 0 and few):
                 self._keep(units, measured_ms)
 
     def _change_level(self, direction: int) -> None:
@@ -498,6 +571,28 @@ class ServiceTimeEstimator:
             index = min(len(ordered) - 1, int(q * len(ordered)))
             value = self._quantiles[q] = max(1.0, ordered[index]) if ordered else 1.0
         return value
+
+    @property
+    def mean_ratio(self) -> float:
+        """The mean of the measured / predicted ratios of the last ``spread_window`` batches
+        of sizes the fit knows (not beyond it, where it is optimistic on purpose), each capped
+        at their 99th percentile (``P99_QUANTILE``), at least 1 (1 before any): how much
+        longer than its median a batch takes on average, spikes and stalls included, while
+        one stall of thousands of times a batch's time moves it little. Why:
+        docs/policies.md, "The service-time model"."""
+        if self._mean_at != self._taken:
+            ratios = sorted(self._known_ratios)
+            if ratios:
+                top = ratios[min(len(ratios) - 1, int(P99_QUANTILE * len(ratios)))]
+                total = sum(min(ratio, top) for ratio in ratios)
+                self._mean = max(1.0, total / len(ratios))
+            self._mean_at = self._taken
+        return self._mean
+
+    def mean_ms(self, batch_size: int) -> float:
+        """:meth:`median_ms` times :attr:`mean_ratio`, ms (NaN before a fit): a batch's mean
+        time, what the device's throughput rests on."""
+        return self.median_ms(batch_size) * self.mean_ratio
 
     def spread_ms(self, batch_size: int) -> float:
         """:meth:`median_bound_ms` times :attr:`spread` (the ``spread_quantile`` of all the
@@ -709,9 +804,12 @@ def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:
     count = len(ordered)
     if count < 4:
         return 1.0, 0.0
-    q25, q50, q75 = (ordered[int(q * (count - 1))] for q in (0.25, 0.5, 0.75))
-    sigma = math.log(q75 / q25) / _NORMAL_IQR if q25 > 0 else 0.0
-    return q50, sigma
+    median = ordered[int(0.5 * (count - 1))]
+    if not median > 0:
+        return median, 0.0
+    centre = math.log(median)
+    deviations = sorted(abs(math.log(r) - centre) if r > 0 else math.inf for r in ordered)
+    return median, deviations[int(0.5 * (count - 1))] / _NORMAL_MAD
 
 
 def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
@@ -725,6 +823,14 @@ def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
     if leverage < OUTLIER_LEVERAGE:
         return math.nan
     return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
+
+
+def _binomial_tail(trials: int, least: int, rate: float) -> float:
+    """P(at least ``least`` successes in ``trials``), each with probability ``rate``."""
+    return sum(
+        math.comb(trials, k) * rate**k * (1.0 - rate) ** (trials - k)
+        for k in range(least, trials + 1)
+    )
 
 
 def _median(values: Iterable[float]) -> float:

@@ -232,6 +232,9 @@ class Observation:
         service_p99_ms: the bounded median times the ratios' 99th percentile, stalls and
             spikes included, ms: the batch a p99 request rides.
         service_body_spread_ms: the bounded median times the noise body's 0.95 quantile, ms.
+        service_mean_ms: the median times the ratios' mean (each capped at their 99th
+            percentile), spikes and stalls included, ms: what throughput rests on (None: the
+            median).
         service_body_p999_ms: the bounded median times the noise body's 99.9th percentile, ms.
         service_samples: batches behind the fit.
         contention: the service-time fit's level over the fastest it has been (1: as fast as
@@ -307,6 +310,7 @@ class Observation:
     service_body_spread_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_body_p999_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_p99_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_mean_ms: Callable[[int], float] | None = field(default=None, repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
@@ -400,6 +404,7 @@ class Observation:
             service_median_bound_ms=_maybe(pad, self.service_median_bound_ms),
             service_body_p999_ms=_maybe(pad, self.service_body_p999_ms),
             service_p99_ms=_maybe(pad, self.service_p99_ms),
+            service_mean_ms=_maybe(pad, self.service_mean_ms),
             room_ms=self.room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,

@@ -16,6 +16,7 @@ from adaptive_batcher.control.service_estimator import (
     OPTIMISM,
     OUTLIER_ELASTICITY_MIN,
     OUTLIER_FACTOR,
+    OUTLIER_WINDOW,
     P999_Z,
     ServiceTimeEstimator,
     isotonic_fit,
@@ -154,6 +155,51 @@ def test_sizes_beyond_the_fit_are_never_outliers() -> None:
     estimator.update([big], seen + 1)
     assert estimator.outliers_held_out == 0
     assert estimator.median_ms(256) == pytest.approx(big.service_s * 1e3)
+
+
+def _steep_ms(n: int) -> float:
+    return 1.0 + 0.02 * n * n  # convex: the chord between two sizes lies far above it
+
+
+def _run_sizes(estimator: ServiceTimeEstimator, sizes: list[int], seen: int) -> int:
+    for n in sizes:
+        seen += 1
+        estimator.update([BatchSample(0.0, n, n, _steep_ms(n) / 1e3)], seen)
+    return seen
+
+
+def test_sizes_between_distant_fitted_sizes_are_learned_not_a_change_of_level() -> None:
+    """Fitted at 1 and 32 only, a convex model's chord puts 16 at 10.9 ms where it takes 6.1.
+    Before, batches of 16 read as a fast change of level: every size was scaled by 0.56, and
+    32 was predicted at 12 ms where it takes 21.5 (a cap raised on that promise misses)."""
+    estimator = ServiceTimeEstimator()
+    seen = _run_sizes(estimator, [1] * 64 + [32] * 16, 0)
+    assert estimator.median_ms(16) > 1.5 * _steep_ms(16)  # the chord
+    seen = _run_sizes(estimator, [16] * 16 + [8] * 16, seen)
+    assert estimator.level_changes == 0 and estimator.level == 1.0
+    for n in (1, 8, 16, 32):
+        assert estimator.median_ms(n) == pytest.approx(_steep_ms(n))
+    assert estimator.body() == (1.0, 0.0)  # a chord's error is no noise
+
+
+def test_a_stall_between_distant_fitted_sizes_is_still_an_outlier() -> None:
+    estimator = ServiceTimeEstimator()
+    seen = _run_sizes(estimator, [1] * 64 + [32] * 16, 0)
+    stall = BatchSample(0.0, 16, 16, 20 * _steep_ms(16) / 1e3)
+    estimator.update([stall], seen + 1)
+    assert estimator.outliers_held_out == 1
+
+
+def test_sizes_below_the_only_fitted_size_are_learned_not_a_change_of_level() -> None:
+    """Fitted at 512 only, the fit is flat below: a batch of one reads at 32 ms where it takes
+    3.7, which is what the fit does not know yet, not a faster device."""
+    estimator = ServiceTimeEstimator()
+    table = {512: 32.23, 1: 3.68}
+    for seen, n in enumerate([512] * 16 + [1] * 16, start=1):
+        estimator.update([BatchSample(0.0, n, n, table[n] / 1e3)], seen)
+    assert estimator.level_changes == 0
+    assert estimator.median_ms(1) == pytest.approx(3.68)
+    assert estimator.median_ms(512) == pytest.approx(32.23)
 
 
 def test_error_bars_follow_the_last_batches_once_the_window_is_full() -> None:
@@ -363,6 +409,60 @@ def test_spikes_on_a_few_per_cent_of_batches_are_outliers() -> None:
     estimator.update([spike], total_seen=estimator._seen_total + 1)
     assert estimator.outliers_held_out == held + 1
     assert estimator.last_stall_s == 7.5
+
+
+def _spiky(estimator: ServiceTimeEstimator, batches: int, seed: int, factor: float = 1.0) -> None:
+    """Sizes 4, 8 and 16 at random, a third of their batches 10x slower (``factor`` times
+    linear_ms, 5 % lognormal noise)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        n = int(rng.choice([4, 8, 16]))
+        spike = 10.0 if rng.random() < 0.3 else 1.0
+        ms = factor * linear_ms(n) * spike * rng.lognormal(0.0, 0.05)
+        estimator.update([BatchSample(0.0, n, n, ms / 1e3)], estimator._seen_total + 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spikes_on_a_third_of_batches_leave_the_fit_and_set_the_mean(seed: int) -> None:
+    """Before: the quartiles of the ratios fell among the spikes, the body's sigma grew past
+    1.5, every size was pooled into one flat fit, and 5 spikes among 8 batches (every 17
+    batches or so) read as a tenfold slowdown. The spikes are outliers now: the fit keeps the
+    shape, and the mean says what they cost (0.7 + 0.3 x 10 = 3.7 times the median)."""
+    estimator = ServiceTimeEstimator()
+    _spiky(estimator, 3000, seed)
+    for n in (4, 8, 16):
+        assert estimator.median_ms(n) == pytest.approx(linear_ms(n), rel=0.06)
+    assert estimator.body()[1] < 0.25  # 1.7 from the quartiles
+    assert estimator.mean_ratio == pytest.approx(3.7, rel=0.12)
+    assert estimator.p99_ms(8) / estimator.median_ms(8) > 9.0
+    assert estimator.level_changes <= 8  # about 90 before
+
+
+def test_a_lasting_slowdown_under_frequent_spikes_is_still_learned() -> None:
+    estimator = ServiceTimeEstimator()
+    _spiky(estimator, 1000, seed=0)
+    _spiky(estimator, 200, seed=1, factor=3.0)
+    assert estimator.median_ms(8) == pytest.approx(3.0 * linear_ms(8), rel=0.1)
+
+
+def test_a_batch_faster_than_its_prediction_is_kept() -> None:
+    """A fast batch is no accident of the device: before, one far below its prediction was
+    dropped, and a size whose median a spike had set could never come back down."""
+    estimator, seen = fitted_estimator(rare=58)
+    fast = BatchSample(0.0, 40, 40, 0.1 * linear_ms(40) / 1e3)
+    estimator.update([fast], seen + 1)
+    steady(estimator, [30] * OUTLIER_WINDOW, seen + 1)  # it leaves the window unconfirmed
+    assert 0.1 * linear_ms(40) / estimator.level in estimator._reservoir[40]
+
+
+def test_the_mean_ratio_leaves_a_lone_huge_stall_and_sizes_beyond_the_fit_out() -> None:
+    estimator, seen = fitted_estimator(rare=58)
+    assert estimator.mean_ratio == pytest.approx(1.0)
+    stall = BatchSample(0.0, 40, 40, 1000.0 * linear_ms(40) / 1e3)  # 12 s
+    beyond = BatchSample(0.0, 256, 256, 5.0 * estimator.median_ms(256) / 1e3)
+    estimator.update([stall, beyond], seen + 2)
+    assert estimator.mean_ratio == pytest.approx(1.0, abs=0.02)
+    assert estimator.mean_ms(40) == pytest.approx(estimator.median_ms(40) * estimator.mean_ratio)
 
 
 def _outliers_over_sizes(excess_ms: Callable[[int], float]) -> ServiceTimeEstimator:
