@@ -904,6 +904,42 @@ def test_shed_guard_tries_a_smaller_cap_whose_time_the_fit_does_not_know() -> No
     assert guarded(ShedGuard, Decision(0.0, 32, "p")).decide(almost).max_batch_size == 16
 
 
+def _steep_ms(n: int) -> float:
+    return 1.0 + 0.02 * n * n
+
+
+def _steep_overload(service: Any, smallest_run: int) -> Observation:
+    """1 ms + 0.02 n^2 ms on two slots at 1.1x the capacity of cap 8, SLO 12 ms."""
+    return observe(
+        slo=SLO(latency_ms=12.0),
+        service_median_ms=service,
+        arrival_rate_rps=1.1 * 2 * 8 / (_steep_ms(8) / 1e3),
+        slots=2,
+        current=Decision(0.0, 16),
+        mean_batch_size=float(smallest_run),
+        fill_ratio=1.0,
+        bounds=Bounds(0.0, 12.0, 1, 32),
+    )
+
+
+def test_shed_guard_tries_a_smaller_cap_where_the_fit_grows_faster_than_in_proportion() -> None:
+    """A cold start into overload ran 16s and 32s only; flat below 16, the fit reads a batch
+    of 8 at 16's 6.1 ms, so 16 looks like the most answers per second, and the guard kept it.
+    But 32 takes 3.5x 16's time: a smaller batch answers more per second, so the guard tries
+    8 (2.3 ms, a third more per second than 16); once 8 has run, the fit knows it and the
+    usual choice keeps it. A fit that grows in proportion gives no such reason."""
+    guard = guarded(ShedGuard, Decision(0.0, 16, "p"))
+
+    def cold(n: int) -> float:
+        return _steep_ms(max(n, 16))  # flat below the smallest size run
+
+    assert guard.decide(_steep_overload(cold, 16)).max_batch_size == 8
+    assert guard.decide(_steep_overload(_steep_ms, 8)).max_batch_size == 8
+    proportional = guarded(ShedGuard, Decision(0.0, 16, "p"))
+    linear = _steep_overload(lambda n: 6.12 * max(n, 16) / 16, 16)
+    assert proportional.decide(linear).max_batch_size == 16
+
+
 def test_shed_guard_bounds_the_queue_when_the_slo_is_out_of_reach_under_overload() -> None:
     """Not even a batch of one meets the 50 ms SLO (60 ms + 0.5 ms/item), and the arrivals
     (20,000/s) are above any cap's throughput: served late, the queue and every answer's
