@@ -804,12 +804,41 @@ def _robust_lognormal(ordered: Sequence[float]) -> tuple[float, float]:
     count = len(ordered)
     if count < 4:
         return 1.0, 0.0
-    median = ordered[int(0.5 * (count - 1))]
+    middle = int(0.5 * (count - 1))
+    median = ordered[middle]
     if not median > 0:
         return median, 0.0
-    centre = math.log(median)
-    deviations = sorted(abs(math.log(r) - centre) if r > 0 else math.inf for r in ordered)
-    return median, deviations[int(0.5 * (count - 1))] / _NORMAL_MAD
+    return median, _median_log_deviation(ordered, middle) / _NORMAL_MAD
+
+
+def _median_log_deviation(ordered: Sequence[float], middle: int) -> float:
+    """The ``middle``-th smallest (from 0) of ``|log r - log ordered[middle]|`` over the
+    sorted ``ordered`` (its median absolute deviation, in logarithms), in O(log n) logarithms:
+    the ratios from the median up and from the median down are two sorted runs of deviations,
+    and the k-th smallest of two sorted runs is found by bisecting how many come from each."""
+    centre = math.log(ordered[middle])
+    up, down = len(ordered) - middle, middle  # ordered[middle:], ordered[middle - 1::-1]
+
+    def above(j: int) -> float:
+        return math.log(ordered[middle + j]) - centre
+
+    def below(j: int) -> float:
+        value = ordered[middle - 1 - j]
+        return centre - math.log(value) if value > 0 else math.inf
+
+    wanted = middle + 1  # how many of the smallest deviations, the last of them the answer
+    low, high = max(0, wanted - down), min(wanted, up)
+    while True:
+        taken = (low + high) // 2  # from the run above; the rest from below
+        rest = wanted - taken
+        if taken < up and rest > 0 and below(rest - 1) > above(taken):
+            low = taken + 1
+        elif taken > 0 and rest < down and above(taken - 1) > below(rest):
+            high = taken - 1
+        else:
+            last_above = above(taken - 1) if taken > 0 else -math.inf
+            last_below = below(rest - 1) if rest > 0 else -math.inf
+            return max(last_above, last_below)
 
 
 def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:

@@ -19,6 +19,7 @@ from adaptive_batcher.control.service_estimator import (
     OUTLIER_WINDOW,
     P999_Z,
     ServiceTimeEstimator,
+    _robust_lognormal,
     isotonic_fit,
 )
 from adaptive_batcher.metrics.recorder import BatchSample
@@ -367,6 +368,29 @@ def test_the_noise_body_is_a_robust_lognormal_fit() -> None:
     assert estimator.spread == pytest.approx(1.62, abs=0.05)
     assert estimator.body_spread_ms(4) / 4.0 == pytest.approx(estimator.spread, rel=0.04)
     assert estimator.body_p999_ms(4) / 4.0 == pytest.approx(math.exp(P999_Z * sigma), rel=0.06)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.just(0.0), st.floats(0.01, 100.0), st.sampled_from([0.5, 1.0, 2.0])),
+        min_size=4,
+        max_size=80,
+    )
+)
+def test_the_noise_body_sigma_is_the_median_absolute_deviation_of_the_logs(
+    ratios: list[float],
+) -> None:
+    """The bisection over the two sorted runs of deviations gives the sorted deviations'
+    median exactly (a zero ratio deviates without bound)."""
+    ordered = sorted(ratios)
+    middle = int(0.5 * (len(ordered) - 1))
+    median, sigma = _robust_lognormal(ordered)
+    assert median == ordered[middle]
+    if median > 0:
+        centre = math.log(median)
+        deviations = sorted(abs(math.log(r) - centre) if r > 0 else math.inf for r in ordered)
+        assert sigma == deviations[middle] / 0.6745
 
 
 def test_the_noise_body_leaves_stalls_out() -> None:
