@@ -195,6 +195,7 @@ class ServiceTimeEstimator:
         self._seen_total = 0
         self._fitted_at = -refit_every
         self._sizes = np.empty(0)
+        self._fitted_sizes: list[int] = []  # the same sizes, for a bisection per batch
         self._medians = np.empty(0)
         # the fit's (first size, last size, its time at the first, at the last) as floats
         self._ends: tuple[float, float, float, float] | None = None
@@ -358,11 +359,11 @@ class ServiceTimeEstimator:
         of a curve (a convex one's chord is far above it: ``1 + 0.02 n**2`` ms fitted at 1 and
         32 predicts 1.78 times the time at 16), which a batch's time contradicts without any
         change of level."""
-        sizes = self._sizes
-        above = int(np.searchsorted(sizes, units))
-        if above < sizes.size and sizes[above] == units:
+        sizes = self._fitted_sizes
+        above = bisect_left(sizes, units)
+        if above < len(sizes) and sizes[above] == units:
             return True
-        return 0 < above < sizes.size and sizes[above] <= KNOWN_SPAN * sizes[above - 1]
+        return 0 < above < len(sizes) and sizes[above] <= KNOWN_SPAN * sizes[above - 1]
 
     def _confirms_change(self, direction: int) -> bool:
         """Whether the suspects of ``direction`` among the last ``OUTLIER_WINDOW`` batches are a
@@ -680,6 +681,7 @@ class ServiceTimeEstimator:
             fitted = isotonic_fit([*fitted, *medians[observed:]], weights)
         y = np.asarray(fitted, dtype=float)  # x is sorted
         self._sizes, self._medians = x, y
+        self._fitted_sizes = list(sizes)
         self._ends = (float(x[0]), float(x[-1]), float(y[0]), float(y[-1])) if x.size else None
         self._predict_inside()
 
