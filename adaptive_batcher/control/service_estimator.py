@@ -58,7 +58,6 @@ __all__ = [
     "REFINE_STEP",
     "SUSPECT_KEEP_MIN",
     "SUSPECT_MEMORY",
-    "SUSPECT_MEMORY_MIN",
     "ServiceTimeEstimator",
     "isotonic_fit",
 ]
@@ -106,11 +105,8 @@ KNOWN_SPAN = 2.0
 size between them (see :meth:`ServiceTimeEstimator.update`)."""
 
 SUSPECT_MEMORY = 256
-"""Batches before the last ``OUTLIER_WINDOW`` whose rate of suspects a run of them is judged
-against (see :meth:`ServiceTimeEstimator.update`)."""
-
-SUSPECT_MEMORY_MIN = 32
-"""Of those, the fewest that give a rate; before, ``OUTLIER_CONFIRM`` suspects suffice."""
+"""Batches before the last ``OUTLIER_WINDOW``, since the last change of level, whose rate of
+suspects a run of them is judged against (see :meth:`ServiceTimeEstimator.update`)."""
 
 CHANGE_ALPHA = 1e-4
 """How unlikely a run of suspects must be, at their earlier rate, to be a change of level."""
@@ -214,10 +210,17 @@ class ServiceTimeEstimator:
         self._ratios_taken = 0
         self._floor: dict[int, float] = {}  # the lowest fitted time seen per observed size
         self.contention = 1.0
-        # the direction of each recent batch: 1 a slow outlier, -1 a fast one, 0 neither
+        # the direction of each recent batch: 1 a slow outlier, -1 a fast one, 0 neither, and
+        # its (units, ms)
         self._recent_outliers: deque[int] = deque(maxlen=OUTLIER_WINDOW)
-        # the directions of the batches before those, what a run of suspects is judged against
-        self._earlier_directions: deque[int] = deque(maxlen=SUSPECT_MEMORY)
+        self._recent_batches: deque[tuple[int, float]] = deque(maxlen=OUTLIER_WINDOW)
+        # the batches before those since the last change of level, what a run of suspects is
+        # judged against (see _confirms_change), and their directions as the fit and error
+        # bars of _judged_by judge them (re-judged when those change)
+        self._earlier: deque[tuple[int, float]] = deque(maxlen=SUSPECT_MEMORY)
+        self._earlier_judged: deque[int] = deque(maxlen=SUSPECT_MEMORY)
+        self._fit_version = 0  # bumped whenever the predictions change
+        self._judged_by: tuple[int, float, float] | None = None
         # suspect batches held out: (batch number, units, ms, ratio to the prediction,
         # direction, whether an outlier)
         self._held: deque[tuple[int, int, float, float, int, bool]] = deque()
@@ -326,20 +329,13 @@ class ServiceTimeEstimator:
                     self._note_ratio(ratio)
                 if inside and known:
                     self._known_ratios.append(ratio)
-                if inside:
-                    outlier = ratio > outlier_ratio  # a batch is never fast by accident
-                    if known:
-                        direction = (ratio > change_ratio) - (ratio * change_ratio < 1.0)
-                    else:  # a chord's error is within ``outlier_ratio``, a stall is beyond
-                        direction = int(ratio > outlier_ratio)
-                    if ratio > outlier_ratio:
-                        self._outliers.append((predicted, measured_ms - predicted))
-                        self.outliers_seen += 1
+                direction = self._direction(units, ratio, outlier_ratio, change_ratio)
+                if inside and ratio > outlier_ratio:
+                    outlier = True  # a batch is never fast by accident
+                    self._outliers.append((predicted, measured_ms - predicted))
+                    self.outliers_seen += 1
         self._taken += 1
-        recent = self._recent_outliers
-        if len(recent) == recent.maxlen:
-            self._earlier_directions.append(recent[0])
-        recent.append(direction)
+        self._remember(units, measured_ms, direction, (outlier_ratio, change_ratio))
         self._release_aged()
         if direction == 0:
             self._keep(units, measured_ms)
@@ -347,10 +343,45 @@ class ServiceTimeEstimator:
         self._held.append((self._taken, units, measured_ms, ratio, direction, outlier))
         stall = outlier and direction > 0
         self.outliers_held_out += stall
-        if self._confirms_change(direction):
+        if self._confirms_change(direction, outlier_ratio, change_ratio):
             self._change_level(direction)  # the service time has changed
             return False
         return stall
+
+    def _direction(
+        self, units: int, ratio: float, outlier_ratio: float, change_ratio: float
+    ) -> int:
+        """Whether a batch of ``units`` measured at ``ratio`` times its prediction is a slow
+        suspect (1), a fast one (-1) or neither (0). Beyond the fitted sizes the prediction is
+        optimistic on purpose: no suspects; at a size the fit does not know (see
+        :meth:`_known`) a chord's error is within ``outlier_ratio`` and a stall beyond."""
+        ends = self._ends
+        if ends is None or units > ends[1] or math.isnan(ratio):
+            return 0
+        if self._known(units):
+            return (ratio > change_ratio) - (ratio * change_ratio < 1.0)
+        return int(ratio > outlier_ratio)
+
+    def _remember(
+        self, units: int, measured_ms: float, direction: int, bars: tuple[float, float]
+    ) -> None:
+        """A batch into the recent window; the oldest one there into the memory of earlier
+        batches (with its direction now, if the memory's are current for ``bars``)."""
+        recent, batches = self._recent_outliers, self._recent_batches
+        if len(recent) == recent.maxlen:
+            self._earlier.append(batches[0])
+            if self._judged_by == (self._fit_version, *bars):
+                self._earlier_judged.append(self._judge(*batches[0], *bars))
+        recent.append(direction)
+        batches.append((units, measured_ms))
+
+    def _judge(
+        self, units: int, measured_ms: float, outlier_ratio: float, change_ratio: float
+    ) -> int:
+        """The direction of a batch of ``units`` that took ``measured_ms``, by today's fit."""
+        predicted = self.median_ms(units)
+        ratio = measured_ms / predicted if predicted > 0 else math.nan
+        return self._direction(units, ratio, outlier_ratio, change_ratio)
 
     def _known(self, units: int) -> bool:
         """Whether the fit's prediction for ``units`` is close enough to a measurement to judge
@@ -365,20 +396,31 @@ class ServiceTimeEstimator:
             return True
         return 0 < above < len(sizes) and sizes[above] <= KNOWN_SPAN * sizes[above - 1]
 
-    def _confirms_change(self, direction: int) -> bool:
+    def _confirms_change(self, direction: int, outlier_ratio: float, change_ratio: float) -> bool:
         """Whether the suspects of ``direction`` among the last ``OUTLIER_WINDOW`` batches are a
-        change of service time: at least ``OUTLIER_CONFIRM`` of them, and (once
-        ``SUSPECT_MEMORY_MIN`` batches came before) more than their rate among the batches
-        before makes likely: a binomial tail below ``CHANGE_ALPHA``. Spikes on 30 % of batches
-        put 5 of 8 together every 17 batches or so; each was read as a tenfold slowdown."""
+        change of service time: at least ``OUTLIER_CONFIRM`` of them, and so many unlikely at
+        the rate of suspects of that direction, by today's fit and error bars, among the
+        earlier batches since the last change (at most ``SUSPECT_MEMORY``): a beta-binomial
+        tail (the rate's uniform prior updated by those batches) below ``CHANGE_ALPHA``.
+        Why (spikes on 30 % of batches put 5 of 8 together every 17 batches or so):
+        docs/policies.md, "Changes of level"."""
         count = self._recent_outliers.count(direction)
         if count < OUTLIER_CONFIRM:
             return False
-        earlier = self._earlier_directions
-        if len(earlier) < SUSPECT_MEMORY_MIN:
-            return True
-        rate = earlier.count(direction) / len(earlier)
-        return _binomial_tail(OUTLIER_WINDOW, count, rate) < CHANGE_ALPHA
+        bars = (self._fit_version, outlier_ratio, change_ratio)
+        if self._judged_by != bars or len(self._earlier_judged) != len(self._earlier):
+            self._earlier_judged = deque(
+                (
+                    self._judge(units, ms, outlier_ratio, change_ratio)
+                    for units, ms in self._earlier
+                ),
+                maxlen=SUSPECT_MEMORY,
+            )
+            self._judged_by = bars
+        earlier = self._earlier_judged
+        alike = earlier.count(direction)
+        tail = _beta_binomial_tail(OUTLIER_WINDOW, count, 1.0 + alike, 1.0 + len(earlier) - alike)
+        return tail < CHANGE_ALPHA
 
     def _release_aged(self) -> None:
         """The suspect batches that left the last ``OUTLIER_WINDOW`` with no change of level:
@@ -403,6 +445,7 @@ class ServiceTimeEstimator:
         factor, self.level = level / self.level, level  # batches measured at 0 ms included
         self.level_changes += 1
         self._cache = {}
+        self._fit_version += 1
         for _, units, measured_ms, ratio, _, _ in confirming:
             self._replace_ratio(ratio, ratio / factor)
             self._keep(units, measured_ms)
@@ -411,9 +454,19 @@ class ServiceTimeEstimator:
         if direction > 0:
             self.outliers_held_out -= sum(entry[5] for entry in confirming)
             self.last_stall_s = -math.inf  # they were no isolated stalls after all
-        self._recent_outliers = deque(
-            (0 if d == direction else d for d in self._recent_outliers), maxlen=OUTLIER_WINDOW
+        # a new epoch, whose suspects are judged against its own batches: the confirming ones
+        # first, and the rest of the window (before the change) forgotten
+        self._earlier = deque(
+            (
+                batch
+                for d, batch in zip(self._recent_outliers, self._recent_batches, strict=True)
+                if d == direction
+            ),
+            maxlen=SUSPECT_MEMORY,
         )
+        self._earlier_judged.clear()
+        self._recent_outliers.clear()
+        self._recent_batches.clear()
 
     def _refine_level(self) -> None:
         """A change of level is judged on its first few batches (a batch that began before a
@@ -532,7 +585,7 @@ class ServiceTimeEstimator:
     def body(self) -> tuple[float, float]:
         """The noise's body: ``(median, sigma)`` of a lognormal fitted robustly to the
         measured / predicted ratios of the last ``spread_window`` batches (their median, and
-        sigma from the interquartile range of their logarithms over 1.349, a normal's);
+        sigma from the median absolute deviation of their logarithms over 0.6745, a normal's);
         ``(1, 0)`` before 4 ratios were seen. Why a fitted body: docs/policies.md, "The
         service-time model"."""
         if self._body_at != self._ratios_taken:
@@ -672,6 +725,7 @@ class ServiceTimeEstimator:
         only (up to ``observed_max``): a prior beyond them is a profile's time, not a noisy
         median of a few batches, and joins the fit as a plain point."""
         self._cache = {}
+        self._fit_version += 1
         x = np.asarray(sizes, dtype=float)
         noise = self.body()[1] * _MEDIAN_SD_FACTOR
         observed = bisect_right(sizes, observed_max)
@@ -856,12 +910,21 @@ def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
     return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
 
 
-def _binomial_tail(trials: int, least: int, rate: float) -> float:
-    """P(at least ``least`` successes in ``trials``), each with probability ``rate``."""
+def _beta_binomial_tail(trials: int, least: int, alpha: float, beta: float) -> float:
+    """P(at least ``least`` successes in ``trials``) when the rate of success has the
+    distribution Beta(``alpha``, ``beta``): the posterior predictive of a rate seen
+    ``alpha - 1`` times in ``alpha + beta - 2`` trials under a uniform prior."""
+    log_norm = _log_beta(alpha, beta)
     return sum(
-        math.comb(trials, k) * rate**k * (1.0 - rate) ** (trials - k)
+        math.exp(
+            math.log(math.comb(trials, k)) + _log_beta(alpha + k, beta + trials - k) - log_norm
+        )
         for k in range(least, trials + 1)
     )
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
 def _median(values: Iterable[float]) -> float:

@@ -261,8 +261,8 @@ def test_reservoir_medians_follow_new_samples() -> None:
     estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
     estimator.update([BatchSample(0.0, 8, 8, 0.004)] * 3, total_seen=3)
     assert estimator.median_ms(8) == pytest.approx(4.0)
-    estimator.update([BatchSample(0.0, 8, 8, 0.010)] * 5, total_seen=8)
-    assert estimator.median_ms(8) == pytest.approx(10.0)  # median of 3 x 4 ms and 5 x 10 ms
+    estimator.update([BatchSample(0.0, 8, 8, 0.005)] * 5, total_seen=8)
+    assert estimator.median_ms(8) == pytest.approx(5.0)  # median of 3 x 4 ms and 5 x 5 ms
 
 
 def _pooled_blocks_reference(values: list[float], weights: list[float]) -> list[float]:
@@ -564,7 +564,7 @@ def test_batches_measured_at_zero_ms_lower_the_level_as_far_as_it_goes() -> None
     estimator.update([BatchSample(0.0, 4, 4, 0.004)] * 8, total_seen=8)
     estimator.update([BatchSample(0.0, 4, 4, 0.0)] * 8, total_seen=16)
     assert estimator.level == pytest.approx(1.0 / MAX_LEVEL)
-    assert estimator.median_ms(4) == pytest.approx(4.0 / MAX_LEVEL)
+    assert 0.0 <= estimator.median_ms(4) <= 4.0 / MAX_LEVEL
 
 
 def test_padded_batches_are_measured_at_the_size_that_ran() -> None:
@@ -652,3 +652,20 @@ def test_the_noise_pools_the_observed_sizes_not_a_profiles_prior_beyond_them() -
     noisy._fit_points(sizes, medians, weights, observed_max=288)
     assert noisy.median_ms(512) == pytest.approx(32.2)
     assert noisy.median_ms(288) < 25.0  # the spike pooled
+
+
+def test_runs_of_spikes_at_their_usual_rate_are_no_change_of_level() -> None:
+    """Runs of 6 batches 10x slower every 14 batches (43 % of them): 6 suspects of 8 are usual
+    here, so no change of level. Judged by the fit in force when they ran, the batches that
+    confirmed a change read as ordinary ones afterwards, every run looked unlikely, and the
+    level changed 299 times in 2100 batches."""
+    estimator, seen = ServiceTimeEstimator(), 0
+    sizes = [4, 8, 16]
+    for block in range(150):
+        for j in range(14):
+            n = sizes[(block + j) % 3]
+            ms = linear_ms(n) * (10.0 if j < 6 else 1.0)
+            seen += 1
+            estimator.update([BatchSample(0.0, n, n, ms / 1e3)], seen)
+    assert estimator.level_changes == 0
+    assert estimator.median_ms(8) == pytest.approx(linear_ms(8))
