@@ -35,6 +35,10 @@ __all__ = [
 
 _log = get_logger()
 
+UNREACHABLE_REARM_S: Final = 60.0
+"""How long the SLO must have been within reach before :class:`BudgetGuard` warns again that it
+is not, s: a fit that flaps at the verdict's edge (frequent spikes) warned every few ticks."""
+
 
 class Guard:
     """Base of the guards: forwards to ``inner`` and lets a subclass correct the decision."""
@@ -83,7 +87,8 @@ class BudgetGuard(Guard):
     When the SLO cannot be met even by a batch of one (``2 * service(smallest cap)`` past
     ``Observation.aim_budget_ms``, which lies above two batches of one unless they overrun the
     room: the SLO's latency less preprocessing), the guard says so once
-    (``controller.slo_unreachable`` warning), flags the decision (``slo_unreachable``) and
+    (``controller.slo_unreachable`` warning; again only after ``UNREACHABLE_REARM_S`` within
+    reach), flags the decision (``slo_unreachable``) and
     degrades to the lowest-latency setting: window 0, with the cap still kept where it keeps
     up. The verdict rests on what the batches have shown: the
     service-time fit is flat below the smallest batch it has seen, so after a cold burst of
@@ -102,6 +107,8 @@ class BudgetGuard(Guard):
         self.slo_unreachable = False
         self.smallest_units_seen = math.inf
         """The smallest batch seen so far is at most this many units (inf: no batch yet)."""
+        self._warned = False  # the warning is given and not re-armed
+        self._reachable_since_s = math.inf  # the SLO has been within reach since (inf: not)
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         self._note_batches(observation)
@@ -166,7 +173,15 @@ class BudgetGuard(Guard):
     def _note_reachability(self, observation: Observation, smallest: int, budget: float) -> bool:
         floor_service = self._floor_service_ms(observation, smallest)
         unreachable = 2.0 * floor_service > budget  # False for NaN: no verdict yet
-        if unreachable and not self.slo_unreachable:
+        now_s = observation.now_s
+        if unreachable:
+            self._reachable_since_s = math.inf
+        else:
+            self._reachable_since_s = min(self._reachable_since_s, now_s)
+            if now_s - self._reachable_since_s >= UNREACHABLE_REARM_S:
+                self._warned = False
+        if unreachable and not self._warned:
+            self._warned = True
             _log.warning(
                 "controller.slo_unreachable",
                 budget_ms=round(budget, 3),

@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher.control.guards import (
+    UNREACHABLE_REARM_S,
     BucketGuard,
     BudgetGuard,
     MemoryGuard,
@@ -192,6 +193,22 @@ def test_budget_guard_flags_unreachable_slo_once_and_degrades() -> None:
     assert (logs[0]["two_batches_ms"], logs[0]["budget_ms"]) == (60.0, 40.0)
     assert guard.decide(observe()).slo_unreachable is False
     assert guard.slo_unreachable is False
+
+
+def test_budget_guard_warns_again_only_after_a_minute_within_reach() -> None:
+    """A fit that flaps at the verdict's edge (frequent spikes) flagged every other tick, and
+    each flag was a new warning: a fresh user's run logged about 25 in 20 s."""
+    guard = guarded(BudgetGuard, Decision(5.0, 64, "p"))
+    too_slow = observe(service_median_ms=linear_ms(30.0, 0.0))
+    with capture_logs() as logs:
+        for tick in range(40):  # flapping, 0.25 s a tick
+            now_s = 0.25 * tick
+            flags = guard.decide(replace(too_slow if tick % 2 else observe(), now_s=now_s))
+            assert flags.slo_unreachable is bool(tick % 2)
+        guard.decide(replace(observe(), now_s=10.0))
+        guard.decide(replace(observe(), now_s=10.0 + UNREACHABLE_REARM_S))
+        guard.decide(replace(too_slow, now_s=11.0 + UNREACHABLE_REARM_S))
+    assert [e["event"] for e in logs] == ["controller.slo_unreachable"] * 2
 
 
 # resnet50 on an H200 (the shipped table), ms: launch-bound to 32, then about proportional
