@@ -88,7 +88,7 @@ class BudgetGuard(Guard):
     ``Observation.aim_budget_ms``, which lies above two batches of one unless they overrun the
     room: the SLO's latency less preprocessing), the guard says so once
     (``controller.slo_unreachable`` warning; again only after ``UNREACHABLE_REARM_S`` within
-    reach), flags the decision (``slo_unreachable``) and
+    reach, or for a new SLO), flags the decision (``slo_unreachable``) and
     degrades to the lowest-latency setting: window 0, with the cap still kept where it keeps
     up. The verdict rests on what the batches have shown: the
     service-time fit is flat below the smallest batch it has seen, so after a cold burst of
@@ -108,6 +108,7 @@ class BudgetGuard(Guard):
         self.smallest_units_seen = math.inf
         """The smallest batch seen so far is at most this many units (inf: no batch yet)."""
         self._warned = False  # the warning is given and not re-armed
+        self._warned_for: SLO | None = None  # the SLO it was given for
         self._reachable_since_s = math.inf  # the SLO has been within reach since (inf: not)
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
@@ -180,8 +181,10 @@ class BudgetGuard(Guard):
             self._reachable_since_s = min(self._reachable_since_s, now_s)
             if now_s - self._reachable_since_s >= UNREACHABLE_REARM_S:
                 self._warned = False
+        if observation.slo != self._warned_for:
+            self._warned = False  # a new SLO is a new verdict
         if unreachable and not self._warned:
-            self._warned = True
+            self._warned, self._warned_for = True, observation.slo
             _log.warning(
                 "controller.slo_unreachable",
                 budget_ms=round(budget, 3),

@@ -209,6 +209,11 @@ def test_budget_guard_warns_again_only_after_a_minute_within_reach() -> None:
         guard.decide(replace(observe(), now_s=10.0 + UNREACHABLE_REARM_S))
         guard.decide(replace(too_slow, now_s=11.0 + UNREACHABLE_REARM_S))
     assert [e["event"] for e in logs] == ["controller.slo_unreachable"] * 2
+    # a new SLO out of reach is a new verdict, warned at once
+    tighter = replace(too_slow, slo=SLO(latency_ms=30.0), now_s=12.0 + UNREACHABLE_REARM_S)
+    with capture_logs() as logs:
+        assert guard.decide(tighter).slo_unreachable is True
+    assert [e["event"] for e in logs] == ["controller.slo_unreachable"]
 
 
 # resnet50 on an H200 (the shipped table), ms: launch-bound to 32, then about proportional
