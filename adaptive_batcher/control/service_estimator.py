@@ -42,6 +42,7 @@ __all__ = [
     "CHANGE_ALPHA",
     "CHANGE_RATIO",
     "END_STEP_Z",
+    "JUDGE_SIGMA_MAX",
     "KNOWN_SPAN",
     "MAX_LEVEL",
     "OPTIMISM",
@@ -56,6 +57,7 @@ __all__ = [
     "REFINE_AFTER",
     "REFINE_MEMORY",
     "REFINE_STEP",
+    "SEED_ALPHA",
     "SUSPECT_KEEP_MIN",
     "SUSPECT_MEMORY",
     "ServiceTimeEstimator",
@@ -111,6 +113,17 @@ suspects a run of them is judged against (see :meth:`ServiceTimeEstimator.update
 CHANGE_ALPHA = 1e-4
 """How unlikely a run of suspects must be, at their earlier rate, to be a change of level."""
 
+JUDGE_SIGMA_MAX = 0.5
+"""The widest noise body (its sigma) that the bounds for outliers and suspects are drawn from: a
+wider spread of measured / predicted ratios is the fit being wrong at some sizes (a few samples
+of a size, some of them 10x spikes), not a device's noise, and bounds drawn from it let every
+spike in (docs/policies.md, "Changes of level")."""
+
+SEED_ALPHA = 0.01
+"""While the fit rests on a seed alone (a profile, or the warm-up's batches), how unlikely the
+suspects of one direction among the batches so far must be if they were at most half of them,
+to be a change of the seed's level (see :meth:`ServiceTimeEstimator.update`)."""
+
 SUSPECT_KEEP_MIN = 3
 """The fewest samples a size must have for a slow suspect of it, unconfirmed, to join them."""
 
@@ -139,6 +152,8 @@ docs/policies.md, "The service-time model"."""
 
 P99_QUANTILE = 0.99
 """Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.p99_ms`."""
+
+_CUSUM_LIMIT = math.log(1.0 / CHANGE_ALPHA)  # a CUSUM of suspects past it is a change
 
 _NORMAL_MAD = 0.6745  # median absolute deviation of a standard normal distribution
 
@@ -221,6 +236,7 @@ class ServiceTimeEstimator:
         self._earlier_judged: deque[int] = deque(maxlen=SUSPECT_MEMORY)
         self._fit_version = 0  # bumped whenever the predictions change
         self._judged_by: tuple[int, float, float] | None = None
+        self._cusum = {1: 0.0, -1: 0.0}  # per direction, see _note_suspects
         # suspect batches held out: (batch number, units, ms, ratio to the prediction,
         # direction, whether an outlier)
         self._held: deque[tuple[int, int, float, float, int, bool]] = deque()
@@ -271,8 +287,10 @@ class ServiceTimeEstimator:
         # the error bars as last read (reading them here would move when they are recomputed)
         outlier_ratio, change_ratio = math.inf, math.inf
         if self._ends is not None:
-            outlier_ratio = OUTLIER_FACTOR * self._body_quantile(self._spread_z)
-            change_ratio = min(outlier_ratio, max(CHANGE_RATIO, self._body_quantile(P999_Z)))
+            outlier_ratio = OUTLIER_FACTOR * self._body_quantile(self._spread_z, JUDGE_SIGMA_MAX)
+            change_ratio = min(
+                outlier_ratio, max(CHANGE_RATIO, self._body_quantile(P999_Z, JUDGE_SIGMA_MAX))
+            )
         stall_start, stall_end = stall
         caught_up = stall_end + min(stall_end - stall_start, CATCH_UP_MAX_S)
         for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
@@ -336,6 +354,8 @@ class ServiceTimeEstimator:
                     self.outliers_seen += 1
         self._taken += 1
         self._remember(units, measured_ms, direction, (outlier_ratio, change_ratio))
+        if outlier_ratio < math.inf:
+            self._note_suspects(direction, outlier_ratio, change_ratio)
         self._release_aged()
         if direction == 0:
             self._keep(units, measured_ms)
@@ -398,15 +418,35 @@ class ServiceTimeEstimator:
 
     def _confirms_change(self, direction: int, outlier_ratio: float, change_ratio: float) -> bool:
         """Whether the suspects of ``direction`` among the last ``OUTLIER_WINDOW`` batches are a
-        change of service time: at least ``OUTLIER_CONFIRM`` of them, and so many unlikely at
-        the rate of suspects of that direction, by today's fit and error bars, among the
-        earlier batches since the last change (at most ``SUSPECT_MEMORY``): a beta-binomial
-        tail (the rate's uniform prior updated by those batches) below ``CHANGE_ALPHA``.
-        Why (spikes on 30 % of batches put 5 of 8 together every 17 batches or so):
-        docs/policies.md, "Changes of level"."""
+        change of service time: at least ``OUTLIER_CONFIRM`` of them, and
+
+        * while the fit rests on a seed alone (no measured batch has refitted it: the seed's
+          level is in question), more than half of all the batches judged so far are suspects
+          of that direction (a binomial tail at 1/2 below ``SEED_ALPHA``);
+        * else, so many are unlikely at the rate of such suspects, by today's fit and error
+          bars, among the earlier batches since the last change (at most ``SUSPECT_MEMORY``):
+          a beta-binomial tail (the rate's uniform prior updated by those batches) below
+          ``CHANGE_ALPHA``, or a CUSUM of the suspects against that rate past
+          ``log(1 / CHANGE_ALPHA)`` (see :meth:`_note_suspects`).
+
+        Why: docs/policies.md, "Changes of level"."""
         count = self._recent_outliers.count(direction)
         if count < OUTLIER_CONFIRM:
             return False
+        alike, earlier = self._earlier_suspects(direction, outlier_ratio, change_ratio)
+        if self._seed and self.samples == 0:  # most batches so far against the seed's level
+            judged = earlier + len(self._recent_outliers)
+            return _binomial_tail(judged, alike + count, 0.5) < SEED_ALPHA
+        if self._cusum[direction] >= _CUSUM_LIMIT:
+            return True
+        tail = _beta_binomial_tail(OUTLIER_WINDOW, count, 1.0 + alike, 1.0 + earlier - alike)
+        return tail < CHANGE_ALPHA
+
+    def _earlier_suspects(
+        self, direction: int, outlier_ratio: float, change_ratio: float
+    ) -> tuple[int, int]:
+        """The suspects of ``direction`` among the earlier batches since the last change, by
+        today's fit and error bars, and how many batches those are."""
         bars = (self._fit_version, outlier_ratio, change_ratio)
         if self._judged_by != bars or len(self._earlier_judged) != len(self._earlier):
             self._earlier_judged = deque(
@@ -417,10 +457,27 @@ class ServiceTimeEstimator:
                 maxlen=SUSPECT_MEMORY,
             )
             self._judged_by = bars
-        earlier = self._earlier_judged
-        alike = earlier.count(direction)
-        tail = _beta_binomial_tail(OUTLIER_WINDOW, count, 1.0 + alike, 1.0 + len(earlier) - alike)
-        return tail < CHANGE_ALPHA
+        return self._earlier_judged.count(direction), len(self._earlier_judged)
+
+    def _note_suspects(self, direction: int, outlier_ratio: float, change_ratio: float) -> None:
+        """One batch into the CUSUM of each direction (Page, 1954): the log-likelihood ratio
+        of the batch being a suspect at rate ``(1 + p) / 2`` against the earlier rate ``p``
+        (the posterior mean, uniform prior), summed and floored at 0. A run too short to be
+        unlikely in ``OUTLIER_WINDOW`` batches where suspects are common (10x spikes on 30 %
+        of batches: 8 of 8 at 6.6e-5) adds up over a longer one: a slowdown under such
+        spikes confirms after about 12 batches, where 8 of 8 could not."""
+        for side in (1, -1):
+            total = self._cusum[side]
+            if direction != side and total == 0.0:
+                continue  # a batch not suspect in this direction only lowers it
+            alike, earlier = self._earlier_suspects(side, outlier_ratio, change_ratio)
+            rate = (1.0 + alike) / (2.0 + earlier)
+            changed = (1.0 + rate) / 2.0
+            if direction == side:
+                total += math.log(changed / rate)
+            else:
+                total += math.log((1.0 - changed) / (1.0 - rate))
+            self._cusum[side] = max(0.0, total)
 
     def _release_aged(self) -> None:
         """The suspect batches that left the last ``OUTLIER_WINDOW`` with no change of level:
@@ -465,6 +522,7 @@ class ServiceTimeEstimator:
             maxlen=SUSPECT_MEMORY,
         )
         self._earlier_judged.clear()
+        self._cusum = {1: 0.0, -1: 0.0}
         self._recent_outliers.clear()
         self._recent_batches.clear()
 
@@ -593,9 +651,9 @@ class ServiceTimeEstimator:
             self._body_at = self._ratios_taken
         return self._body
 
-    def _body_quantile(self, z: float) -> float:
+    def _body_quantile(self, z: float, sigma_max: float = math.inf) -> float:
         median, sigma = self.body()
-        return max(1.0, median * math.exp(z * sigma))
+        return max(1.0, median * math.exp(z * min(sigma, sigma_max)))
 
     def body_spread_ms(self, batch_size: int) -> float:
         """:meth:`median_bound_ms` times the ``spread_quantile`` of the noise's :meth:`body`,
@@ -908,6 +966,14 @@ def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
     if leverage < OUTLIER_LEVERAGE:
         return math.nan
     return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
+
+
+def _binomial_tail(trials: int, least: int, rate: float) -> float:
+    """P(at least ``least`` successes in ``trials``), each with probability ``rate``."""
+    return sum(
+        math.comb(trials, k) * rate**k * (1.0 - rate) ** (trials - k)
+        for k in range(least, trials + 1)
+    )
 
 
 def _beta_binomial_tail(trials: int, least: int, alpha: float, beta: float) -> float:
