@@ -433,12 +433,13 @@ class ServiceTimeEstimator:
         count = self._recent_outliers.count(direction)
         if count < OUTLIER_CONFIRM:
             return False
+        seed_only = bool(self._seed) and self.samples == 0
+        if not seed_only and self._cusum[direction] >= _CUSUM_LIMIT:
+            return True
         alike, earlier = self._earlier_suspects(direction, outlier_ratio, change_ratio)
-        if self._seed and self.samples == 0:  # most batches so far against the seed's level
+        if seed_only:  # most batches so far against the seed's level
             judged = earlier + len(self._recent_outliers)
             return _binomial_tail(judged, alike + count, 0.5) < SEED_ALPHA
-        if self._cusum[direction] >= _CUSUM_LIMIT:
-            return True
         tail = _beta_binomial_tail(OUTLIER_WINDOW, count, 1.0 + alike, 1.0 + earlier - alike)
         return tail < CHANGE_ALPHA
 
@@ -465,7 +466,7 @@ class ServiceTimeEstimator:
         (the posterior mean, uniform prior), summed and floored at 0. A run too short to be
         unlikely in ``OUTLIER_WINDOW`` batches where suspects are common (10x spikes on 30 %
         of batches: 8 of 8 at 6.6e-5) adds up over a longer one: a slowdown under such
-        spikes confirms after about 12 batches, where 8 of 8 could not."""
+        spikes confirms after about 14 batches, where 8 of 8 could not."""
         for side in (1, -1):
             total = self._cusum[side]
             if direction != side and total == 0.0:
