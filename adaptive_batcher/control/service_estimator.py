@@ -155,6 +155,8 @@ P99_QUANTILE = 0.99
 
 _CUSUM_LIMIT = math.log(1.0 / CHANGE_ALPHA)  # a CUSUM of suspects past it is a change
 
+_REFERENCE_MIN = 3  # samples of a size that make its median a reference for a lone sample
+_LONE_ALPHA = 0.01  # held out of one size at the rate of outliers, less likely: its time
 _NORMAL_MAD = 0.6745  # median absolute deviation of a standard normal distribution
 
 
@@ -197,6 +199,7 @@ class ServiceTimeEstimator:
         self.per_size = per_size
         self._reservoir: dict[int, deque[float]] = {}
         self._kept = 0  # samples in all the reservoirs
+        self._lone_held_out: dict[int, int] = {}  # per size, samples held out as lone stalls
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
         # the sizes first, first + 1, ... interpolated at the last refit (see _predict_inside)
@@ -307,7 +310,8 @@ class ServiceTimeEstimator:
             return
         self._fitted_at = total_seen
         self._refine_level()
-        self.samples = count
+        self._hold_out_lone_outliers(outlier_ratio)
+        self.samples = self._kept
         sizes = sorted(self._reservoir)
         medians = [self._median_at(n) for n in sizes]
         counts = [float(len(self._reservoir[n])) for n in sizes]
@@ -325,6 +329,52 @@ class ServiceTimeEstimator:
             observed_max,
         )
         self._note_level()
+
+    def _hold_out_lone_outliers(self, outlier_ratio: float) -> None:
+        """Hold out the samples of a size measured fewer than ``_REFERENCE_MIN`` times (too
+        few for a median that ignores a stall) that are beyond ``outlier_ratio`` times the most
+        that the sizes measured more often allow it (a larger size's median; a smaller one's,
+        grown in proportion). The first batch of a size beyond the fit is judged against an
+        optimistic prediction, so a stall there stood as the size's time, and the tail cap
+        kept the size from running again. A size stops being judged so once as many of its
+        samples were held out as the rate of outliers in the error bars' window makes unlikely
+        (below ``_LONE_ALPHA``):
+        they are its time (a model that slows down past a size)."""
+        reservoir, held_out = self._reservoir, self._lone_held_out
+        ratios = self._ordered_ratios  # the error bars' window, sorted
+        stalls = len(ratios) - bisect_right(ratios, outlier_ratio)
+        rate = (1.0 + stalls) / (2.0 + len(ratios))
+        allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
+        few = [
+            n
+            for n, kept in reservoir.items()
+            if len(kept) < _REFERENCE_MIN and held_out.get(n, 0) < allowed
+        ]
+        if not few or not outlier_ratio < math.inf:
+            return
+        reference = [n for n in sorted(reservoir) if len(reservoir[n]) >= _REFERENCE_MIN]
+        for size in few if reference else ():
+            above = bisect_left(reference, size)
+            bounds = [self._median_at(reference[above])] if above < len(reference) else []
+            if above > 0:
+                below = reference[above - 1]
+                bounds.append(self._median_at(below) * size / below)
+            limit_ms = outlier_ratio * min(bounds)
+            kept = [i for i, ms in enumerate(reservoir[size]) if ms <= limit_ms]
+            dropped = len(reservoir[size]) - len(kept)
+            if limit_ms <= 0 or dropped == 0:
+                continue
+            held_out[size] = held_out.get(size, 0) + dropped
+            self._kept -= dropped
+            self.outliers_held_out += dropped
+            self._median_of.pop(size, None)
+            self._floor.pop(size, None)
+            if not kept:
+                del reservoir[size], self._epochs[size]
+                continue
+            samples, epochs = list(reservoir[size]), list(self._epochs[size])
+            reservoir[size] = deque((samples[i] for i in kept), maxlen=self.per_size)
+            self._epochs[size] = deque((epochs[i] for i in kept), maxlen=self.per_size)
 
     def _take(
         self, units: int, measured_ms: float, outlier_ratio: float, change_ratio: float
@@ -364,7 +414,7 @@ class ServiceTimeEstimator:
         stall = outlier and direction > 0
         self.outliers_held_out += stall
         if self._confirms_change(direction, outlier_ratio, change_ratio):
-            self._change_level(direction)  # the service time has changed
+            self._change_level(direction, outlier_ratio, change_ratio)  # it has changed
             return False
         return stall
 
@@ -492,14 +542,18 @@ class ServiceTimeEstimator:
             if not outlier and not (direction > 0 and few):
                 self._keep(units, measured_ms)
 
-    def _change_level(self, direction: int) -> None:
+    def _change_level(self, direction: int, outlier_ratio: float, change_ratio: float) -> None:
         """The recent suspect batches of ``direction`` (1: slow, -1: fast) are a change of
         service time, not isolated ones: every size's time is rescaled by their median ratio
-        to the prediction, and they are kept as samples (see the module docstring)."""
+        to the prediction (see :meth:`_change_ratio`), and they are kept as samples (see the
+        module docstring)."""
         confirming = [entry for entry in self._held if entry[4] == direction]
+        alike, earlier = self._earlier_suspects(direction, outlier_ratio, change_ratio)
+        usual = alike / earlier if earlier else 0.0
+        ratio = _change_ratio([entry[3] for entry in confirming], direction, usual)
         self._anchors = self._epoch_medians()
         self._epoch += 1
-        level = min(MAX_LEVEL, max(1.0 / MAX_LEVEL, self.level * _median(e[3] for e in confirming)))
+        level = min(MAX_LEVEL, max(1.0 / MAX_LEVEL, self.level * ratio))
         factor, self.level = level / self.level, level  # batches measured at 0 ms included
         self.level_changes += 1
         self._cache = {}
@@ -967,6 +1021,16 @@ def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
     if leverage < OUTLIER_LEVERAGE:
         return math.nan
     return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
+
+
+def _change_ratio(ratios: Sequence[float], direction: int, usual_rate: float) -> float:
+    """A change of level's ratio to the prediction, from the ``ratios`` of the suspects of
+    ``direction`` that confirmed it: their median, once the share that the usual rate of such
+    suspects explains (``usual_rate``, before the change: 10x spikes on 30 % of batches, slowed
+    down with the rest) is left out at the far end, at most half of them."""
+    ordered = sorted(ratios, reverse=direction < 0)
+    usual = min(len(ordered) // 2, math.floor(usual_rate * len(ordered)))
+    return _median(ordered[: len(ordered) - usual])
 
 
 def _binomial_tail(trials: int, least: int, rate: float) -> float:
