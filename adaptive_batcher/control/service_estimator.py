@@ -333,17 +333,17 @@ class ServiceTimeEstimator:
     def _hold_out_lone_outliers(self, outlier_ratio: float) -> None:
         """Hold out the samples of a size measured fewer than ``_REFERENCE_MIN`` times (too
         few for a median that ignores a stall) that are beyond ``outlier_ratio`` times the most
-        that the sizes measured more often allow it (a larger size's median; a smaller one's,
-        grown in proportion). The first batch of a size beyond the fit is judged against an
-        optimistic prediction, so a stall there stood as the size's time, and the tail cap
-        kept the size from running again. A size stops being judged so once as many of its
-        samples were held out as the rate of outliers in the error bars' window makes unlikely
-        (below ``_LONE_ALPHA``):
-        they are its time (a model that slows down past a size)."""
+        that the sizes measured more often allow it (a larger size's median; a smaller one's
+        at most ``KNOWN_SPAN`` times smaller, grown in proportion). The first batch of a size
+        beyond the fit is judged against an optimistic prediction, so a stall there stood as
+        the size's time, and the tail cap kept the size from running again. A size stops being
+        judged so once as many of its samples were held out as the rate of outliers among the
+        batches of sizes the fit knows makes unlikely (below ``_LONE_ALPHA``): they are its
+        time (a model that slows down past a size)."""
         reservoir, held_out = self._reservoir, self._lone_held_out
-        ratios = self._ordered_ratios  # the error bars' window, sorted
-        stalls = len(ratios) - bisect_right(ratios, outlier_ratio)
-        rate = (1.0 + stalls) / (2.0 + len(ratios))
+        known = self._known_ratios  # not the sizes beyond the fit: held out, they would count
+        stalls = sum(1 for ratio in known if ratio > outlier_ratio)
+        rate = (1.0 + stalls) / (2.0 + len(known))
         allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
         few = [
             n
@@ -356,9 +356,11 @@ class ServiceTimeEstimator:
         for size in few if reference else ():
             above = bisect_left(reference, size)
             bounds = [self._median_at(reference[above])] if above < len(reference) else []
-            if above > 0:
-                below = reference[above - 1]
+            below = reference[above - 1] if above > 0 else 0
+            if below and size <= KNOWN_SPAN * below:  # farther, a convex model outgrows it
                 bounds.append(self._median_at(below) * size / below)
+            if not bounds:
+                continue
             limit_ms = outlier_ratio * min(bounds)
             kept = [i for i, ms in enumerate(reservoir[size]) if ms <= limit_ms]
             dropped = len(reservoir[size]) - len(kept)
