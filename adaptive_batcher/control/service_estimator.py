@@ -341,17 +341,14 @@ class ServiceTimeEstimator:
         batches of sizes the fit knows makes unlikely (below ``_LONE_ALPHA``): they are its
         time (a model that slows down past a size)."""
         reservoir, held_out = self._reservoir, self._lone_held_out
+        few = [n for n, kept in reservoir.items() if len(kept) < _REFERENCE_MIN]
+        if not few or not outlier_ratio < math.inf:
+            return  # the common case once every size has run: no pass over the ratios
         known = self._known_ratios  # not the sizes beyond the fit: held out, they would count
         stalls = sum(1 for ratio in known if ratio > outlier_ratio)
         rate = (1.0 + stalls) / (2.0 + len(known))
         allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
-        few = [
-            n
-            for n, kept in reservoir.items()
-            if len(kept) < _REFERENCE_MIN and held_out.get(n, 0) < allowed
-        ]
-        if not few or not outlier_ratio < math.inf:
-            return
+        few = [n for n in few if held_out.get(n, 0) < allowed]
         reference = [n for n in sorted(reservoir) if len(reservoir[n]) >= _REFERENCE_MIN]
         for size in few if reference else ():
             above = bisect_left(reference, size)
