@@ -200,6 +200,7 @@ class ServiceTimeEstimator:
         self._reservoir: dict[int, deque[float]] = {}
         self._kept = 0  # samples in all the reservoirs
         self._lone_held_out: dict[int, int] = {}  # per size, samples held out as lone stalls
+        self._lone_believed: set[int] = set()  # sizes whose lone samples beyond it were kept
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
         # the sizes first, first + 1, ... interpolated at the last refit (see _predict_inside)
@@ -333,47 +334,100 @@ class ServiceTimeEstimator:
     def _hold_out_lone_outliers(self, outlier_ratio: float) -> None:
         """Hold out the samples of a size measured fewer than ``_REFERENCE_MIN`` times (too
         few for a median that ignores a stall) that are beyond ``outlier_ratio`` times the most
-        that the sizes measured more often allow it (a larger size's median; a smaller one's
-        at most ``KNOWN_SPAN`` times smaller, grown in proportion). The first batch of a size
-        beyond the fit is judged against an optimistic prediction, so a stall there stood as
-        the size's time, and the tail cap kept the size from running again. A size stops being
-        judged so once as many of its samples were held out as the rate of outliers among the
-        batches of sizes the fit knows makes unlikely (below ``_LONE_ALPHA``): they are its
-        time (a model that slows down past a size)."""
-        reservoir, held_out = self._reservoir, self._lone_held_out
+        the sizes measured more often allow it (see :meth:`_lone_bound_ms`). The first batch of
+        a size beyond the fit is judged against an optimistic prediction, so a stall there
+        stood as the size's time, and the tail cap kept the size from running again. Samples
+        held out more often than the rate of outliers among the batches of sizes the fit knows
+        makes likely (below ``_LONE_ALPHA``) are the sizes' time, not stalls: so for a size
+        (a model that slows down past it) and for the sizes between two measured ones (a jump
+        in time that each size between would otherwise pay for on its own)."""
+        reservoir = self._reservoir
         few = [n for n, kept in reservoir.items() if len(kept) < _REFERENCE_MIN]
         if not few or not outlier_ratio < math.inf:
             return  # the common case once every size has run: no pass over the ratios
+        reference = [n for n in sorted(reservoir) if len(reservoir[n]) >= _REFERENCE_MIN]
+        if not reference:
+            return
         known = self._known_ratios  # not the sizes beyond the fit: held out, they would count
         stalls = sum(1 for ratio in known if ratio > outlier_ratio)
         rate = (1.0 + stalls) / (2.0 + len(known))
         allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
-        few = [n for n in few if held_out.get(n, 0) < allowed]
-        reference = [n for n in sorted(reservoir) if len(reservoir[n]) >= _REFERENCE_MIN]
-        for size in few if reference else ():
-            above = bisect_left(reference, size)
-            bounds = [self._median_at(reference[above])] if above < len(reference) else []
-            below = reference[above - 1] if above > 0 else 0
-            if below and size <= KNOWN_SPAN * below:  # farther, a convex model outgrows it
-                bounds.append(self._median_at(below) * size / below)
-            if not bounds:
-                continue
-            limit_ms = outlier_ratio * min(bounds)
-            kept = [i for i, ms in enumerate(reservoir[size]) if ms <= limit_ms]
-            dropped = len(reservoir[size]) - len(kept)
-            if limit_ms <= 0 or dropped == 0:
-                continue
-            held_out[size] = held_out.get(size, 0) + dropped
-            self._kept -= dropped
-            self.outliers_held_out += dropped
-            self._median_of.pop(size, None)
-            self._floor.pop(size, None)
-            if not kept:
-                del reservoir[size], self._epochs[size]
-                continue
-            samples, epochs = list(reservoir[size]), list(self._epochs[size])
-            reservoir[size] = deque((samples[i] for i in kept), maxlen=self.per_size)
-            self._epochs[size] = deque((epochs[i] for i in kept), maxlen=self.per_size)
+        limits = {size: self._lone_limit_ms(size, reference, outlier_ratio) for size in few}
+        believed = self._gaps_of_their_time(limits, reference, rate)
+        for size, limit_ms in limits.items():
+            if limit_ms < math.inf and self._lone_held_out.get(size, 0) < allowed:
+                if bisect_left(reference, size) in believed:
+                    self._lone_believed.add(size)
+                else:
+                    self._hold_out_beyond(size, limit_ms)
+
+    def _lone_limit_ms(self, size: int, reference: list[int], outlier_ratio: float) -> float:
+        """``outlier_ratio`` times :meth:`_lone_bound_ms` of ``size``, ms."""
+        return outlier_ratio * self._lone_bound_ms(size, reference, bisect_left(reference, size))
+
+    def _gaps_of_their_time(
+        self, limits: dict[int, float], reference: list[int], rate: float
+    ) -> set[int]:
+        """The gaps between ``reference`` sizes (by index: ``bisect_left``) whose sparse sizes
+        measured beyond their ``limits`` (ms; held out, or kept as their time) so much more
+        often than ``rate`` that they are the sizes' time: a binomial tail below
+        ``_LONE_ALPHA``. The samples kept as their time count as beyond (that they are no
+        longer held out is no evidence against them); a new one, not yet judged, does not."""
+        beyond: dict[int, int] = {}
+        for size, count in self._lone_held_out.items():
+            gap = bisect_left(reference, size)
+            if gap == len(reference) or reference[gap] != size:
+                beyond[gap] = beyond.get(gap, 0) + count
+        within = dict.fromkeys(beyond, 0)
+        for size, limit_ms in limits.items():
+            gap = bisect_left(reference, size)
+            if gap in beyond:
+                samples = self._reservoir[size]
+                over = sum(1 for ms in samples if ms > limit_ms)
+                if size not in self._lone_believed:
+                    over, within[gap] = 0, within[gap] + len(samples) - over
+                beyond[gap] += over
+        return {
+            gap
+            for gap, count in beyond.items()
+            if _binomial_tail(count + within[gap], count, rate) < _LONE_ALPHA
+        }
+
+    def _lone_bound_ms(self, size: int, reference: list[int], gap: int) -> float:
+        """The most a batch of ``size`` can take by the medians of the ``reference`` sizes
+        around it (``gap``: its index among them), ms; inf where none bounds it. A larger
+        size's median bounds it; so does a smaller one's grown in proportion, where that one
+        is at most ``KNOWN_SPAN`` times smaller (farther, a convex model outgrows it) and the
+        time per unit does not grow up to the larger one (else the model is convex or jumps
+        between them)."""
+        bound = math.inf
+        if gap < len(reference):
+            bound = self._median_at(reference[gap])
+        below = reference[gap - 1] if gap > 0 else 0
+        if below and size <= KNOWN_SPAN * below:
+            per_unit = self._median_at(below) / below
+            if bound == math.inf or bound / reference[gap] <= per_unit:
+                bound = min(bound, per_unit * size)
+        return bound
+
+    def _hold_out_beyond(self, size: int, limit_ms: float) -> None:
+        """Hold out the samples of ``size`` beyond ``limit_ms``, counting them."""
+        reservoir = self._reservoir
+        kept = [i for i, ms in enumerate(reservoir[size]) if ms <= limit_ms]
+        dropped = len(reservoir[size]) - len(kept)
+        if limit_ms <= 0 or dropped == 0:
+            return
+        self._lone_held_out[size] = self._lone_held_out.get(size, 0) + dropped
+        self._kept -= dropped
+        self.outliers_held_out += dropped
+        self._median_of.pop(size, None)
+        self._floor.pop(size, None)
+        if not kept:
+            del reservoir[size], self._epochs[size]
+            return
+        samples, epochs = list(reservoir[size]), list(self._epochs[size])
+        reservoir[size] = deque((samples[i] for i in kept), maxlen=self.per_size)
+        self._epochs[size] = deque((epochs[i] for i in kept), maxlen=self.per_size)
 
     def _take(
         self, units: int, measured_ms: float, outlier_ratio: float, change_ratio: float

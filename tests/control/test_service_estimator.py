@@ -221,6 +221,63 @@ def test_a_stall_among_a_sizes_two_samples_is_held_out() -> None:
     assert estimator.outliers_held_out == 1
 
 
+def _jump_ms(n: int) -> float:
+    return (1.0 + 0.1 * n) * (10.0 if n > 48 else 1.0)  # ten times slower past 48
+
+
+def _run_jump(estimator: ServiceTimeEstimator, sizes: list[int], seen: int) -> int:
+    for n in sizes:
+        seen += 1
+        estimator.update([BatchSample(0.0, n, n, _jump_ms(n) / 1e3)], seen)
+    return seen
+
+
+def test_a_jump_in_time_is_learnt_from_the_sizes_beyond_it_together() -> None:
+    """32-48 measured, then one batch at each third size from 49 to 96, all ten times slower
+    than 48 in proportion. Judged one size at a time, each size's only sample was held out as
+    a stall (a fresh user's trial held out 46-76 of 200 such batches), and the fit put each
+    size at a tenth of its time. The sizes between the same two measured ones share the
+    evidence: two of them beyond in a row, where stalls are this rare, are a jump."""
+    estimator = ServiceTimeEstimator(refit_every=1)
+    seen = _run_jump(estimator, [32, 40, 48] * 20, 0)
+    _run_jump(estimator, list(range(49, 97, 3)), seen)
+    assert estimator.outliers_held_out == 2
+    for n in range(55, 97, 3):
+        assert estimator.median_ms(n) == pytest.approx(_jump_ms(n))
+
+
+def test_a_size_between_a_jump_and_a_measured_size_past_it_is_judged_by_that_size() -> None:
+    """32-48 and 128 measured, 128 ten times slower than 48 in proportion. Batches of 60 and
+    72 at their times are no stalls: 48's median grown in proportion bounds a size only where
+    the time per unit does not grow up to the next measured size, and here it grows tenfold."""
+    estimator = ServiceTimeEstimator(refit_every=1)
+    seen = _run_jump(estimator, [32, 40, 48, 128] * 8, 0)
+    _run_jump(estimator, [60, 72], seen)
+    assert estimator.outliers_held_out == 0
+    assert estimator.median_ms(60) == pytest.approx(_jump_ms(60))
+    assert estimator.median_ms(72) == pytest.approx(_jump_ms(72))
+
+
+def test_stalls_at_new_sizes_are_held_out_where_the_sizes_around_them_are_not() -> None:
+    """Stalls on every third batch, also at new sizes 52-99 run once each: the sizes beyond
+    50 measured at their times outweigh the stalls among them, so every stall is held out
+    and no size's fit moves."""
+    estimator, seen = fitted_estimator(rare=58)
+    for i in range(600):
+        n = 30 + i % 21
+        seen += 1
+        stall_ms = linear_ms(n) * (10.0 if i % 3 == 0 else 1.0)
+        estimator.update([BatchSample(0.0, n, n, stall_ms / 1e3)], seen)
+    held_before = estimator.outliers_held_out
+    for i, n in enumerate(range(52, 100)):
+        seen += 1
+        stall_ms = linear_ms(n) * (10.0 if i % 3 == 0 else 1.0)
+        estimator.update([BatchSample(0.0, n, n, stall_ms / 1e3)], seen)
+    assert estimator.outliers_held_out - held_before == 16
+    for n in range(52, 100):
+        assert estimator.median_ms(n) == pytest.approx(linear_ms(n))
+
+
 def _steep_ms(n: int) -> float:
     return 1.0 + 0.02 * n * n  # convex: the chord between two sizes lies far above it
 
