@@ -157,6 +157,9 @@ _CUSUM_LIMIT = math.log(1.0 / CHANGE_ALPHA)  # a CUSUM of suspects past it is a 
 
 _REFERENCE_MIN = 3  # samples of a size that make its median a reference for a lone sample
 _LONE_ALPHA = 0.01  # held out of one size at the rate of outliers, less likely: its time
+_GAP_VERDICTS = 16  # first samples' verdicts kept per gap between measured sizes
+_TORN_MAX = 8  # samples of a size whose median may be mostly stalls where stalls are common
+_NORMAL = NormalDist()
 _NORMAL_MAD = 0.6745  # median absolute deviation of a standard normal distribution
 
 
@@ -200,7 +203,10 @@ class ServiceTimeEstimator:
         self._reservoir: dict[int, deque[float]] = {}
         self._kept = 0  # samples in all the reservoirs
         self._lone_held_out: dict[int, int] = {}  # per size, samples held out as lone stalls
-        self._lone_believed: set[int] = set()  # sizes whose lone samples beyond it were kept
+        self._judged: dict[int, int] = {}  # per sparse size, its samples judged so far
+        # per gap between measured sizes (by the one below), whether its first samples were beyond
+        self._gap_verdicts: dict[int, deque[bool]] = {}
+        self._fastest_z: dict[int, float] = {}  # per count of samples, see _fast_noise
         self._median_of: dict[int, float] = {}  # reservoir medians, dropped when one changes
         self._cache: dict[int, float] = {}
         # the sizes first, first + 1, ... interpolated at the last refit (see _predict_inside)
@@ -334,81 +340,122 @@ class ServiceTimeEstimator:
     def _hold_out_lone_outliers(self, outlier_ratio: float) -> None:
         """Hold out the samples of a size measured fewer than ``_REFERENCE_MIN`` times (too
         few for a median that ignores a stall) that are beyond ``outlier_ratio`` times the most
-        the sizes measured more often allow it (see :meth:`_lone_bound_ms`). The first batch of
-        a size beyond the fit is judged against an optimistic prediction, so a stall there
-        stood as the size's time, and the tail cap kept the size from running again. Samples
-        held out more often than the rate of outliers among the batches of sizes the fit knows
-        makes likely (below ``_LONE_ALPHA``) are the sizes' time, not stalls: so for a size
-        (a model that slows down past it) and for the sizes between two measured ones (a jump
-        in time that each size between would otherwise pay for on its own)."""
-        reservoir = self._reservoir
-        few = [n for n, kept in reservoir.items() if len(kept) < _REFERENCE_MIN]
-        if not few or not outlier_ratio < math.inf:
-            return  # the common case once every size has run: no pass over the ratios
-        reference = [n for n in sorted(reservoir) if len(reservoir[n]) >= _REFERENCE_MIN]
-        if not reference:
+        it can take (see :meth:`_lone_limits_ms`). Sizes measured a few more times whose median
+        is beyond that much of their fastest sample are judged so too, where stalls are common
+        enough that most of their samples may be stalls. The first batch of a size beyond the
+        fit is judged against an optimistic prediction, so a stall there stood as the size's
+        time, and the tail cap kept the size from running again. Samples held out more often
+        than the rate of outliers among the batches of sizes the fit knows makes likely (below
+        ``_LONE_ALPHA``) are the sizes' time, not stalls: so for a size (a model that slows
+        down past it) and for the sizes between two measured ones (a jump in time that each
+        size between would otherwise pay for on its own)."""
+        if not outlier_ratio < math.inf:
             return
+        reservoir = self._reservoir
+        few, torn = set(), []
+        for size, kept in reservoir.items():
+            if len(kept) < _REFERENCE_MIN:
+                few.add(size)
+            elif len(kept) < _TORN_MAX and self._torn(size, kept, outlier_ratio):
+                torn.append(size)
+        if not (few or torn):
+            return  # the common case once every size has run: no pass over the ratios
         known = self._known_ratios  # not the sizes beyond the fit: held out, they would count
         stalls = sum(1 for ratio in known if ratio > outlier_ratio)
         rate = (1.0 + stalls) / (2.0 + len(known))
+        few.update(n for n in torn if _stalls_may_be_most(len(reservoir[n]), rate))
+        reference = [n for n in sorted(reservoir) if n not in few]
         allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
-        limits = {size: self._lone_limit_ms(size, reference, outlier_ratio) for size in few}
-        believed = self._gaps_of_their_time(limits, reference, rate)
-        for size, limit_ms in limits.items():
-            if limit_ms < math.inf and self._lone_held_out.get(size, 0) < allowed:
-                if bisect_left(reference, size) in believed:
-                    self._lone_believed.add(size)
-                else:
+        limits = self._lone_limits_ms(sorted(few), reference, outlier_ratio)
+        gaps = {size: self._gap_below(size, reference) for size in limits}
+        believed = {gap for gap in set(gaps.values()) if self._gap_believed(gap, rate)}
+        for size, (firm_ms, grown_ms) in limits.items():
+            if grown_ms < firm_ms:  # only an extrapolation can miss a jump
+                self._note_verdicts(size, gaps[size], grown_ms)
+            limit_ms = firm_ms if gaps[size] in believed else min(firm_ms, grown_ms)
+            if limit_ms < math.inf:
+                if self._lone_held_out.get(size, 0) < allowed:
                     self._hold_out_beyond(size, limit_ms)
+                self._judged[size] = len(reservoir.get(size, ()))
+        for size in [n for n in self._judged if n not in limits]:
+            del self._judged[size]  # measured often enough: judged anew if it ever is again
 
-    def _lone_limit_ms(self, size: int, reference: list[int], outlier_ratio: float) -> float:
-        """``outlier_ratio`` times :meth:`_lone_bound_ms` of ``size``, ms."""
-        return outlier_ratio * self._lone_bound_ms(size, reference, bisect_left(reference, size))
+    def _lone_limits_ms(
+        self, few: list[int], reference: list[int], outlier_ratio: float
+    ) -> dict[int, tuple[float, float]]:
+        """Per size of ``few`` (ascending), ``outlier_ratio`` times the most a batch of it can
+        take, ms (inf: unbounded), as ``(firm, grown)``. Firm, as a larger batch never takes
+        less time: the least of the next larger ``reference`` size's median and the fastest
+        sample of the size or of any larger size of ``few`` (fast by accident only within the
+        noise: see :meth:`_fast_noise`). Grown: :meth:`_grown_bound_ms`, which a jump in time
+        between two sizes outgrows."""
+        fastest_ms, samples, limits = math.inf, 0, {}
+        for size in reversed(few):
+            kept = self._reservoir[size]
+            fastest_ms, samples = min(fastest_ms, min(kept)), samples + len(kept)
+            above = bisect_left(reference, size)
+            larger_ms = self._median_at(reference[above]) if above < len(reference) else math.inf
+            firm_ms = min(larger_ms, fastest_ms / self._fast_noise(samples))
+            grown_ms = self._grown_bound_ms(size, reference, above)
+            limits[size] = (outlier_ratio * firm_ms, outlier_ratio * grown_ms)
+        return limits
 
-    def _gaps_of_their_time(
-        self, limits: dict[int, float], reference: list[int], rate: float
-    ) -> set[int]:
-        """The gaps between ``reference`` sizes (by index: ``bisect_left``) whose sparse sizes
-        measured beyond their ``limits`` (ms; held out, or kept as their time) so much more
-        often than ``rate`` that they are the sizes' time: a binomial tail below
-        ``_LONE_ALPHA``. The samples kept as their time count as beyond (that they are no
-        longer held out is no evidence against them); a new one, not yet judged, does not."""
-        beyond: dict[int, int] = {}
-        for size, count in self._lone_held_out.items():
-            gap = bisect_left(reference, size)
-            if gap == len(reference) or reference[gap] != size:
-                beyond[gap] = beyond.get(gap, 0) + count
-        within = dict.fromkeys(beyond, 0)
-        for size, limit_ms in limits.items():
-            gap = bisect_left(reference, size)
-            if gap in beyond:
-                samples = self._reservoir[size]
-                over = sum(1 for ms in samples if ms > limit_ms)
-                if size not in self._lone_believed:
-                    over, within[gap] = 0, within[gap] + len(samples) - over
-                beyond[gap] += over
-        return {
-            gap
-            for gap, count in beyond.items()
-            if _binomial_tail(count + within[gap], count, rate) < _LONE_ALPHA
-        }
+    def _torn(self, size: int, kept: deque[float], outlier_ratio: float) -> bool:
+        """Whether ``size``'s few samples (``kept``, ms) put its median beyond ``outlier_ratio``
+        times its fastest sample (allowed the noise, :meth:`_fast_noise`): most of them may be
+        stalls."""
+        ceiling_ms = outlier_ratio * min(kept)
+        median_ms = self._median_at(size)
+        return median_ms > ceiling_ms and median_ms > ceiling_ms / self._fast_noise(len(kept))
 
-    def _lone_bound_ms(self, size: int, reference: list[int], gap: int) -> float:
-        """The most a batch of ``size`` can take by the medians of the ``reference`` sizes
-        around it (``gap``: its index among them), ms; inf where none bounds it. A larger
-        size's median bounds it; so does a smaller one's grown in proportion, where that one
-        is at most ``KNOWN_SPAN`` times smaller (farther, a convex model outgrows it) and the
-        time per unit does not grow up to the larger one (else the model is convex or jumps
-        between them)."""
-        bound = math.inf
-        if gap < len(reference):
-            bound = self._median_at(reference[gap])
-        below = reference[gap - 1] if gap > 0 else 0
-        if below and size <= KNOWN_SPAN * below:
-            per_unit = self._median_at(below) / below
-            if bound == math.inf or bound / reference[gap] <= per_unit:
-                bound = min(bound, per_unit * size)
-        return bound
+    def _fast_noise(self, samples: int) -> float:
+        """The measured / predicted ratio that the noise's :meth:`body` leaves the fastest of
+        ``samples`` batches below as rarely as the outlier bound leaves one batch above (one
+        minus its ``spread_quantile``), at most 1."""
+        median, sigma = self.body()
+        if sigma <= 0.0:
+            return min(1.0, median)
+        z = self._fastest_z.get(samples)
+        if z is None:
+            z = self._fastest_z[samples] = _NORMAL.inv_cdf(
+                1.0 - (1.0 - self.spread_quantile) / samples
+            )
+        return min(1.0, median * math.exp(-z * sigma))
+
+    @staticmethod
+    def _gap_below(size: int, reference: list[int]) -> int:
+        """The gap between ``reference`` sizes that ``size`` lies in, by the largest reference
+        size below it (0: none)."""
+        below = bisect_left(reference, size)
+        return reference[below - 1] if below > 0 else 0
+
+    def _note_verdicts(self, size: int, gap: int, limit_ms: float) -> None:
+        """Note, for the gap ``size`` lies in, whether each sample of ``size`` not judged
+        before is beyond ``limit_ms``."""
+        verdicts = self._gap_verdicts.get(gap)
+        if verdicts is None:
+            verdicts = self._gap_verdicts[gap] = deque(maxlen=_GAP_VERDICTS)
+        verdicts.extend(
+            ms > limit_ms for ms in islice(self._reservoir[size], self._judged.get(size, 0), None)
+        )
+
+    def _gap_believed(self, gap: int, rate: float) -> bool:
+        """Whether the first samples of the sizes in ``gap`` were beyond their limits so much
+        more often than ``rate`` (in the last ``_GAP_VERDICTS`` judged) that they are the
+        sizes' time: a binomial tail below ``_LONE_ALPHA``."""
+        verdicts = self._gap_verdicts.get(gap, ())
+        beyond = sum(verdicts)
+        return beyond > 0 and _binomial_tail(len(verdicts), beyond, rate) < _LONE_ALPHA
+
+    def _grown_bound_ms(self, size: int, reference: list[int], above: int) -> float:
+        """The most a batch of ``size`` takes if the time per unit does not grow from the
+        ``reference`` size below it (``above``: the index of the next larger one), ms; inf
+        where that one is more than ``KNOWN_SPAN`` times smaller (a convex model outgrows
+        it)."""
+        below = reference[above - 1] if above > 0 else 0
+        if not below or size > KNOWN_SPAN * below:
+            return math.inf
+        return self._median_at(below) * size / below
 
     def _hold_out_beyond(self, size: int, limit_ms: float) -> None:
         """Hold out the samples of ``size`` beyond ``limit_ms``, counting them."""
@@ -1084,6 +1131,12 @@ def _change_ratio(ratios: Sequence[float], direction: int, usual_rate: float) ->
     ordered = sorted(ratios, reverse=direction < 0)
     usual = min(len(ordered) // 2, math.floor(usual_rate * len(ordered)))
     return _median(ordered[: len(ordered) - usual])
+
+
+def _stalls_may_be_most(samples: int, rate: float) -> bool:
+    """Whether more than half of ``samples`` batches are stalls at least ``_LONE_ALPHA`` of
+    the time, stalls coming at ``rate``."""
+    return _binomial_tail(samples, samples // 2 + 1, rate) >= _LONE_ALPHA
 
 
 def _binomial_tail(trials: int, least: int, rate: float) -> float:
