@@ -395,7 +395,7 @@ class ServiceTimeEstimator:
             fastest_ms, samples = min(fastest_ms, min(kept)), samples + len(kept)
             above = bisect_left(reference, size)
             larger_ms = self._median_at(reference[above]) if above < len(reference) else math.inf
-            firm_ms = min(larger_ms, fastest_ms / self._fast_noise(samples))
+            firm_ms = min(larger_ms, self._fast_ceiling_ms(fastest_ms, samples))
             grown_ms = self._grown_bound_ms(size, reference, above)
             limits[size] = (outlier_ratio * firm_ms, outlier_ratio * grown_ms)
         return limits
@@ -404,9 +404,17 @@ class ServiceTimeEstimator:
         """Whether ``size``'s few samples (``kept``, ms) put its median beyond ``outlier_ratio``
         times its fastest sample (allowed the noise, :meth:`_fast_noise`): most of them may be
         stalls."""
-        ceiling_ms = outlier_ratio * min(kept)
         median_ms = self._median_at(size)
-        return median_ms > ceiling_ms and median_ms > ceiling_ms / self._fast_noise(len(kept))
+        if not median_ms > outlier_ratio * min(kept):
+            return False
+        return median_ms > outlier_ratio * self._fast_ceiling_ms(min(kept), len(kept))
+
+    def _fast_ceiling_ms(self, fastest_ms: float, samples: int) -> float:
+        """The most a batch takes whose size ran as fast as ``fastest_ms`` (or a larger size
+        did) in one of ``samples`` batches, ms: ``fastest_ms`` over :meth:`_fast_noise`; inf
+        where the noise's body is at 0 (batches measured at 0 ms)."""
+        noise = self._fast_noise(samples)
+        return fastest_ms / noise if noise > 0.0 else math.inf
 
     def _fast_noise(self, samples: int) -> float:
         """The measured / predicted ratio that the noise's :meth:`body` leaves the fastest of

@@ -319,6 +319,25 @@ def test_new_sizes_in_heavy_noise_are_not_held_out_for_a_fast_batch(seed: int) -
     assert estimator.outliers_held_out == held_before
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(st.integers(1, 64), st.sampled_from([0.0, 0.0, 1.0, 3.0, 30.0])),
+        min_size=1,
+        max_size=120,
+    )
+)
+def test_any_mix_of_zero_and_slow_times_is_fitted_without_error(
+    batches: list[tuple[int, float]],
+) -> None:
+    """Batches measured at 0 ms (a clock too coarse, a model that returns at once) put the
+    noise's body at 0; judging a size's first samples by its fastest one then divided by 0."""
+    estimator = ServiceTimeEstimator(refit_every=1, min_samples=1)
+    for seen, (n, ms) in enumerate(batches, start=1):
+        estimator.update([BatchSample(0.0, n, n, ms / 1e3)], seen)
+    assert all(estimator.median_ms(n) >= 0.0 for n in (1, 32, 64))
+
+
 def _steep_ms(n: int) -> float:
     return 1.0 + 0.02 * n * n  # convex: the chord between two sizes lies far above it
 
