@@ -290,7 +290,8 @@ class ServiceTimeEstimator:
         have caught up with it (as long after its end as it lasted, at most
         ``CATCH_UP_MAX_S``), is left out: it measured the stall, not the model. ``run_size``
         maps a batch's units to the size the model ran (its bucket, padding included; None:
-        the units): the service time is that size's.
+        the units): the service time is that size's. A time that is negative, NaN or
+        infinite (a broken clock) is left out.
         """
         new = min(total_seen - self._seen_total, len(batches))
         self._seen_total = total_seen
@@ -307,6 +308,8 @@ class ServiceTimeEstimator:
             if sample.end_s >= stall_start and sample.end_s - sample.service_s <= caught_up:
                 continue  # it ran across a stall of the loop, or before the loop caught up
             measured_ms = float(sample.service_s) * 1e3  # a numpy clock gives numpy floats
+            if not 0.0 <= measured_ms < math.inf:
+                continue  # a broken clock's reading measures nothing
             units = (
                 sample.units if run_size is None or sample.units <= 0 else run_size(sample.units)
             )
