@@ -377,8 +377,7 @@ class ServiceTimeEstimator:
                 self._note_verdicts(size, gaps[size], grown_ms)
             limit_ms = firm_ms if gaps[size] in believed else min(firm_ms, grown_ms)
             if limit_ms < math.inf:
-                if self._lone_held_out.get(size, 0) < allowed:
-                    self._hold_out_beyond(size, limit_ms)
+                self._hold_out_beyond(size, limit_ms, allowed - self._lone_held_out.get(size, 0))
                 self._judged[size] = len(reservoir.get(size, ()))
         for size in [n for n in self._judged if n not in limits]:
             del self._judged[size]  # measured often enough: judged anew if it ever is again
@@ -468,22 +467,27 @@ class ServiceTimeEstimator:
             return math.inf
         return self._median_at(below) * size / below
 
-    def _hold_out_beyond(self, size: int, limit_ms: float) -> None:
-        """Hold out the samples of ``size`` beyond ``limit_ms``, counting them."""
+    def _hold_out_beyond(self, size: int, limit_ms: float, most: int) -> None:
+        """Hold out the samples of ``size`` beyond ``limit_ms``, the slowest first and at most
+        ``most`` of them, counting them."""
         reservoir = self._reservoir
-        kept = [i for i, ms in enumerate(reservoir[size]) if ms <= limit_ms]
-        dropped = len(reservoir[size]) - len(kept)
-        if limit_ms <= 0 or dropped == 0:
+        samples = list(reservoir[size])
+        beyond = sorted(
+            (i for i, ms in enumerate(samples) if ms > limit_ms), key=samples.__getitem__
+        )
+        dropped = set(beyond[max(0, len(beyond) - most) :]) if most > 0 and limit_ms > 0 else set()
+        if not dropped:
             return
-        self._lone_held_out[size] = self._lone_held_out.get(size, 0) + dropped
-        self._kept -= dropped
-        self.outliers_held_out += dropped
+        self._lone_held_out[size] = self._lone_held_out.get(size, 0) + len(dropped)
+        self._kept -= len(dropped)
+        self.outliers_held_out += len(dropped)
         self._median_of.pop(size, None)
         self._floor.pop(size, None)
-        if not kept:
+        if len(dropped) == len(samples):
             del reservoir[size], self._epochs[size]
             return
-        samples, epochs = list(reservoir[size]), list(self._epochs[size])
+        epochs = list(self._epochs[size])
+        kept = [i for i in range(len(samples)) if i not in dropped]
         reservoir[size] = deque((samples[i] for i in kept), maxlen=self.per_size)
         self._epochs[size] = deque((epochs[i] for i in kept), maxlen=self.per_size)
 

@@ -209,6 +209,17 @@ def test_a_convex_models_new_sizes_far_above_the_measured_ones_are_learned_at_on
     assert estimator.outliers_held_out == 0
 
 
+def test_slow_samples_of_a_size_that_arrive_together_are_held_out_up_to_the_limit() -> None:
+    """Two slow batches of 128 in one update, where no batch has stalled: the limit is one
+    held out, so the second is 128's time (before, both went at once, past the limit that
+    the docs state)."""
+    estimator, seen = fitted_estimator(rare=58)
+    slow_ms = 10 * 2 * estimator.median_ms(64)
+    estimator.update([BatchSample(0.0, 128, 128, slow_ms / 1e3)] * 2, seen + 2)
+    assert estimator.outliers_held_out == 1
+    assert estimator.median_ms(128) == pytest.approx(slow_ms)
+
+
 def test_a_stall_among_a_sizes_two_samples_is_held_out() -> None:
     """Two batches of 128, the first in a 10x spike: their median would be 5.5x the usual time.
     Fewer than three samples make no median that ignores a stall, so the spike is judged
