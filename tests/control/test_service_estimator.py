@@ -236,13 +236,6 @@ def _jump_ms(n: int) -> float:
     return (1.0 + 0.1 * n) * (10.0 if n > 48 else 1.0)  # ten times slower past 48
 
 
-def _run_jump(estimator: ServiceTimeEstimator, sizes: list[int], seen: int) -> int:
-    for n in sizes:
-        seen += 1
-        estimator.update([BatchSample(0.0, n, n, _jump_ms(n) / 1e3)], seen)
-    return seen
-
-
 def test_a_jump_in_time_is_learnt_from_the_sizes_beyond_it_together() -> None:
     """32-48 measured, then one batch at each third size from 49 to 96, all ten times slower
     than 48 in proportion. Judged one size at a time, each size's only sample was held out as
@@ -250,8 +243,8 @@ def test_a_jump_in_time_is_learnt_from_the_sizes_beyond_it_together() -> None:
     size at a tenth of its time. The sizes between the same two measured ones share the
     evidence: two of them beyond in a row, where stalls are this rare, are a jump."""
     estimator = ServiceTimeEstimator(refit_every=1)
-    seen = _run_jump(estimator, [32, 40, 48] * 20, 0)
-    _run_jump(estimator, list(range(49, 97, 3)), seen)
+    seen = _run_sizes(estimator, [32, 40, 48] * 20, 0, _jump_ms)
+    _run_sizes(estimator, list(range(49, 97, 3)), seen, _jump_ms)
     assert estimator.outliers_held_out == 2
     for n in range(55, 97, 3):
         assert estimator.median_ms(n) == pytest.approx(_jump_ms(n))
@@ -361,10 +354,15 @@ def _steep_ms(n: int) -> float:
     return 1.0 + 0.02 * n * n  # convex: the chord between two sizes lies far above it
 
 
-def _run_sizes(estimator: ServiceTimeEstimator, sizes: list[int], seen: int) -> int:
+def _run_sizes(
+    estimator: ServiceTimeEstimator,
+    sizes: list[int],
+    seen: int,
+    model_ms: Callable[[int], float] = _steep_ms,
+) -> int:
     for n in sizes:
         seen += 1
-        estimator.update([BatchSample(0.0, n, n, _steep_ms(n) / 1e3)], seen)
+        estimator.update([BatchSample(0.0, n, n, model_ms(n) / 1e3)], seen)
     return seen
 
 
