@@ -365,17 +365,16 @@ class ServiceTimeEstimator:
             return  # the common case once every size has run: no pass over the ratios
         known = self._known_ratios  # not the sizes beyond the fit: held out, they would count
         stalls = sum(1 for ratio in known if ratio > outlier_ratio)
-        rate = (1.0 + stalls) / (2.0 + len(known))
+        rate = _rate_seen(stalls, len(known))
         few.update(n for n in torn if _stalls_may_be_most(len(reservoir[n]), rate))
         reference = [n for n in sorted(reservoir) if n not in few]
         allowed = math.ceil(math.log(_LONE_ALPHA) / math.log(rate))
         limits = self._lone_limits_ms(sorted(few), reference, outlier_ratio)
-        gaps = {size: self._gap_below(size, reference) for size in limits}
-        believed = {gap for gap in set(gaps.values()) if self._gap_believed(gap, rate)}
-        for size, (firm_ms, grown_ms) in limits.items():
+        believed = {gap for *_, gap in limits.values() if self._gap_believed(gap, rate)}
+        for size, (firm_ms, grown_ms, gap) in limits.items():
             if grown_ms < firm_ms:  # only an extrapolation can miss a jump
-                self._note_verdicts(size, gaps[size], grown_ms)
-            limit_ms = firm_ms if gaps[size] in believed else min(firm_ms, grown_ms)
+                self._note_verdicts(size, gap, grown_ms)
+            limit_ms = firm_ms if gap in believed else min(firm_ms, grown_ms)
             if limit_ms < math.inf:
                 self._hold_out_beyond(size, limit_ms, allowed - self._lone_held_out.get(size, 0))
                 self._judged[size] = len(reservoir.get(size, ()))
@@ -384,9 +383,10 @@ class ServiceTimeEstimator:
 
     def _lone_limits_ms(
         self, few: list[int], reference: list[int], outlier_ratio: float
-    ) -> dict[int, tuple[float, float]]:
+    ) -> dict[int, tuple[float, float, int]]:
         """Per size of ``few`` (ascending), ``outlier_ratio`` times the most a batch of it can
-        take, ms (inf: unbounded), as ``(firm, grown)``. Firm, as a larger batch never takes
+        take, ms (inf: unbounded), as ``(firm, grown, gap)``, the gap being the ``reference``
+        size below it (0: none). Firm, as a larger batch never takes
         less time: the least of the next larger ``reference`` size's median and the fastest
         sample of the size or of any larger size of ``few`` (fast by accident only within the
         noise: see :meth:`_fast_noise`). Grown: :meth:`_grown_bound_ms`, which a jump in time
@@ -399,7 +399,8 @@ class ServiceTimeEstimator:
             larger_ms = self._median_at(reference[above]) if above < len(reference) else math.inf
             firm_ms = min(larger_ms, self._fast_ceiling_ms(fastest_ms, samples))
             grown_ms = self._grown_bound_ms(size, reference, above)
-            limits[size] = (outlier_ratio * firm_ms, outlier_ratio * grown_ms)
+            gap = reference[above - 1] if above > 0 else 0
+            limits[size] = (outlier_ratio * firm_ms, outlier_ratio * grown_ms, gap)
         return limits
 
     def _torn(self, size: int, kept: deque[float], outlier_ratio: float) -> bool:
@@ -431,13 +432,6 @@ class ServiceTimeEstimator:
                 1.0 - (1.0 - self.spread_quantile) / samples
             )
         return min(1.0, median * math.exp(-z * sigma))
-
-    @staticmethod
-    def _gap_below(size: int, reference: list[int]) -> int:
-        """The gap between ``reference`` sizes that ``size`` lies in, by the largest reference
-        size below it (0: none)."""
-        below = bisect_left(reference, size)
-        return reference[below - 1] if below > 0 else 0
 
     def _note_verdicts(self, size: int, gap: int, limit_ms: float) -> None:
         """Note, for the gap ``size`` lies in, whether each sample of ``size`` not judged
@@ -637,7 +631,7 @@ class ServiceTimeEstimator:
             if direction != side and total == 0.0:
                 continue  # a batch not suspect in this direction only lowers it
             alike, earlier = self._earlier_suspects(side, outlier_ratio, change_ratio)
-            rate = (1.0 + alike) / (2.0 + earlier)
+            rate = _rate_seen(alike, earlier)
             changed = (1.0 + rate) / 2.0
             if direction == side:
                 total += math.log(changed / rate)
@@ -1146,6 +1140,12 @@ def _change_ratio(ratios: Sequence[float], direction: int, usual_rate: float) ->
     ordered = sorted(ratios, reverse=direction < 0)
     usual = min(len(ordered) // 2, math.floor(usual_rate * len(ordered)))
     return _median(ordered[: len(ordered) - usual])
+
+
+def _rate_seen(hits: int, trials: int) -> float:
+    """The rate of an event seen ``hits`` times in ``trials``: the posterior mean under a
+    uniform prior (Laplace's rule of succession)."""
+    return (1.0 + hits) / (2.0 + trials)
 
 
 def _stalls_may_be_most(samples: int, rate: float) -> bool:
