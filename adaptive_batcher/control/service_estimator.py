@@ -955,7 +955,7 @@ class ServiceTimeEstimator:
         fitted = isotonic_fit(medians[:observed], prefix_weights, noise, sizes[:observed])
         if observed < len(sizes):
             fitted = isotonic_fit([*fitted, *medians[observed:]], weights)
-        y = np.asarray(fitted, dtype=float)  # x is sorted
+        y = np.maximum(np.asarray(fitted, dtype=float), 0.0)  # x is sorted; no time below 0
         self._sizes, self._medians = x, y
         self._fitted_sizes = list(sizes)
         self._ends = (float(x[0]), float(x[-1]), float(y[0]), float(y[-1])) if x.size else None

@@ -350,6 +350,30 @@ def test_any_mix_of_zero_slow_and_broken_times_is_fitted_without_error(
     assert not any(estimator.median_ms(n) < 0.0 for n in (1, 32, 64))  # NaN: no fit yet
 
 
+def test_a_fit_of_zero_and_spiked_times_never_predicts_a_negative_time() -> None:
+    """A fresh user's fuzzing (seed 14): updates of 1-6 batches at sizes 1-64, 30 % at 0 ms
+    and 15 % in 10x spikes. The fit's line through the smallest sizes went below 0 (-1.0 ms
+    at 1, p99 -20 ms); a batch never takes less than 0 ms."""
+    rng = random.Random(14)
+    min_samples, refit_every = rng.choice([1, 2, 8]), rng.choice([1, 3, 8])  # 1 and 8
+    estimator = ServiceTimeEstimator(min_samples=min_samples, refit_every=refit_every)
+    history: list[BatchSample] = []
+    end_s = 0.0
+    for _ in range(30):
+        for _ in range(rng.randint(1, 6)):
+            n = rng.choice([1, 1, 2, 4, 8, 16, 32, 64])
+            draw = rng.random()
+            ms = 0.0 if draw < 0.3 else (2 + 0.2 * n) * (10 if draw < 0.45 else 1)
+            end_s += ms / 1e3 if ms else 0.001
+            history.append(BatchSample(end_s, n, n, ms / 1e3))
+        estimator.update(history[-256:], len(history))
+        budget_ms = rng.choice([0.0, 1.0, 50.0, math.inf])
+        estimator.largest_within(budget_ms, [1, 2, 4, 8, 16, 32, 64])
+        for size in (1, 2, 4, 64):
+            assert not estimator.median_ms(size) < 0.0
+            assert not estimator.p99_ms(size) < 0.0
+
+
 def _steep_ms(n: int) -> float:
     return 1.0 + 0.02 * n * n  # convex: the chord between two sizes lies far above it
 
