@@ -1,8 +1,8 @@
-"""The exceptions a caller of the batcher can receive.
+"""The exceptions a caller of the batcher can receive while it serves requests.
 
 Hierarchy::
 
-    BatcherError               every error raised by the batcher itself
+    BatcherError               every error the batcher raises for a request
     ├── QueueFullError         the bounded queue is full; raised at once by ``submit``
     ├── DeadlineExceededError  the request did not start before its deadline (a TimeoutError)
     ├── BatcherClosedError     submitted after ``aclose()``, or queued when closed without draining
@@ -19,6 +19,10 @@ A model may also return an exception *instance* in one result slot: only that ca
 raised as is, and its neighbours get their own results. A slot exception that cannot be raised into
 a future as is (``StopIteration``, which asyncio refuses, or a ``BaseException`` that is not an
 ``Exception``) reaches its caller as ``BatchFailedError`` whose ``cause`` it is.
+
+Bad arguments are not ``BatcherError``: a constructor, setter or call given a value of the wrong
+type raises ``TypeError``, one out of range ``ValueError``, each naming the argument (Python's
+convention; ``ItemTooLargeError`` and ``ItemSizeError`` are both: an item is a request's input).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ __all__ = [
 
 
 class BatcherError(Exception):
-    """Base class of every error the batcher raises."""
+    """Base class of every error the batcher raises for a request (bad arguments: ``TypeError`` and
+    ``ValueError``, see the module)."""
 
 
 class QueueFullError(BatcherError):
