@@ -21,6 +21,7 @@ import re
 import sys
 from typing import Any, Protocol
 
+from adaptive_batcher._oom import is_out_of_memory
 from adaptive_batcher._validate import check_str
 
 __all__ = [
@@ -99,18 +100,6 @@ def resolve_device(device: object) -> str:
             )
         return device
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for ``torch.OutOfMemoryError`` (CUDA, MPS), ``MemoryError``, or a RuntimeError whose
-    message contains "out of memory" (older torch builds and other allocators raise that)."""
-    if isinstance(exc, MemoryError):
-        return True
-    torch = sys.modules.get("torch")
-    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    if isinstance(oom_type, type) and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def _ru_maxrss_bytes() -> int | None:

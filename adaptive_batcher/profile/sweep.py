@@ -260,7 +260,8 @@ def profile_model(
     started (None where ``resource`` is missing, i.e. Windows).
 
     The first batch size that raises an out-of-memory error (``torch.OutOfMemoryError``,
-    ``MemoryError``, or a ``RuntimeError`` whose message contains "out of memory"), while building
+    ``MemoryError``, or a ``RuntimeError`` whose message says an allocator ran out:
+    :func:`~adaptive_batcher.profile.is_out_of_memory`), while building
     the batch or running it, stops the sweep: it is recorded as ``oom_batch_size`` and the rows
     measured before it are kept. Any other exception from ``model`` or ``make_batch`` propagates.
 

@@ -18,6 +18,7 @@ from dataclasses import fields, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher._oom import is_out_of_memory
 from adaptive_batcher._validate import (
     check_bool,
     check_callable,
@@ -96,10 +97,10 @@ STREAM_OVERFLOWS = ("fail", "hold")
 
 
 def default_is_oom(exc: BaseException) -> bool:
-    """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and "out of memory" errors."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError`` and a ``RuntimeError`` whose
+    message says an allocator ran out: CUDA's "out of memory", torch's CPU allocator's "can't
+    allocate memory" (:func:`adaptive_batcher._oom.is_out_of_memory`)."""
+    return is_out_of_memory(exc)
 
 
 def _settings_or_arguments(

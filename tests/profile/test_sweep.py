@@ -179,6 +179,7 @@ def test_is_out_of_memory() -> None:
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
     assert not is_out_of_memory(RuntimeError("size mismatch"))
     assert not is_out_of_memory(ValueError("out of memory"))
 

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import torch
 from structlog.testing import capture_logs
 
 from adaptive_batcher import (
@@ -74,6 +75,24 @@ async def test_out_of_memory_batch_is_split_and_nothing_is_lost() -> None:
     assert outcomes == [i + 1 for i in range(8)]
     assert sizes == [8, 4, 2, 2, 4, 2, 2]
     assert b.stats().counts.oom_errors == 3
+
+
+async def test_the_cpu_allocators_out_of_memory_error_is_split_too() -> None:
+    """torch's CPU allocator raises a RuntimeError that says "can't allocate memory", not "out
+    of memory": before, such a batch failed whole (a fresh user's finding, 2026-12-06)."""
+    sizes: list[int] = []
+
+    def model(batch: list[int]) -> list[int]:
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            torch.empty(1 << 62, dtype=torch.uint8)  # the allocator refuses: RuntimeError
+        return [i + 1 for i in batch]
+
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=1, executor="inline") as b:
+        outcomes = await gather_outcomes(b, list(range(4)))
+    assert outcomes == [1, 2, 3, 4]
+    assert sizes == [4, 2, 2]
+    assert b.stats().counts.oom_errors == 1
 
 
 async def test_every_out_of_memory_error_is_counted_split_or_not() -> None:
