@@ -29,6 +29,7 @@ from adaptive_batcher.runtime.batch_runner import BatchRunner, ModelCall, fail_p
 from adaptive_batcher.runtime.in_flight import InFlight
 from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
+from adaptive_batcher.runtime.requests import expired_error
 from adaptive_batcher.runtime.stats import BatchRecord
 
 __all__ = ["LoopDriver"]
@@ -156,10 +157,7 @@ class LoopDriver:
             if type(action) is Dispatch:
                 self._start_batch(loop, action.batch)
             elif type(action) is Expire:
-                if settle_error(
-                    action.request,
-                    DeadlineExceededError("request did not start before its deadline"),
-                ):
+                if settle_error(action.request, expired_error(action.request)):
                     self.core.count_expired(1)
             elif type(action) is SetTimer:
                 self._set_timer(action.at_s)

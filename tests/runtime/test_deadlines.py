@@ -163,3 +163,41 @@ def test_deadlines_that_pass_while_the_loop_stands_still_fail_them() -> None:
     results, seen = run_in_virtual_time(main())
     assert all(isinstance(r, DeadlineExceededError) for r in results)
     assert seen == []
+
+
+def test_a_request_shed_for_the_slo_says_so_and_one_past_its_own_deadline_says_that() -> None:
+    """Before: a request shed by ``shed_late`` failed with "did not start before its deadline",
+    a deadline its caller never set (a fresh user's finding, 2026-12-06)."""
+
+    async def main() -> list[BaseException | int]:
+        stuck = asyncio.Event()
+
+        async def model(batch: list[int]) -> list[int]:
+            await asyncio.sleep(3600 if stuck.is_set() else 0.02)
+            return batch
+
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=8, window_ms=2, slo=SLO(latency_ms=50), shed_late=True
+        )
+        await batcher.warmup(lambda: 0)
+        for _ in range(6):
+            await batcher.submit_many(range(8))
+        stuck.set()  # from now on the model hangs: nothing queued can start
+        hung = [asyncio.ensure_future(batcher.submit(k)) for k in range(8)]
+        await asyncio.sleep(0.1)
+        calls = [
+            batcher.submit(1, deadline_ms=5),  # its own deadline comes before the shedding's
+            batcher.submit(2),
+            batcher.submit(3, deadline_ms=10_000),
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await batcher.aclose(drain=False, timeout_s=0.1)
+        await asyncio.gather(*hung, return_exceptions=True)
+        return results
+
+    own, shed, shed_too = run_in_virtual_time(main())
+    assert isinstance(own, DeadlineExceededError)
+    assert str(own) == "request did not start before its deadline"
+    for error in (shed, shed_too):
+        assert isinstance(error, DeadlineExceededError)
+        assert str(error) == "request shed: it could not start in time to meet the SLO (shed_late)"
