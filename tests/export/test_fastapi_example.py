@@ -221,6 +221,32 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read_or_parsed() -> None:
 JSON = {"content-type": "application/json"}
 
 
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"[0.25, 0.25", 422), (b"not json", 422), (b"[" * 3000 + b"]" * 3000, 400)],
+    ids=["cut", "text", "deep"],
+)
+def test_a_body_that_does_not_parse_is_refused_and_never_reaches_the_batcher(
+    body: bytes, status: int
+) -> None:
+    """As the README says: malformed JSON is the 422 of the wrong shape; a body nested 3,000
+    deep (6 KB) passes the size limit and overflows the JSON parser: FastAPI's own 400 (a
+    fresh user expected a 422 there)."""
+    namespace = readme_namespace()
+
+    async def exchange(client: httpx.AsyncClient) -> tuple[httpx.Response, int]:
+        answer = await client.post("/predict", content=body, headers=JSON)
+        return answer, namespace["app"].state.batcher.stats().counts.submitted
+
+    answer, submitted = serve(namespace, exchange)
+    assert (answer.status_code, submitted) == (status, 0)
+    if status == 400:
+        assert answer.json() == {"detail": "There was an error parsing the body"}
+    else:
+        assert answer.json()["error"] == "RequestValidationError"
+        assert "0.25" not in answer.text  # the input is not echoed
+
+
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity"])
 def test_nan_and_infinities_are_a_422_that_does_not_echo_the_input(bad: str) -> None:
     namespace = readme_namespace()
