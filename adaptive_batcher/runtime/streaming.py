@@ -14,6 +14,8 @@ Every stream ends with its elements and then either its normal end or one error:
 failure (``BatchFailedError``, the cause attached; its elements so far are delivered first), a
 step of the wrong length (``ResultCountError``), a ``pad_fn`` that raised or returned a wrong
 number of items (``PaddingError``, before the model runs), a deadline, or the batcher's closing.
+A batch that runs out of memory before its first step is re-run in halves, as a batch answered
+at once is (nothing was delivered yet); after it, its streams fail (their callers have elements).
 A batch holds its execution slot until the model's generator is exhausted; when every caller of
 a batch has left (ended, failed or stopped reading), the generator is closed at once and the slot
 freed.
@@ -297,21 +299,57 @@ class StreamRunner(BatchRunner):
         return True
 
     async def run(self, requests: list[Any]) -> list[ModelCall] | None:
-        """Stream ``requests`` through the model and settle each stream.
+        """Stream ``requests`` through the model and settle each stream; a batch that runs out
+        of memory before its first step is re-run in halves, as a batch answered at once is.
 
         Raises:
             BaseException: only a non-``Exception`` (cancellation), after the streams still
                 open were failed with ``BatchFailedError``.
 
         Returns:
-            The model call, with its first answer's time, when a step answered and the stream
-            ended without an error; None otherwise (the batch's time is its run's).
+            The model calls whose streams answered and ended without an error, each with its
+            first answer's time; None when there is none (the batch's time is its run's).
         """
+        calls: list[ModelCall] = []
+        await self._stream(requests, calls)
+        return calls or None
+
+    async def _stream(self, requests: list[Any], calls: list[ModelCall]) -> bool:
+        """:meth:`run`, the calls that answered appended to ``calls``; True when this call ran
+        out of memory."""
+        units = self._units(requests)
+        unanswered_oom = await self._stream_once(requests, units, calls)
+        if isinstance(unanswered_oom, bool):
+            return unanswered_oom
+        halves = self.core.split_failed_call(requests, oom=True, judge_later=True)
+        assert halves is not None  # more than one request: see _stream_once
+        _log.warning(
+            "batch.split",
+            batcher=self.name,
+            batch_size=len(requests),
+            error=describe(unanswered_oom),
+        )
+        failed, left = 0, False
+        for half in halves:
+            live = [r for r in half if not r.handle.done()]
+            left = left or len(live) < len(half)
+            if live:
+                failed += await self._stream(live, calls)
+        self.core.judge_oom(size_caused=not left and failed != 1, units=units)
+        return True
+
+    async def _stream_once(
+        self, requests: list[Any], units: int, calls: list[ModelCall]
+    ) -> BaseException | bool:
+        """One model call for ``requests``. Returns False when it did not run out of memory
+        (its streams settled), True when it did and its streams were failed (a step had
+        answered, or a single request), and the error when it did before any step with more
+        than one request: nothing settled, the caller splits the batch (after the model's
+        generator is closed, so its memory is free)."""
         delivery = _Delivery(requests, self.core, self.clock, self.max_buffered, self.name)
         stream: AsyncIterator[Sequence[Any]] | None = None
         started = self.clock()
         try:
-            units = self._units(requests)
             batch = self.pad(list(map(_item_of, requests)), units)
             expected = len(batch)  # before the model: it may change the list it is given
             stream = self.streamer.stream(batch)
@@ -322,12 +360,15 @@ class StreamRunner(BatchRunner):
                 if self.hold and not await delivery.room():
                     break  # every caller left while the step was held
             delivery.end_all()
-            return self._answered_call(requests, units, started, delivery.first_step_s)
+            calls.extend(self._answered_call(requests, units, started, delivery.first_step_s))
         except PaddingError as exc:  # before the model ran: nothing was delivered
             self.padding_failed(requests, exc)
         except Exception as exc:
-            if self.is_oom_error(exc):  # counted; a stream that answered is not re-run
-                self.core.note_oom(self._units(requests))
+            oom = self.is_oom_error(exc)
+            if oom and not delivery.answered and len(requests) > 1:
+                return exc  # nothing answered yet: re-run in halves
+            if oom:  # counted; a stream that answered is not re-run
+                self.core.note_oom(units)
             failed = delivery.fail_all(exc)
             _log.warning(
                 "stream.failed",
@@ -336,21 +377,22 @@ class StreamRunner(BatchRunner):
                 failed=failed,
                 error=describe(exc),
             )
+            return oom
         except BaseException as exc:
             delivery.fail_all(exc)
             raise
         finally:
             if stream is not None:
                 await self._close(stream)
-        return None
+        return False
 
     def _answered_call(
         self, requests: list[Any], units: int, started: float, first_step_s: float
-    ) -> list[ModelCall] | None:
+    ) -> list[ModelCall]:
         """The stream's one model call, its first answer ``first_step_s - started`` after its
-        start (None: no step answered)."""
+        start (none: no step answered)."""
         if math.isnan(first_step_s):
-            return None
+            return []
         ended = self.clock()
         ran = pad_target(self.buckets, units) if self.buckets else units
         return [ModelCall(ended, len(requests), ran, ended - started, first_step_s - started)]

@@ -811,3 +811,43 @@ def test_shedding_counts_a_streams_time_to_its_first_element() -> None:
     expired, completed, within = run_in_virtual_time(main())
     assert expired == 0
     assert completed == within == 3110
+
+
+async def test_a_stream_that_runs_out_of_memory_before_its_first_step_is_split() -> None:
+    """Before: a streaming batch that ran out of memory failed whole, where a batch answered at
+    once is re-run in halves (a fresh user's finding, 2026-12-06): nothing had been delivered,
+    so nothing stood in the way. ``submit`` callers of a streaming model are split alike."""
+    sizes: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        async for step in three_steps(batch):
+            yield step
+
+    async with AdaptiveBatcher(model, max_batch_size=8, window_ms=50) as batcher:
+        streams = [batcher.submit_stream(x) for x in "abcdef"]
+        collected = batcher.submit("g"), batcher.submit("h")
+        results = await asyncio.gather(*(read(s) for s in streams), *collected)
+    assert results == [[f"{x}{k}" for k in range(3)] for x in "abcdefgh"]
+    assert sizes == [8, 4, 2, 2, 4, 2, 2]
+    counts = batcher.stats().counts
+    assert (counts.oom_errors, counts.completed, counts.failed) == (3, 8, 0)
+
+
+async def test_a_stream_that_runs_out_of_memory_after_answering_fails_its_callers() -> None:
+    """Once a step is delivered a stream cannot be re-run: its callers have elements."""
+    sizes: list[int] = []
+
+    async def model(batch: list[str]) -> AsyncIterator[list[str]]:
+        sizes.append(len(batch))
+        yield [f"{item}0" for item in batch]
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    async with AdaptiveBatcher(model, max_batch_size=4, window_ms=50) as batcher:
+        outcomes = await asyncio.gather(*(read_until_error(batcher.submit_stream(x)) for x in "ab"))
+    assert sizes == [2]
+    assert [seen for seen, _ in outcomes] == [["a0"], ["b0"]]
+    assert all(isinstance(error, BatchFailedError) for _, error in outcomes)
+    assert batcher.stats().counts.oom_errors == 1
