@@ -1,5 +1,6 @@
 """The sans-IO controller: observations in, decisions out; guards; the service-time model."""
 
+from adaptive_batcher.control.cap_probe import CapProbeGuard
 from adaptive_batcher.control.controller import Controller, default_guards
 from adaptive_batcher.control.guards import (
     BucketGuard,
@@ -21,6 +22,7 @@ __all__ = [
     "Bounds",
     "BucketGuard",
     "BudgetGuard",
+    "CapProbeGuard",
     "Controller",
     "Decision",
     "Guard",

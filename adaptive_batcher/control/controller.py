@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from adaptive_batcher._log import get_logger
+from adaptive_batcher.control.cap_probe import CapProbeGuard
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
@@ -52,14 +53,15 @@ def default_guards(
     warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
 ) -> list[GuardFactory]:
     """The standard guard chain, innermost first: unused window, budget, power back-off, step
-    limit, recurring stalls, memory, SLO-aware shedding when ``shed_late`` is True, and buckets
-    when ``warmed`` is given."""
+    limit, recurring stalls, the cap probe, memory, SLO-aware shedding when ``shed_late`` is
+    True, and buckets when ``warmed`` is given."""
     guards: list[GuardFactory] = [
         UnusedWindowGuard,
         BudgetGuard,
         PowerGuard,
         StepGuard,
         StallGuard,
+        CapProbeGuard,
         MemoryGuard,
     ]
     if shed_late:
