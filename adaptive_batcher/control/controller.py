@@ -15,6 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Final
 
 from adaptive_batcher._log import get_logger
 from adaptive_batcher.control.cap_probe import CapProbeGuard
@@ -69,6 +70,13 @@ def default_guards(
     if warmed is not None:
         guards.append(lambda inner: BucketGuard(inner, warmed))
     return guards
+
+
+WATCHDOG_INTERVALS: Final = 2.0
+"""Intervals after the last tick at which a tick is overdue (:meth:`Controller.overdue_at`):
+two, so that a poll that comes within a batch of the tick's due time (the usual case) is not
+preceded by one more (replays keep their trajectories), while a model that holds every slot
+far longer (a hung call, a batch of seconds) still lets the controller tick."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +231,13 @@ class Controller:
             return True  # the requests a loop stall held back are in: the queue it left
         every = self.interval_batches
         return every is not None and batches is not None and batches - last.counts.batches >= every
+
+    def overdue_at(self) -> float:
+        """When a tick is overdue, s: ``WATCHDOG_INTERVALS`` intervals after the last (or the
+        start); inf before :meth:`start`. A core whose requests wait polls by then even if no
+        batch finishes (a hung model), so that shedding and the plan still follow the queue."""
+        last = self._last
+        return math.inf if last is None else last.now_s + WATCHDOG_INTERVALS * self.interval_s
 
     def tick(
         self,

@@ -460,7 +460,9 @@ class ShedGuard(Guard):
     decision's ``max_batch_size_ceiling`` (memory). When even a full batch's
     deadline leaves no time, nothing is shed (late answers beat none), unless the load is an
     overload: then a request not begun within one batch's time is shed, so that the queue, and
-    the lateness of every answer, stays bounded. The law and its figures:
+    the lateness of every answer, stays bounded. Before the service-time fit is ready (the
+    first batches, or a model that hangs on its first calls), a request not begun within the
+    SLO's room is shed: whatever its batch takes, it is late. The law and its figures:
     docs/policies.md, "ShedGuard". Sources: BentoML's cork dispatcher, Clockwork's admission
     control (Gujarati et al., OSDI 2020).
     """
@@ -475,9 +477,11 @@ class ShedGuard(Guard):
     def correct(self, observation: Observation, decision: Decision) -> Decision:
         self.smallest_units_seen = _smallest_seen(self.smallest_units_seen, observation)
         slo, plan = observation.slo, observation.plan()
-        if slo is None or not plan.ready:
+        if slo is None:
             return decision
         room = observation.room_ms
+        if not plan.ready:  # no batch time known yet: one that has waited the room is late
+            return decision.with_(shed_after_ms=room, shed_after_short_ms=room)
         share = observation.answer_share  # a stream's callers are answered at its first step
         high = observation.service_spread_ms or observation.service_median_ms
         typical = observation.service_median_bound_ms or observation.service_median_ms

@@ -248,7 +248,15 @@ class BatcherCore(Generic[H]):
             self._tick(controller, now)
         actions = self._engine.poll(now)
         timer = actions[-1]
-        self._timer_due_s = timer.at_s if type(timer) is SetTimer else None
+        due_s = timer.at_s if type(timer) is SetTimer else None
+        if controller is not None and not self._engine.idle:
+            # requests wait or run: poll by the time a tick is overdue, whether or not a batch
+            # ends (a hung model call holds every slot; the queue behind it must still be shed)
+            overdue = controller.overdue_at()
+            if overdue < (math.inf if due_s is None else due_s):
+                due_s = overdue
+                actions[-1] = SetTimer(due_s)
+        self._timer_due_s = due_s
         return actions
 
     def timer_fired(self, due_s: float, now: float) -> None:

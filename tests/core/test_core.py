@@ -334,12 +334,34 @@ def test_a_seed_makes_the_next_poll_tick_and_shed_however_soon() -> None:
     core = make_core(slo=SLO(latency_ms=50.0), shed_late=True, max_batch_size=8)
     assert core.controller is not None
     core.poll(0.3)  # a tick (due at once after the start) with nothing to plan from
-    assert core.shed_after_s is None
+    assert core.shed_after_s == 0.05  # no batch time known: one that waited the SLO is late
     assert core.seed_service_times([(1, 2.0), (8, 4.0)])
     core.arrive(Request(0, 0.31), 0.31)  # 10 ms after the last tick: not due by itself
     core.poll(0.31)
-    assert core.shed_after_s is not None  # a burst right after a warm-up is shed from its start
+    assert core.shed_after_s is not None and core.shed_after_s < 0.05  # the plan's deadline
     assert core.controller.decisions == 2
+
+
+def test_a_hung_batch_lets_the_controller_tick_and_shed_the_queue_behind_it() -> None:
+    """Before: a model call that never returned, before the first tick, left every later
+    arrival queued for good with ``shed_late=True``: arrivals into busy slots ask for no poll,
+    and nothing else polled, so the controller never ticked nor set a shedding deadline (a
+    fresh user's finding, 2026-12-06). The core's timer now comes by the time a tick is
+    overdue while requests wait or run, and with no batch time known yet a request that has
+    waited the SLO's room is shed."""
+    core = make_core(slo=SLO(latency_ms=50.0), shed_late=True, max_batch_size=8, window_ms=0.0)
+    controller = core.controller
+    assert controller is not None
+    core.arrive(Request(0, 0.01), 0.01)
+    actions = core.poll(0.01)  # the batch that will hang
+    assert dispatched(actions) == [[0]] and controller.decisions == 0
+    assert actions[-1] == SetTimer(at_s=controller.overdue_at()) == SetTimer(at_s=0.5)
+    for k in range(1, 6):  # arrivals into a busy slot: no poll asked
+        assert not core.arrive(Request(k, 0.05 * k), 0.05 * k)
+    actions = core.poll(0.5)  # the watchdog: a tick, then the shedding deadline on the queue
+    assert controller.decisions == 1 and core.shed_after_s == 0.05
+    expired = [a.request.handle for a in actions if isinstance(a, Expire)]
+    assert expired == [1, 2, 3, 4, 5]  # each has waited 0.25-0.45 s, past the 50 ms room
 
 
 def test_a_batch_run_makes_the_seed_unwanted() -> None:

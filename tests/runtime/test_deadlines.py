@@ -201,3 +201,38 @@ def test_a_request_shed_for_the_slo_says_so_and_one_past_its_own_deadline_says_t
     for error in (shed, shed_too):
         assert isinstance(error, DeadlineExceededError)
         assert str(error) == "request shed: it could not start in time to meet the SLO (shed_late)"
+
+
+def test_a_model_that_hangs_before_the_first_tick_still_has_its_queue_shed() -> None:
+    """Before: without a warm-up, six batches and then a model call that never returns left
+    every later request queued until ``aclose`` (no tick had set a shedding deadline, and
+    nothing polled to tick). Now the queue is shed (a fresh user's finding, 2026-12-06)."""
+
+    async def main() -> tuple[list[BaseException | int], int]:
+        stuck = asyncio.Event()
+
+        async def model(batch: list[int]) -> list[int]:
+            await asyncio.sleep(3600 if stuck.is_set() else 0.02)
+            return batch
+
+        batcher = AdaptiveBatcher(
+            model, max_batch_size=8, window_ms=2, slo=SLO(latency_ms=50), shed_late=True
+        )
+        for _ in range(6):
+            await batcher.submit_many(range(8))
+        stuck.set()
+        hung = [asyncio.ensure_future(batcher.submit(k)) for k in range(8)]
+        queued = []
+        for k in range(20):  # 10 a second for 2 s behind the hung call
+            queued.append(asyncio.ensure_future(batcher.submit(k)))
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        done = [q.exception() if q.done() else -1 for q in queued]
+        expired = batcher.stats().counts.expired
+        await batcher.aclose(drain=False, timeout_s=0.1)
+        await asyncio.gather(*hung, *queued, return_exceptions=True)
+        return done, expired
+
+    done, expired = run_in_virtual_time(main())
+    assert expired == 20
+    assert all(isinstance(error, DeadlineExceededError) for error in done)
