@@ -39,3 +39,19 @@ def observe(**changes: Any) -> Observation:
     }
     defaults.update(changes)
     return Observation(**defaults)
+
+
+class Fixed:
+    """A policy that always proposes ``decision`` (change it between ticks to move it)."""
+
+    name = "fixed"
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+    def reset(self, current: Decision) -> None:
+        del current
+
+    def decide(self, observation: Observation) -> Decision:
+        del observation
+        return self.decision

@@ -13,25 +13,14 @@ from adaptive_batcher.sim.scenarios import CONTENDERS, Scenario, run
 from adaptive_batcher.sim.service import LinearService
 from adaptive_batcher.sim.workloads import Poisson
 from adaptive_batcher.slo import SLO
-from tests.control.factories import observe
+from tests.control.factories import Fixed, observe
 
 BOUNDS = Bounds(0.0, 50.0, 1, 512, (64, 128, 256, 512))
 
 
-class Fixed:
-    """A policy that proposes ``cap`` (window 0) until told otherwise."""
-
-    name = "fixed"
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-
-    def reset(self, current: Decision) -> None:
-        del current
-
-    def decide(self, observation: Observation) -> Decision:
-        del observation
-        return Decision(0.0, self.cap, "policy")
+def fixed(cap: int) -> Fixed:
+    """A policy proposing ``cap`` at window 0 (``.decision`` moves it)."""
+    return Fixed(Decision(0.0, cap, "policy"))
 
 
 def stale_ms(n: int) -> float:
@@ -58,7 +47,7 @@ def bound_tick(now_s: float, cap: int = 256, **changes: Any) -> Observation:
 
 
 def test_a_cap_bound_with_a_backlog_is_probed_then_given_back() -> None:
-    policy = Fixed(256)
+    policy = fixed(256)
     guard = CapProbeGuard(policy, after_s=1.0, probe_ticks=2, first_every_s=5.0)
     assert guard.decide(bound_tick(10.0)).max_batch_size == 256  # binding starts
     assert guard.decide(bound_tick(10.5)).max_batch_size == 256  # not for after_s yet
@@ -73,7 +62,7 @@ def test_a_cap_bound_with_a_backlog_is_probed_then_given_back() -> None:
 
 
 def test_probes_back_off_while_the_policy_goes_back_and_reset_once_it_keeps() -> None:
-    policy = Fixed(256)
+    policy = fixed(256)
     guard = CapProbeGuard(policy, after_s=0.5, probe_ticks=1, first_every_s=2.0, max_every_s=5.0)
     starts = []
     for step in range(120):
@@ -88,10 +77,11 @@ def test_probes_back_off_while_the_policy_goes_back_and_reset_once_it_keeps() ->
     while kept.decide(bound_tick(now)).reason != CAP_PROBE:
         now += 0.25
     first = now
-    policy.cap = 512  # the probe's batches taught the fit: the policy keeps 512 at its end
+    # the probe's batches taught the fit: the policy keeps 512 at its end
+    policy.decision = Decision(0.0, 512, "policy")
     assert kept.decide(bound_tick(now + 0.25, cap=512)).max_batch_size == 512
     assert kept.kept == 1
-    policy.cap, now = 256, now + 0.5  # later the cap binds at 256 again
+    policy.decision, now = Decision(0.0, 256, "policy"), now + 0.5  # binding at 256 again
     while kept.decide(bound_tick(now)).reason != CAP_PROBE:
         now += 0.25
     assert now - first == 2.0  # first_every_s, not doubled
@@ -114,25 +104,21 @@ def test_probes_back_off_while_the_policy_goes_back_and_reset_once_it_keeps() ->
 )
 def test_no_probe(changes: dict[str, Any], why: str) -> None:
     cap = changes["current"].max_batch_size if "current" in changes else 256
-    guard = CapProbeGuard(Fixed(cap), after_s=0.5)
+    guard = CapProbeGuard(fixed(cap), after_s=0.5)
     decisions = [guard.decide(bound_tick(10.0 + 0.25 * k, cap=cap, **changes)) for k in range(8)]
     assert all(d.reason != CAP_PROBE for d in decisions), why
 
 
 def test_no_probe_while_the_policy_moves_the_cap_or_memory_forbids_it() -> None:
-    moving = CapProbeGuard(Fixed(128), after_s=0.5)
+    moving = CapProbeGuard(fixed(128), after_s=0.5)
     assert all(moving.decide(bound_tick(10.0 + 0.25 * k)).reason != CAP_PROBE for k in range(8))
 
-    class Ceiled(Fixed):
-        def decide(self, observation: Observation) -> Decision:
-            return super().decide(observation).with_(max_batch_size_ceiling=256)
-
-    ceiled = CapProbeGuard(Ceiled(256), after_s=0.5)
+    ceiled = CapProbeGuard(Fixed(Decision(0.0, 256, "policy", max_batch_size_ceiling=256)))
     assert all(ceiled.decide(bound_tick(10.0 + 0.25 * k)).reason != CAP_PROBE for k in range(8))
 
 
 def test_a_binding_broken_by_a_tick_without_backlog_starts_over() -> None:
-    guard = CapProbeGuard(Fixed(256), after_s=1.0)
+    guard = CapProbeGuard(fixed(256), after_s=1.0)
     guard.decide(bound_tick(10.0))
     guard.decide(bound_tick(10.5, queued_units=0))  # the backlog drained
     assert guard.decide(bound_tick(11.0)).reason != CAP_PROBE  # bound since 11.0 only
@@ -140,7 +126,7 @@ def test_a_binding_broken_by_a_tick_without_backlog_starts_over() -> None:
 
 
 def test_a_reset_drops_a_probe_in_force() -> None:
-    guard = CapProbeGuard(Fixed(256), after_s=0.5, probe_ticks=3)
+    guard = CapProbeGuard(fixed(256), after_s=0.5, probe_ticks=3)
     guard.decide(bound_tick(10.0))
     assert guard.decide(bound_tick(10.5)).reason == CAP_PROBE
     guard.reset(Decision(0.0, 256))
@@ -158,7 +144,7 @@ def test_a_reset_drops_a_probe_in_force() -> None:
 )
 def test_arguments_are_checked(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        CapProbeGuard(Fixed(64), **kwargs)
+        CapProbeGuard(fixed(64), **kwargs)
 
 
 def test_a_cap_cut_by_a_wrong_figure_above_it_is_probed_back_up() -> None:

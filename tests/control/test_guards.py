@@ -25,23 +25,7 @@ from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import BatchSample
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
-from tests.control.factories import linear_ms, observe
-
-
-class Fixed:
-    """A policy that always proposes the same decision."""
-
-    name = "fixed"
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision = decision
-
-    def reset(self, current: Decision) -> None:
-        del current
-
-    def decide(self, observation: Observation) -> Decision:
-        del observation
-        return self.decision
+from tests.control.factories import Fixed, linear_ms, observe
 
 
 def guarded(guard: Any, decision: Decision, **kwargs: Any) -> Any:

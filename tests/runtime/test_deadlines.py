@@ -165,25 +165,35 @@ def test_deadlines_that_pass_while_the_loop_stands_still_fail_them() -> None:
     assert seen == []
 
 
+async def hung_after_six_batches(
+    *, warmup: bool
+) -> tuple[AdaptiveBatcher[int, int], list[asyncio.Future[int]]]:
+    """A batcher (SLO 50 ms, ``shed_late=True``, cap 8) that ran six batches of 8 (20 ms each)
+    and then one whose model call never returns: every later request queues behind it. Also
+    returns the hung batch's calls."""
+    stuck = asyncio.Event()
+
+    async def model(batch: list[int]) -> list[int]:
+        await asyncio.sleep(3600 if stuck.is_set() else 0.02)
+        return batch
+
+    batcher = AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=2, slo=SLO(latency_ms=50), shed_late=True
+    )
+    if warmup:
+        await batcher.warmup(lambda: 0)
+    for _ in range(6):
+        await batcher.submit_many(range(8))
+    stuck.set()  # from now on the model hangs: nothing queued can start
+    return batcher, [asyncio.ensure_future(batcher.submit(k)) for k in range(8)]
+
+
 def test_a_request_shed_for_the_slo_says_so_and_one_past_its_own_deadline_says_that() -> None:
     """Before: a request shed by ``shed_late`` failed with "did not start before its deadline",
     a deadline its caller never set (a fresh user's finding, 2026-12-06)."""
 
     async def main() -> list[BaseException | int]:
-        stuck = asyncio.Event()
-
-        async def model(batch: list[int]) -> list[int]:
-            await asyncio.sleep(3600 if stuck.is_set() else 0.02)
-            return batch
-
-        batcher = AdaptiveBatcher(
-            model, max_batch_size=8, window_ms=2, slo=SLO(latency_ms=50), shed_late=True
-        )
-        await batcher.warmup(lambda: 0)
-        for _ in range(6):
-            await batcher.submit_many(range(8))
-        stuck.set()  # from now on the model hangs: nothing queued can start
-        hung = [asyncio.ensure_future(batcher.submit(k)) for k in range(8)]
+        batcher, hung = await hung_after_six_batches(warmup=True)
         await asyncio.sleep(0.1)
         calls = [
             batcher.submit(1, deadline_ms=5),  # its own deadline comes before the shedding's
@@ -208,20 +218,8 @@ def test_a_model_that_hangs_before_the_first_tick_still_has_its_queue_shed() -> 
     every later request queued until ``aclose`` (no tick had set a shedding deadline, and
     nothing polled to tick). Now the queue is shed (a fresh user's finding, 2026-12-06)."""
 
-    async def main() -> tuple[list[BaseException | int], int]:
-        stuck = asyncio.Event()
-
-        async def model(batch: list[int]) -> list[int]:
-            await asyncio.sleep(3600 if stuck.is_set() else 0.02)
-            return batch
-
-        batcher = AdaptiveBatcher(
-            model, max_batch_size=8, window_ms=2, slo=SLO(latency_ms=50), shed_late=True
-        )
-        for _ in range(6):
-            await batcher.submit_many(range(8))
-        stuck.set()
-        hung = [asyncio.ensure_future(batcher.submit(k)) for k in range(8)]
+    async def main() -> tuple[list[BaseException | int | None], int]:
+        batcher, hung = await hung_after_six_batches(warmup=False)
         queued = []
         for k in range(20):  # 10 a second for 2 s behind the hung call
             queued.append(asyncio.ensure_future(batcher.submit(k)))
