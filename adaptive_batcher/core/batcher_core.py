@@ -252,7 +252,9 @@ class BatcherCore(Generic[H]):
         if controller is not None and not self._engine.idle:
             # requests wait or run: poll by the time a tick is overdue, whether or not a batch
             # ends (a hung model call holds every slot; the queue behind it must still be shed)
-            overdue = controller.overdue_at()
+            # (never sooner than an interval from now: a tick that failed leaves the overdue
+            # time behind, and must not turn the timer into a busy loop)
+            overdue = max(controller.overdue_at(), now + controller.interval_s)
             if overdue < (math.inf if due_s is None else due_s):
                 due_s = overdue
                 actions[-1] = SetTimer(due_s)

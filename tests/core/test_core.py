@@ -364,6 +364,26 @@ def test_a_hung_batch_lets_the_controller_tick_and_shed_the_queue_behind_it() ->
     assert expired == [1, 2, 3, 4, 5]  # each has waited 0.25-0.45 s, past the 50 ms room
 
 
+def test_a_controller_that_fails_to_tick_does_not_turn_the_watchdog_into_a_busy_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tick that raises leaves the last tick's time behind (the core logs and serves on);
+    the watchdog's timer then comes an interval from now, not at the overdue time already
+    past, which a shell would fire at once, poll after poll."""
+    core = make_core(slo=SLO(latency_ms=50.0), max_batch_size=8, window_ms=0.0)
+    controller = core.controller
+    assert controller is not None
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("broken estimator")
+
+    monkeypatch.setattr(controller.service_estimator, "update", broken)
+    core.arrive(Request(0, 0.01), 0.01)
+    assert core.poll(0.01)[-1] == SetTimer(at_s=0.5)  # in flight: the watchdog
+    assert core.poll(0.6)[-1] == SetTimer(at_s=0.85)  # the tick failed: not 0.5, long past
+    assert controller.decisions == 0
+
+
 def test_a_batch_run_makes_the_seed_unwanted() -> None:
     core = make_core(slo=SLO(latency_ms=50.0))
     core.record_run(0.01, 1, 1, 0.002)
