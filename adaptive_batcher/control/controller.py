@@ -54,7 +54,7 @@ def default_guards(
     warmed: Callable[[], frozenset[int]] | None = None, *, shed_late: bool = False
 ) -> list[GuardFactory]:
     """The standard guard chain, innermost first: unused window, budget, power back-off, step
-    limit, recurring stalls, the cap probe, memory, SLO-aware shedding when ``shed_late`` is
+    limit, recurring stalls, memory, the cap probe, SLO-aware shedding when ``shed_late`` is
     True, and buckets when ``warmed`` is given."""
     guards: list[GuardFactory] = [
         UnusedWindowGuard,
@@ -62,8 +62,8 @@ def default_guards(
         PowerGuard,
         StepGuard,
         StallGuard,
-        CapProbeGuard,
         MemoryGuard,
+        CapProbeGuard,
     ]
     if shed_late:
         guards.append(ShedGuard)

@@ -175,7 +175,7 @@ def test_tick_before_start_is_an_error() -> None:
 def test_default_guard_chain_wraps_the_policy() -> None:
     controller = Controller(PID(), Bounds(), slo=SLO(latency_ms=50))
     assert controller.chain.name == (
-        "MemoryGuard(CapProbeGuard(StallGuard(StepGuard(PowerGuard(BudgetGuard("
+        "CapProbeGuard(MemoryGuard(StallGuard(StepGuard(PowerGuard(BudgetGuard("
         "UnusedWindowGuard(pid)))))))"
     )
     assert controller.slo_unreachable is False
