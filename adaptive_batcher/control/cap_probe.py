@@ -15,14 +15,11 @@ import math
 from typing import Final
 
 from adaptive_batcher._validate import check_int, check_number
-from adaptive_batcher.control.guards import Guard
+from adaptive_batcher.control.guards import CAP_PROBE, Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
 __all__ = ["BINDING_FILL", "CAP_PROBE", "CapProbeGuard"]
-
-CAP_PROBE: Final = "cap_probe"
-"""The reason a probe's decisions carry."""
 
 BINDING_FILL: Final = 0.9
 """The tick's mean batch over the cap at or above which the cap binds."""
@@ -32,18 +29,23 @@ class CapProbeGuard(Guard):
     """Raise a cap that has bound with a backlog for a while to the next candidate, briefly.
 
     A probe starts when, for ``after_s`` without a break, the batches fill the cap in force
-    (``fill_ratio >= BINDING_FILL``) while more than a full batch waits, the decision keeps
-    that cap, and the next candidate above it is allowed (the bounds, the
-    decision's memory ceiling) and its batch, by the fit, fits the SLO's room on its own (the
-    tail risk a probe may take). It holds the next candidate for ``probe_ticks`` ticks (reason
-    ``cap_probe``), then gives the decision back to the policy. Probes are ``every_s`` apart:
-    ``first_every_s`` at first and after a probe whose cap the policy then keeps, doubled up to
-    ``max_every_s`` after each it does not.
+    (``fill_ratio >= BINDING_FILL``) while more than a full batch waits and that backlog has not
+    shrunk (the cap does not keep up), the decision keeps that cap, the next candidate above it
+    is allowed (the bounds, the decision's memory ceiling), its batch, by the fit, fits the
+    SLO's room on its own (the tail risk a probe may take), the fit gives it fewer items a
+    second than the cap in force, and its figure rests on fewer than ``min_samples`` batches of
+    its size (a figure measured that often is the device's; a probe would only pay for it). It
+    holds the next candidate for ``probe_ticks`` ticks (reason ``cap_probe``), then gives the
+    decision back to the policy. Probes are ``every_s`` apart: ``first_every_s`` at first and
+    after a probe whose cap the policy then keeps, doubled up to ``max_every_s`` after each it
+    does not.
 
     Args:
         inner: the policy (or guard) whose decisions this guard corrects.
         after_s: how long the cap must bind with a backlog before a probe, s (> 0).
         probe_ticks: ticks a probe lasts (>= 1).
+        min_samples: batches of the next candidate's size behind the fit from which its figure
+            counts as measured, and no probe goes there (>= 1).
         first_every_s: the least time between the starts of two probes, s (> 0).
         max_every_s: the most it backs off to, s (>= ``first_every_s``).
 
@@ -56,12 +58,14 @@ class CapProbeGuard(Guard):
         inner: Policy,
         after_s: float = 1.0,
         probe_ticks: int = 2,
+        min_samples: int = 8,
         first_every_s: float = 5.0,
         max_every_s: float = 60.0,
     ) -> None:
         super().__init__(inner)
         self.after_s = check_number("CapProbeGuard.after_s", after_s, 0.0, strict=True)
         self.probe_ticks = check_int("CapProbeGuard.probe_ticks", probe_ticks, 1)
+        self.min_samples = check_int("CapProbeGuard.min_samples", min_samples, 1)
         self.first_every_s = check_number(
             "CapProbeGuard.first_every_s", first_every_s, 0.0, strict=True
         )
@@ -75,6 +79,7 @@ class CapProbeGuard(Guard):
         self._every_s = self.first_every_s
         self._last_start_s = -math.inf
         self._binding_since_s = math.inf  # since when the cap binds with a backlog
+        self._backlog_then = 0  # the backlog then, units
         self._probe: tuple[int, int] | None = None  # (probed cap, the cap it displaced)
         self._ticks_left = 0
 
@@ -116,13 +121,15 @@ class CapProbeGuard(Guard):
         return decision
 
     def _note_binding(self, observation: Observation) -> None:
-        """Track since when the cap in force has bound with more than a batch waiting."""
+        """Track since when the cap in force has bound with more than a batch waiting, and the
+        backlog then."""
         cap = observation.current.max_batch_size
         binding = observation.fill_ratio >= BINDING_FILL and observation.queued_units > cap
         if not binding:  # also False for NaN: no batch finished in the tick
             self._binding_since_s = math.inf
-        else:
-            self._binding_since_s = min(self._binding_since_s, observation.now_s)
+        elif self._binding_since_s == math.inf:
+            self._binding_since_s = observation.now_s
+            self._backlog_then = observation.queued_units
 
     def _probe_cap(self, observation: Observation, decision: Decision) -> int | None:
         """The next candidate above a cap that has bound long enough, if a probe is due and
@@ -132,6 +139,7 @@ class CapProbeGuard(Guard):
             observation.slo is None
             or decision.max_batch_size != cap  # the policy moves the cap itself
             or now - self._binding_since_s < self.after_s
+            or observation.queued_units < self._backlog_then  # the cap drains the backlog
             or now - self._last_start_s < self._every_s
         ):
             return None
@@ -139,9 +147,10 @@ class CapProbeGuard(Guard):
         ceiling = decision.max_batch_size_ceiling
         if not above or (ceiling is not None and above[0] > ceiling):
             return None
-        plan, larger = observation.plan(), above[0]
+        plan, larger, measured = observation.plan(), above[0], observation.service_samples_at
         if (
             not plan.ready
+            or (measured is not None and measured(larger) >= self.min_samples)
             or plan.service_median_ms(larger) > observation.room_ms  # the tail risk
             or plan.throughput_units_per_s(larger) >= plan.throughput_units_per_s(cap)
         ):

@@ -29,7 +29,7 @@ from adaptive_batcher.control.guards import (
     StallGuard,
     StepGuard,
 )
-from adaptive_batcher.control.policy import GuardFactory, Policy
+from adaptive_batcher.control.policy import GuardFactory, Policy, declares_shedding
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
@@ -75,8 +75,8 @@ def default_guards(
 WATCHDOG_INTERVALS: Final = 2.0
 """Intervals after the last tick at which a tick is overdue (:meth:`Controller.overdue_at`):
 two, so that a poll that comes within a batch of the tick's due time (the usual case) is not
-preceded by one more (replays keep their trajectories), while a model that holds every slot
-far longer (a hung call, a batch of seconds) still lets the controller tick."""
+preceded by one more, while a model that holds every slot far longer (a hung call) still lets
+the controller tick and set a shedding deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +232,22 @@ class Controller:
         every = self.interval_batches
         return every is not None and batches is not None and batches - last.counts.batches >= every
 
+    @property
+    def sheds(self) -> bool:
+        """Whether the policy or a guard of the chain declares shedding (``sheds = True``,
+        as ``ShedGuard`` does)."""
+        node: object = self.chain
+        while node is not None:
+            if declares_shedding(node):
+                return True
+            node = getattr(node, "inner", None)
+        return False
+
     def overdue_at(self) -> float:
         """When a tick is overdue, s: ``WATCHDOG_INTERVALS`` intervals after the last (or the
-        start); inf before :meth:`start`. A core whose requests wait polls by then even if no
-        batch finishes (a hung model), so that shedding and the plan still follow the queue."""
+        start); inf before :meth:`start`. A shedding core with no shedding deadline in force
+        polls by then while requests wait or run, even if no batch finishes (a hung model), so
+        that the queue is still shed."""
         last = self._last
         return math.inf if last is None else last.now_s + WATCHDOG_INTERVALS * self.interval_s
 
@@ -362,6 +374,7 @@ class Controller:
             largest_batch_size=_largest(recorder, batches),
             service_median_ms=model.median_ms,
             service_samples=model.samples,
+            service_samples_at=model.samples_at,
             service_spread_ms=model.spread_ms,
             service_median_bound_ms=model.median_bound_ms,
             service_body_spread_ms=model.body_spread_ms,

@@ -368,6 +368,11 @@ class StepGuard(Guard):
         return decision.with_(max_batch_size=cap, window_ms=window, reason="step")
 
 
+CAP_PROBE: Final = "cap_probe"
+"""The reason :class:`~adaptive_batcher.control.cap_probe.CapProbeGuard` gives the cap it raises
+for a probe; :class:`ShedGuard` keeps that cap (its deadlines follow it)."""
+
+
 WINDOW_UNUSED: Final = "window_unused"
 """The reason :class:`~adaptive_batcher.control.unused_window.UnusedWindowGuard` gives the
 window it holds: 0, or a share of a fixed set of clients' round trip."""
@@ -460,9 +465,10 @@ class ShedGuard(Guard):
     decision's ``max_batch_size_ceiling`` (memory). When even a full batch's
     deadline leaves no time, nothing is shed (late answers beat none), unless the load is an
     overload: then a request not begun within one batch's time is shed, so that the queue, and
-    the lateness of every answer, stays bounded. Before the service-time fit is ready (the
-    first batches, or a model that hangs on its first calls), a request not begun within the
-    SLO's room is shed: whatever its batch takes, it is late. The law and its figures:
+    the lateness of every answer, stays bounded. A cap probe's cap is kept (``CAP_PROBE``: the
+    fit this guard would choose by is the one the probe measures). Before the service-time fit
+    is ready (the first batches, or a model that hangs on its first calls), a request not begun
+    within the SLO's room is shed: whatever its batch takes, it is late. The law and its figures:
     docs/policies.md, "ShedGuard". Sources: BentoML's cork dispatcher, Clockwork's admission
     control (Gujarati et al., OSDI 2020).
     """
@@ -512,6 +518,8 @@ class ShedGuard(Guard):
             cap = min(cap, smaller or cap)
         else:
             cap = min(decision.max_batch_size, fits)
+        if decision.reason == CAP_PROBE:  # the fit above the cap is what a probe measures
+            cap = decision.max_batch_size
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach

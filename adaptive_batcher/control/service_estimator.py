@@ -897,6 +897,12 @@ class ServiceTimeEstimator:
                 levels.append(fitted / floor)
         self.contention = _median(levels) if levels else 1.0
 
+    def samples_at(self, batch_size: int) -> int:
+        """Batches of exactly ``batch_size`` units behind the fit (its reservoir there): how
+        well the fit at that size is measured (0: a profile's figure or a curve through it)."""
+        kept = self._reservoir.get(batch_size)
+        return 0 if kept is None else len(kept)
+
     def median_ms(self, batch_size: int) -> float:
         """The median service time of a batch of ``batch_size`` units, ms (NaN before a fit):
         the fit inside the sizes seen, flat below them, growing at ``OPTIMISM`` times the last

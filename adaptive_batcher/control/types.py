@@ -237,6 +237,7 @@ class Observation:
             median).
         service_body_p999_ms: the bounded median times the noise body's 99.9th percentile, ms.
         service_samples: batches behind the fit.
+        service_samples_at: batches of exactly a size (units) behind the fit (None: unknown).
         contention: the service-time fit's level over the fastest it has been (1: as fast as
             ever; 1.5: batches take 50 % longer than they did).
         last_stall_s: when the latest batch ended that the service-time fit held out as an
@@ -305,6 +306,7 @@ class Observation:
     largest_batch_size: int = 0
     service_median_ms: Callable[[int], float] = field(default=_no_model, repr=False)
     service_samples: int = 0
+    service_samples_at: Callable[[int], int] | None = field(default=None, repr=False)
     service_spread_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_median_bound_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_body_spread_ms: Callable[[int], float] | None = field(default=None, repr=False)

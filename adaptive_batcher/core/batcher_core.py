@@ -249,9 +249,17 @@ class BatcherCore(Generic[H]):
         actions = self._engine.poll(now)
         timer = actions[-1]
         due_s = timer.at_s if type(timer) is SetTimer else None
-        if controller is not None and not self._engine.idle:
-            # requests wait or run: poll by the time a tick is overdue, whether or not a batch
-            # ends (a hung model call holds every slot; the queue behind it must still be shed)
+        if (
+            controller is not None
+            and self.shed_after_s is None
+            and not self._engine.idle
+            and controller.sheds
+        ):
+            # a shedding batcher with no deadline in force yet, requests waiting or running:
+            # poll by the time a tick is overdue, whether or not a batch ends (a model call that
+            # hangs before the first tick holds every slot; the queue behind it must be shed).
+            # Once a deadline is in force the engine's timers shed, and ticks ride on batches:
+            # a tick in the middle of a long batch sees no answers and would shed too early
             # (never sooner than an interval from now: a tick that failed leaves the overdue
             # time behind, and must not turn the timer into a busy loop)
             overdue = max(controller.overdue_at(), now + controller.interval_s)

@@ -152,7 +152,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         bisect_on_error: re-run a batch the model raised for in halves until the failing item
             is isolated (not for a streaming model).
         is_oom: ``is_oom(exc) -> bool``, tells out-of-memory errors apart; an OOM batch is
-            re-run split in halves (a streaming one is not).
+            re-run split in halves (a streaming one only before its first step).
         slo: the latency objective; with no ``policy`` the batcher tunes itself with
             :class:`~adaptive_batcher.policies.PID`.
         policy: the control law that tunes window and cap (see :mod:`adaptive_batcher.policies`);

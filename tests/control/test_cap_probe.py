@@ -96,6 +96,7 @@ def test_probes_back_off_while_the_policy_goes_back_and_reset_once_it_keeps() ->
         ({"current": Decision(0.0, 512, "policy")}, "already the largest candidate"),
         ({"slo": None}, "no SLO"),
         ({"service_median_ms": lambda n: 0.2 * n}, "a batch of 512 alone overruns the room"),
+        ({"service_samples_at": lambda n: 8}, "the next size's figure rests on 8 batches"),
         (
             {"service_median_ms": lambda n: 4.0 + 0.05 * n},
             "the fit gives 512 more items a second: the tail bound, not the fit, holds the cap",
@@ -123,6 +124,13 @@ def test_a_binding_broken_by_a_tick_without_backlog_starts_over() -> None:
     guard.decide(bound_tick(10.5, queued_units=0))  # the backlog drained
     assert guard.decide(bound_tick(11.0)).reason != CAP_PROBE  # bound since 11.0 only
     assert guard.decide(bound_tick(12.0)).reason == CAP_PROBE
+
+
+def test_no_probe_while_the_cap_drains_its_backlog() -> None:
+    guard = CapProbeGuard(fixed(256), after_s=1.0)
+    backlogs = [2048, 1800, 1500, 1200, 900, 700]  # binding all along, the queue shrinking
+    ticks = [bound_tick(10.0 + 0.25 * k, queued_units=q) for k, q in enumerate(backlogs)]
+    assert all(guard.decide(tick).reason != CAP_PROBE for tick in ticks)
 
 
 def test_a_reset_drops_a_probe_in_force() -> None:

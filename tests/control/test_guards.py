@@ -1509,3 +1509,16 @@ def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:
     after_stall = observe(now_s=10.0, loop_stall_s=9.8, **idle)
     assert guard.decide(after_stall).window_ms == 10.0
     assert guard.decide(observe(now_s=12.0, loop_stall_s=9.8, **idle)).window_ms == 0.0
+
+
+def test_shed_guard_keeps_a_cap_probes_cap_and_sheds_for_it() -> None:
+    """Before: ShedGuard chose its cap from the fit a probe is there to correct, and cut every
+    probe back (a fresh user's finding, 2026-12-06): with shedding the probe did nothing."""
+    from adaptive_batcher.control.guards import CAP_PROBE
+
+    tick = observe(current=Decision(0.0, 64), arrival_rate_rps=8000.0, queued_units=400)
+    plain = guarded(ShedGuard, Decision(0.0, 64, "policy")).decide(tick)
+    probe = guarded(ShedGuard, Decision(0.0, 128, CAP_PROBE)).decide(tick)
+    assert (probe.max_batch_size, probe.reason) == (128, CAP_PROBE)
+    assert probe.shed_after_ms is not None and plain.shed_after_ms is not None
+    assert probe.shed_after_ms < plain.shed_after_ms  # a larger batch leaves less of the room

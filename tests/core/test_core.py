@@ -370,7 +370,7 @@ def test_a_controller_that_fails_to_tick_does_not_turn_the_watchdog_into_a_busy_
     """A tick that raises leaves the last tick's time behind (the core logs and serves on);
     the watchdog's timer then comes an interval from now, not at the overdue time already
     past, which a shell would fire at once, poll after poll."""
-    core = make_core(slo=SLO(latency_ms=50.0), max_batch_size=8, window_ms=0.0)
+    core = make_core(slo=SLO(latency_ms=50.0), shed_late=True, max_batch_size=8, window_ms=0.0)
     controller = core.controller
     assert controller is not None
 
@@ -382,6 +382,24 @@ def test_a_controller_that_fails_to_tick_does_not_turn_the_watchdog_into_a_busy_
     assert core.poll(0.01)[-1] == SetTimer(at_s=0.5)  # in flight: the watchdog
     assert core.poll(0.6)[-1] == SetTimer(at_s=0.85)  # the tick failed: not 0.5, long past
     assert controller.decisions == 0
+
+
+def test_only_a_shedding_batcher_without_a_deadline_in_force_has_the_watchdog() -> None:
+    """A tick in the middle of a long batch sees no answers: with a deadline in force it would
+    shed requests that meet the SLO (a fresh user's finding: 2 s batches under a 5 s SLO, 13
+    of 159 shed), and without shedding it serves nothing. So the watchdog arms only to set a
+    shedding batcher's first deadline."""
+    plain = make_core(slo=SLO(latency_ms=50.0), max_batch_size=8, window_ms=0.0)
+    plain.arrive(Request(0, 0.01), 0.01)
+    assert plain.poll(0.01)[-1] == SetTimer(at_s=None)
+    shedding = make_core(slo=SLO(latency_ms=50.0), shed_late=True, max_batch_size=8, window_ms=0.0)
+    shedding.arrive(Request(0, 0.01), 0.01)
+    assert shedding.poll(0.01)[-1] == SetTimer(at_s=0.5)
+    assert shedding.seed_service_times([(1, 2.0), (8, 4.0)])
+    shedding.arrive(Request(1, 0.02), 0.02)
+    actions = shedding.poll(0.02)  # the seed's tick sets a deadline: the engine's timer now
+    assert shedding.shed_after_s is not None
+    assert actions[-1] != SetTimer(at_s=0.5)
 
 
 def test_a_batch_run_makes_the_seed_unwanted() -> None:

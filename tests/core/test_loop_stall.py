@@ -54,8 +54,8 @@ def test_no_timer_no_stall_after_an_idle_spell() -> None:
     core = _core()
     core.arrive(Request(0, 0.0), 0.0)
     (dispatch, timer) = core.poll(0.005)
-    # no window timer; the batch in flight keeps the watchdog's: a tick is overdue at 0.5 s
-    assert isinstance(dispatch, Dispatch) and timer == SetTimer(at_s=0.5)
+    # no window timer, and no watchdog: this batcher does not shed
+    assert isinstance(dispatch, Dispatch) and timer == SetTimer(at_s=None)
     core.complete(dispatch.batch, 0.01)
     assert core.poll(0.01) == [SetTimer(at_s=None)]  # idle: no timer at all
     core.arrive(Request(1, 60.0), 60.0)  # a minute of nothing: idle, not stalled
