@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -199,6 +199,25 @@ class BatchRunner:
             if oom:
                 self.core.judge_oom(size_caused=False)  # one request, alone
             return oom
+        await self.rerun_halves(
+            requests, halves, exc, units, lambda live: self._run(live, calls), judge=oom
+        )
+        return oom
+
+    async def rerun_halves(
+        self,
+        requests: Sequence[Any],
+        halves: tuple[Sequence[Any], Sequence[Any]],
+        exc: BaseException,
+        units: int,
+        run_half: Callable[[list[Any]], Awaitable[bool]],
+        *,
+        judge: bool,
+    ) -> None:
+        """Re-run a failed call's ``halves`` (``BatcherCore.split_failed_call``) one after the
+        other, each with the requests still pending (``run_half`` returns True when its call
+        ran out of memory); with ``judge``, the out-of-memory call's cause is judged once they
+        have run (see :meth:`_model_failed`). Logs ``batch.split``."""
         _log.warning(
             "batch.split", batcher=self.name, batch_size=len(requests), error=describe(exc)
         )
@@ -206,10 +225,9 @@ class BatchRunner:
         for half in halves:
             live = [r for r in half if not r.handle.done()]
             left = left or len(live) < len(half)
-            failed += await self._run(live, calls)
-        if oom:
+            failed += await run_half(live)
+        if judge:
             self.core.judge_oom(size_caused=not left and failed != 1, units=units)
-        return oom
 
     def padding_failed(self, requests: list[Any], exc: PaddingError) -> int:
         """Fail the requests still pending with ``exc`` (each its own); log

@@ -323,19 +323,11 @@ class StreamRunner(BatchRunner):
             return unanswered_oom
         halves = self.core.split_failed_call(requests, oom=True, judge_later=True)
         assert halves is not None  # more than one request: see _stream_once
-        _log.warning(
-            "batch.split",
-            batcher=self.name,
-            batch_size=len(requests),
-            error=describe(unanswered_oom),
-        )
-        failed, left = 0, False
-        for half in halves:
-            live = [r for r in half if not r.handle.done()]
-            left = left or len(live) < len(half)
-            if live:
-                failed += await self._stream(live, calls)
-        self.core.judge_oom(size_caused=not left and failed != 1, units=units)
+
+        async def stream_half(live: list[Any]) -> bool:
+            return bool(live) and await self._stream(live, calls)
+
+        await self.rerun_halves(requests, halves, unanswered_oom, units, stream_half, judge=True)
         return True
 
     async def _stream_once(
