@@ -143,6 +143,9 @@ class Controller:
         self._guard_factories = list(default_guards() if guards is None else guards)
         self.policy = policy
         self.chain: Policy = self._wrap(policy)
+        self.sheds = _sheds(self.chain)
+        """Whether the policy or a guard of the chain declares shedding (``sheds = True``, as
+        ``ShedGuard`` does); kept with the chain, since the core asks on every poll."""
         self.decision: Decision | None = None
         self.decisions = 0
         self.reasons: Counter[str] = Counter()
@@ -174,6 +177,7 @@ class Controller:
         """Switch policy; it takes over from the settings in force at the next tick (bumpless)."""
         old, self.policy = self.chain, policy
         self.chain = self._wrap(policy)
+        self.sheds = _sheds(self.chain)
         if self.decision is not None:
             # from the settings the old policy chose: a guard's temporary window 0 (a probe,
             # an unused window) would be kept for good by a policy that keeps what is in force
@@ -231,17 +235,6 @@ class Controller:
             return True  # the requests a loop stall held back are in: the queue it left
         every = self.interval_batches
         return every is not None and batches is not None and batches - last.counts.batches >= every
-
-    @property
-    def sheds(self) -> bool:
-        """Whether the policy or a guard of the chain declares shedding (``sheds = True``,
-        as ``ShedGuard`` does)."""
-        node: object = self.chain
-        while node is not None:
-            if declares_shedding(node):
-                return True
-            node = getattr(node, "inner", None)
-        return False
 
     def overdue_at(self) -> float:
         """When a tick is overdue, s: ``WATCHDOG_INTERVALS`` intervals after the last (or the
@@ -401,6 +394,16 @@ class Controller:
         while rates and rates[0][0] < now - self.latency_span_s:
             rates.popleft()
         return max(r for _, r in rates)
+
+
+def _sheds(chain: Policy) -> bool:
+    """Whether ``chain`` or a guard or policy inside it declares shedding."""
+    node: object = chain
+    while node is not None:
+        if declares_shedding(node):
+            return True
+        node = getattr(node, "inner", None)
+    return False
 
 
 def _log_decision(observation: Observation, decision: Decision, policy: str) -> None:
