@@ -96,11 +96,19 @@ CLIENTS_ZERO_TICKS = 3
 CLIENTS_WAIT_S = 2.0
 """The longest a shut's retry waits past its time for the clients' window's judgement, s."""
 
+CLIENTS_STEP = 0.7
+"""A kept clients' window is tried at this share of itself, to see whether they come faster."""
+
+CLIENTS_STEPS = 2
+"""The most steps down a kept clients' window takes (to ``CLIENTS_STEP ** 2`` of itself)."""
+
 
 @dataclass(slots=True)
 class _ClientsWindow:
     """The window held while shut in front of a fixed set of ``clients`` (None: no such set
-    seen): measured at window 0, then judged once by the rate the clients come at."""
+    seen): measured at window 0, then judged once by the rate the clients come at; once kept,
+    tried narrower (``CLIENTS_STEP`` of itself, at most ``CLIENTS_STEPS`` times) while the
+    clients come faster at the narrower one than its shorter wait explains."""
 
     share: float
     clients: float | None
@@ -110,6 +118,10 @@ class _ClientsWindow:
     held: _Stretch = field(default_factory=_Stretch)  # ticks at the window
     judged: bool = False
     costly: bool = False  # judged: the clients came slower by more than the window should cost
+    steps_left: int = CLIENTS_STEPS  # steps down still to try once kept
+    trial_ms: float | None = None  # a narrower window on trial
+    trial: _Stretch = field(default_factory=_Stretch)  # its ticks, from its second
+    trial_ticks: int = 0
 
     def __post_init__(self) -> None:
         if self.clients is None:
@@ -120,7 +132,14 @@ class _ClientsWindow:
         """A window judged and kept for the same set of clients, held again at once and
         judged again against the rate they came at at window 0 then (one judgement that
         kept a costly window by chance must not hold it for good)."""
-        return cls(earlier.share, earlier.clients, earlier.window_ms, at_zero=earlier.at_zero)
+        window = cls(earlier.share, earlier.clients, earlier.window_ms, at_zero=earlier.at_zero)
+        window.steps_left = earlier.steps_left
+        return window
+
+    @property
+    def holding_ms(self) -> float | None:
+        """The window to hold now: the one on trial, else the measured one (None: measuring)."""
+        return self.trial_ms if self.trial_ms is not None else self.window_ms
 
     @property
     def kept(self) -> bool:
@@ -139,6 +158,13 @@ class _ClientsWindow:
             self.held.add(observation)
             if self.held.seconds >= CLIENTS_JUDGE_S:
                 self._judge()
+                self._step_down()
+        elif self.trial_ms is not None and observation.current.window_ms > 0:
+            self.trial_ticks += 1
+            if self.trial_ticks >= 2:  # the first still answers the wider window's batches
+                self.trial.add(observation)
+            if self.trial.seconds >= CLIENTS_JUDGE_S:
+                self._judge_step()
 
     @property
     def settled(self) -> bool:
@@ -181,6 +207,46 @@ class _ClientsWindow:
         if costly:
             self.window_ms = 0.0
             self.costly = True
+
+    def cancel_trial(self) -> None:
+        """Drop the narrower window on trial, unjudged (the shut ends); its step is kept for
+        the next time this window is kept."""
+        if self.trial_ms is not None:
+            self.trial_ms = None
+            self.steps_left += 1
+
+    def _step_down(self) -> None:
+        """Put a narrower window on trial, if the window is kept and steps are left."""
+        if self.kept and self.steps_left > 0 and self.window_ms is not None:
+            self.steps_left -= 1
+            self.trial_ms = CLIENTS_STEP * self.window_ms
+            self.trial, self.trial_ticks = _Stretch(), 0
+
+    def _judge_step(self) -> None:
+        """Keep the narrower window if the clients came faster at it than the wait it saves
+        them explains (half the difference of the two windows, as a share of their round
+        trip at the wider one): the model calls it adds then cost them less than the company
+        it loses (the README's app on two cores, where the device is the CPU the HTTP stack
+        needs). Else the wider window stays, and the climb ends."""
+        wider_ms, narrower_ms = self.window_ms or 0.0, self.trial_ms or 0.0
+        held_rps, trial_rps = self.held.rate_rps, self.trial.rate_rps
+        round_trip_ms = 1e3 * (self.clients or 0.0) / held_rps
+        explained = 1.0 + 0.5 * (wider_ms - narrower_ms) / round_trip_ms
+        faster = trial_rps > explained * held_rps  # NaN: False
+        _log.info(
+            "controller.clients_window_step",
+            window_ms=round(wider_ms, 3),
+            trial_ms=round(narrower_ms, 3),
+            kept_trial=faster,
+            rate_rps=round(held_rps, 1),
+            trial_rate_rps=round(trial_rps, 1),
+        )
+        self.trial_ms = None
+        if not faster:
+            self.steps_left = 0
+            return
+        self.window_ms, self.held = narrower_ms, self.trial
+        self._step_down()
 
 
 def _same_window(window_ms: float, other_ms: float | None) -> bool:
@@ -262,8 +328,10 @@ class UnusedWindowGuard(Guard):
     gathers about that share of them into each batch and should lengthen their round trip by
     about half that share; after ``CLIENTS_JUDGE_S`` it goes back to 0 if they came slower by
     more than that, and the next shut measures and judges it afresh (one judgement can be
-    spoilt by the clients' own hiccup); a window kept is held again at once when a later try
-    shuts for the same set. The shut's retry waits
+    spoilt by the clients' own hiccup); a window kept is then tried narrower
+    (``CLIENTS_STEP`` of itself, at most ``CLIENTS_STEPS`` times), the narrower kept while the
+    clients come faster at it than its shorter wait explains; a window kept is held again at
+    once when a later try shuts for the same set. The shut's retry waits
     for that judgement; its clock stops while the loop stalls (and for ``stall_hold_s``
     after), and a try's verdict needs ``trial_min_batches``. While the guard holds the
     window, the policy inside sees the window it chose in force (:meth:`chosen` gives it to
@@ -423,10 +491,11 @@ class UnusedWindowGuard(Guard):
             self._rearm_on_load(observation.arrival_rate_rps, observation.current.window_ms)
         if self._retry_due(now):
             self.closed = False  # try the window again
+            self._clients_window.cancel_trial()
             self._on_trial = True
             self._trial_s = 0.0
         if self.closed and decision.window_ms > 0:
-            window_ms = min(decision.window_ms, self._clients_window.window_ms or 0.0)
+            window_ms = min(decision.window_ms, self._clients_window.holding_ms or 0.0)
             return decision.with_(window_ms=window_ms, reason=WINDOW_UNUSED)
         if decision.window_ms > 0 and self._probe_due():
             self._probe = _Probe(opened=self._recent_open(), ticks_left=self.probe_ticks)

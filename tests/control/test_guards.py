@@ -1372,8 +1372,59 @@ def test_a_clients_window_that_slows_them_goes_back_to_0_until_judged_again(
     again = _clients_window(guard, start_s=13.5)  # measured afresh at window 0
     assert again.window_ms == pytest.approx(0.2 * 16 / 560 * 1e3)
     with capture_logs() as events:
-        assert _held(guard, again, 560.0, 14.5, 4) == again  # as fast: kept
+        narrower = _held(guard, again, 560.0, 14.5, 4)  # as fast: kept, and tried narrower
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", True)]
+    assert narrower.window_ms == pytest.approx(0.7 * again.window_ms)
+
+
+def _kept_then_tried_narrower(guard: Any) -> Decision:
+    """Shut by a probe, measured at window 0, held and kept (16 clients at 560 req/s; the
+    retry put off to 30 s): the narrower window then put on trial."""
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    narrower = _held(guard, held, 560.0, 12.0, 4)
+    assert narrower.window_ms == pytest.approx(0.7 * held.window_ms)
+    return narrower
+
+
+@pytest.mark.parametrize(("trial_rps", "stepped"), [(640.0, True), (575.0, False)])
+def test_a_kept_clients_window_steps_down_while_they_come_faster_than_its_wait_explains(
+    trial_rps: float, stepped: bool
+) -> None:
+    """The README's app on two cores: the 16 clients came 1.1-1.25x faster at 4 ms than at
+    6 ms, where the 1 ms less they wait explains 1.03x (the model calls the narrower window
+    adds cost the CPU less than the company it loses). 640 against 560 req/s: the narrower
+    window is kept and the next step tried; 575 (1.027x, within what the wait explains): the
+    wider one stays, and the climb ends."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=30.0)
+    narrower = _kept_then_tried_narrower(guard)
+    wider_ms = narrower.window_ms / 0.7
+    with capture_logs() as events:
+        after = _held(guard, narrower, trial_rps, 13.0, 5)  # the first tick is not judged
+    assert [(e["event"], e["kept_trial"]) for e in events] == [
+        ("controller.clients_window_step", stepped)
+    ]
+    expected_ms = 0.7 * narrower.window_ms if stepped else wider_ms
+    assert after == Decision(expected_ms, 64, "window_unused")
+    if not stepped:
+        assert _held(guard, after, 700.0, 14.25, 8) == after  # the climb has ended
+        return
+    with capture_logs() as events:  # faster again, but by less than 1 ms explains: stays
+        last = _held(guard, after, 650.0, 14.25, 5)
+    assert [e["kept_trial"] for e in events] == [False]
+    assert last.window_ms == pytest.approx(narrower.window_ms)
+
+
+def test_a_try_drops_the_narrower_window_on_trial_unjudged() -> None:
+    """The shut ends for a try while a narrower window is on trial: no verdict on it, and the
+    window kept is what a later shut holds."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    tried = _held(guard, held, 560.0, 12.0, 4)  # kept at 12.75, and the shut's 2 s are over
+    assert tried == Decision(45.0, 64, "policy")
+    again = guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
+    assert again == held  # the kept window, not the trial's
 
 
 def test_a_kept_clients_window_is_held_again_at_once_after_a_try() -> None:
