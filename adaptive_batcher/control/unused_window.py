@@ -122,6 +122,7 @@ class _ClientsWindow:
     trial_ms: float | None = None  # a narrower window on trial
     trial: _Stretch = field(default_factory=_Stretch)  # its ticks, from its second
     trial_ticks: int = 0
+    steady: deque[_Stretch] = field(default_factory=lambda: deque(maxlen=4))  # at the kept one
 
     def __post_init__(self) -> None:
         if self.clients is None:
@@ -165,6 +166,19 @@ class _ClientsWindow:
                 self.trial.add(observation)
             if self.trial.seconds >= CLIENTS_JUDGE_S:
                 self._judge_step()
+        elif self.kept and observation.current.window_ms > 0:
+            self.steady.append(_Stretch.of(observation))
+
+    def thinned(self, factor: float) -> bool:
+        """Whether the clients have come ``factor`` times slower than at the window kept, over
+        its latest ticks (at most four), beyond Poisson noise: fewer clients, or slower ones,
+        whom the window no longer fits (the README's app: 16 clients down to 4 got half the
+        answers of window 0 at the 16's window)."""
+        recent = _Stretch.pooled(self.steady)
+        if not self.kept or self.trial_ms is not None or recent.seconds < CLIENTS_JUDGE_S:
+            return False
+        expected = self.held.rate_rps * recent.seconds  # at the rate the window was kept at
+        return rate_rose(recent.rate_rps, recent.seconds, expected, factor)
 
     @property
     def settled(self) -> bool:
@@ -246,6 +260,7 @@ class _ClientsWindow:
             self.steps_left = 0
             return
         self.window_ms, self.held = narrower_ms, self.trial
+        self.steady.clear()
         self._step_down()
 
 
@@ -330,12 +345,14 @@ class UnusedWindowGuard(Guard):
     more than that, and the next shut measures and judges it afresh (one judgement can be
     spoilt by the clients' own hiccup); a window kept is then tried narrower
     (``CLIENTS_STEP`` of itself, at most ``CLIENTS_STEPS`` times), the narrower kept while the
-    clients come faster at it than its shorter wait explains; a window kept is held again at
-    once when a later try shuts for the same set. The shut's retry waits
-    for that judgement; its clock stops while the loop stalls (and for ``stall_hold_s``
-    after), and a try's verdict needs ``trial_min_batches``. While the guard holds the
-    window, the policy inside sees the window it chose in force (:meth:`chosen` gives it to
-    a new policy). The law and its figures: docs/policies.md, "UnusedWindowGuard".
+    clients come faster at it than its shorter wait explains; clients that come
+    ``throttle_factor`` times slower than at the window kept (over its latest second, beyond
+    Poisson noise) end the shut, so the policy's window is tried on the set as it now is; a
+    window kept is held again at once when a later try shuts for the same set. The shut's
+    retry waits for that judgement; its clock stops while the loop stalls (and for
+    ``stall_hold_s`` after), and a try's verdict needs ``trial_min_batches``. While the guard
+    holds the window, the policy inside sees the window it chose in force (:meth:`chosen`
+    gives it to a new policy). The law and its figures: docs/policies.md, "UnusedWindowGuard".
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -458,7 +475,9 @@ class UnusedWindowGuard(Guard):
         if self.closed and judged:
             self._recent_shut.append(_Stretch.of(observation))
             self._clients_window.observe(observation)
-            if self._clients_window.kept:
+            if self._clients_window.thinned(self.throttle_factor):
+                self._end_shut_for_thinned_clients(now)
+            elif self._clients_window.kept:
                 self._kept_window = self._clients_window
             elif self._clients_window.costly:
                 self._kept_window = None  # the next shut measures at window 0 afresh
@@ -594,6 +613,13 @@ class UnusedWindowGuard(Guard):
             self._on_trial = False
             self._shut_for_s = self.retry_s
             self._kept_window = None
+
+    def _end_shut_for_thinned_clients(self, now: float) -> None:
+        """The clients came slower than at their kept window, beyond noise: try the policy's
+        window now, whose verdict sees the set as it is (a shut then measures it afresh)."""
+        _log.info("controller.clients_thinned", window_ms=self._clients_window.holding_ms)
+        self._kept_window = None
+        self._shut_at_s = now - self._shut_for_s - CLIENTS_WAIT_S  # the retry is due now
 
     def _postpone_try(self, now: float) -> None:
         """A guard outside held a try's window at 0 (``StallGuard``, while loop stalls

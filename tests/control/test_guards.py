@@ -1415,6 +1415,25 @@ def test_a_kept_clients_window_steps_down_while_they_come_faster_than_its_wait_e
     assert last.window_ms == pytest.approx(narrower.window_ms)
 
 
+@pytest.mark.parametrize(("rate_rps", "tried"), [(300.0, True), (480.0, False)])
+def test_clients_that_thin_out_at_their_kept_window_get_the_policys_window_tried(
+    rate_rps: float, tried: bool
+) -> None:
+    """A fresh user's steps of 16, 4 and 32 clients through the README's app: the 4 got the
+    16's window, half the answers of window 0, for the whole step. Clients coming 1.3x slower
+    than at their kept window for a second, beyond noise (560 -> 300 req/s), end the shut: the
+    policy's window is tried, and its verdict sees the set as it is. 480 req/s is within the
+    1.3x: the window stays."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=30.0)
+    narrower = _kept_then_tried_narrower(guard)
+    wider = _held(guard, narrower, 560.0, 13.0, 5)  # not faster: back to the wider, for good
+    assert wider.window_ms == pytest.approx(narrower.window_ms / 0.7)
+    with capture_logs() as events:
+        after = _held(guard, wider, rate_rps, 14.25, 4)
+    assert [e["event"] for e in events] == (["controller.clients_thinned"] if tried else [])
+    assert after == (Decision(45.0, 64, "policy") if tried else wider)
+
+
 def test_a_try_drops_the_narrower_window_on_trial_unjudged() -> None:
     """The shut ends for a try while a narrower window is on trial: no verdict on it, and the
     window kept is what a later shut holds."""
