@@ -422,6 +422,7 @@ class UnusedWindowGuard(Guard):
         self._holding = False  # the window in force is this guard's, not the policy's
         self._shut_for_s = retry_s  # how long the window stays shut now
         self._shut_at_s = -math.inf
+        self._retry_now = False  # the clients thinned out: the retry is due at once
         self._on_trial = False  # the window was tried again and has had no verdict since
         self._tried = False  # the latest decision released the policy's window for a try
         self._trial_s = 0.0  # how long the try has run, stalls excepted, s
@@ -476,7 +477,7 @@ class UnusedWindowGuard(Guard):
             self._recent_shut.append(_Stretch.of(observation))
             self._clients_window.observe(observation)
             if self._clients_window.thinned(self.throttle_factor):
-                self._end_shut_for_thinned_clients(now)
+                self._end_shut_for_thinned_clients()
             elif self._clients_window.kept:
                 self._kept_window = self._clients_window
             elif self._clients_window.costly:
@@ -509,7 +510,7 @@ class UnusedWindowGuard(Guard):
         elif self.closed and judged:
             self._rearm_on_load(observation.arrival_rate_rps, observation.current.window_ms)
         if self._retry_due(now):
-            self.closed = False  # try the window again
+            self.closed, self._retry_now = False, False  # try the window again
             self._clients_window.cancel_trial()
             self._on_trial = True
             self._trial_s = 0.0
@@ -555,7 +556,10 @@ class UnusedWindowGuard(Guard):
     def _retry_due(self, now: float) -> bool:
         """Whether the shut has lasted its time, and a clients' window held in it is settled
         (a try before its judgement would leave it unjudged, with long ticks for good), or
-        ``CLIENTS_WAIT_S`` more have passed (ticks without batches measure nothing)."""
+        ``CLIENTS_WAIT_S`` more have passed (ticks without batches measure nothing); or the
+        clients thinned out (:meth:`_end_shut_for_thinned_clients`)."""
+        if self.closed and self._retry_now:
+            return True
         late_s = now - self._shut_at_s - self._shut_for_s
         settled = self._clients_window.settled or late_s >= CLIENTS_WAIT_S
         return self.closed and late_s >= 0 and settled
@@ -614,12 +618,12 @@ class UnusedWindowGuard(Guard):
             self._shut_for_s = self.retry_s
             self._kept_window = None
 
-    def _end_shut_for_thinned_clients(self, now: float) -> None:
+    def _end_shut_for_thinned_clients(self) -> None:
         """The clients came slower than at their kept window, beyond noise: try the policy's
         window now, whose verdict sees the set as it is (a shut then measures it afresh)."""
         _log.info("controller.clients_thinned", window_ms=self._clients_window.holding_ms)
         self._kept_window = None
-        self._shut_at_s = now - self._shut_for_s - CLIENTS_WAIT_S  # the retry is due now
+        self._retry_now = True
 
     def _postpone_try(self, now: float) -> None:
         """A guard outside held a try's window at 0 (``StallGuard``, while loop stalls
@@ -645,7 +649,7 @@ class UnusedWindowGuard(Guard):
         elif not self.closed:
             self._shut_for_s = self.retry_s
         self._on_trial = False
-        self.closed = True
+        self.closed, self._retry_now = True, False
         self._shut_at_s = now
         self._recent_shut.clear()
         clients = self._clients
