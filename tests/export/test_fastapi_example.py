@@ -247,15 +247,22 @@ JSON = {"content-type": "application/json"}
 
 @pytest.mark.parametrize(
     ("body", "status"),
-    [(b"[0.25, 0.25", 422), (b"not json", 422), (b"[" * 3000 + b"]" * 3000, 400)],
-    ids=["cut", "text", "deep"],
+    [
+        (b"[0.25, 0.25", 422),
+        (b"not json", 422),
+        (b"[" * 3000 + b"]" * 3000, 400),
+        (b"[\xff\xfe" + b", 0.25" * 255 + b"]", 400),
+        (b"[" + b"7" * 5000 + b", 0.25" * 255 + b"]", 400),
+    ],
+    ids=["cut", "text", "deep", "not-utf8", "long-int"],
 )
 def test_a_body_that_does_not_parse_is_refused_and_never_reaches_the_batcher(
     body: bytes, status: int
 ) -> None:
     """As the README says: malformed JSON is the 422 of the wrong shape; a body nested 3,000
-    deep (6 KB) passes the size limit and overflows the JSON parser: FastAPI's own 400 (a
-    fresh user expected a 422 there)."""
+    deep (6 KB) passes the size limit and overflows the JSON parser, as bytes that are not
+    UTF-8 and an integer of 5,000 digits break it: FastAPI's own 400 (fresh users expected a
+    422 there)."""
     namespace = readme_namespace()
 
     async def exchange(client: httpx.AsyncClient) -> tuple[httpx.Response, int]:
