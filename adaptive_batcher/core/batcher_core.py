@@ -35,7 +35,7 @@ A shell's part, per event:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -148,6 +148,9 @@ class BatcherCore(Generic[H]):
         self._stall_seen_until = -math.inf  # the end of the last stall noted
         self._submitted_at_stall = math.inf  # submitted when a stall was noted, until a tick
         self.loop_stalls = 0
+        self.stall_context: Callable[[], Mapping[str, object]] | None = None
+        """The shell's account of what held its loop, asked once per stall noted; its fields
+        join ``batcher.loop_stalled`` (the asyncio shell: the full garbage collections in it)."""
         self._policy_stopped = False  # set_policy(None): an SLO set later starts no controller
         self._apply_slo(settings.slo)
         policy = settings.policy
@@ -284,11 +287,13 @@ class BatcherCore(Generic[H]):
         # the first poll that has taken in requests the stall held back ticks: the batch
         # formed there is planned for the queue the stall left
         self._submitted_at_stall = self.recorder.submitted
+        context = self.stall_context() if self.stall_context is not None else {}
         _log.warning(
             "batcher.loop_stalled",
             batcher=self.name,
             late_ms=round((now - due_s) * 1e3, 3),
             queue_depth=self._engine.queue_depth,
+            **context,
         )
         if self.controller is not None:
             self.controller.note_loop_stall(due_s, now)

@@ -21,7 +21,8 @@ collection", 2017, after "Dismissing Python Garbage Collection at Instagram", wh
 disabled the collector altogether). Frozen objects are still freed by reference counting; only
 cycles among them are never collected, so the heap is collected once just before freezing.
 
-:class:`GCPauseProbe` measures the pauses, per generation, with ``gc.callbacks``.
+:class:`GCPauseProbe` measures the pauses, per generation, with ``gc.callbacks``;
+:class:`FullCollections` tells whether a stall of the event loop held a full collection.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-__all__ = ["GCPause", "GCPauseProbe", "freeze_after_warmup"]
+__all__ = ["FREEZE_ADVICE", "FullCollections", "GCPause", "GCPauseProbe", "freeze_after_warmup"]
 
 
 def freeze_after_warmup(*, collect: bool = True) -> int:
@@ -52,6 +53,43 @@ def freeze_after_warmup(*, collect: bool = True) -> int:
         gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+FREEZE_ADVICE = (
+    "a full garbage collection ran in the stall: freeze the warm heap once the model is loaded "
+    "(warmup(..., freeze_gc=True) or freeze_after_warmup())"
+)
+"""The advice ``batcher.loop_stalled`` carries when a full collection ran in the stall and the
+heap is not frozen."""
+
+
+class FullCollections:
+    """Counts the cyclic collector's full (generation-2) collections since a mark, from
+    ``gc.get_stats()`` (no callback installed, nothing changed in the process): the shell marks
+    it at each stall heartbeat, and a stall noted before the next mark held the collections
+    counted. Source: CPython's ``gc.get_stats``, whose ``collections`` count every run of a
+    generation, ``gc.collect()`` included."""
+
+    def __init__(self) -> None:
+        self._marked = _full_collections()
+
+    def mark(self) -> None:
+        """Count from now."""
+        self._marked = _full_collections()
+
+    def since_mark(self) -> dict[str, object]:
+        """``{"full_gc": n}``, the full collections since the mark, with ``advice``
+        (:data:`FREEZE_ADVICE`) when ``n > 0`` and nothing is frozen (``gc.freeze``)."""
+        count = _full_collections() - self._marked
+        context: dict[str, object] = {"full_gc": count}
+        if count > 0 and gc.get_freeze_count() == 0:
+            context["advice"] = FREEZE_ADVICE
+        return context
+
+
+def _full_collections() -> int:
+    collections: int = gc.get_stats()[2]["collections"]
+    return collections
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from adaptive_batcher.core.engine import (
 )
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
 from adaptive_batcher.runtime.batch_runner import BatchRunner, ModelCall, fail_pending
+from adaptive_batcher.runtime.collector import FullCollections
 from adaptive_batcher.runtime.in_flight import InFlight
 from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
@@ -103,6 +104,8 @@ class LoopDriver:
         self._beat: asyncio.TimerHandle | None = None  # the stall heartbeat (see _on_beat)
         self._beat_at = 0.0
         self._beat_callback: Callable[[], None] = self._on_beat
+        self._collections = FullCollections()  # marked at each beat: a stall's full GCs
+        core.stall_context = self._collections.since_mark
         # loop callbacks bound once, not once per scheduling (a method object each time)
         self._pump_callback: Callable[[], None] = self.pump
         self._timer_callback: Callable[[], None] = self._on_timer
@@ -139,6 +142,7 @@ class LoopDriver:
     def _arm_beat(self) -> None:
         loop = self.loop
         assert loop is not None
+        self._collections.mark()
         self._beat_at = self.now() + HEARTBEAT_S
         self._beat = loop.call_at(self._beat_at, self._beat_callback)
 

@@ -13,9 +13,10 @@ monotone fit carried it up to the cap, which halved for good.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import statistics
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from adaptive_batcher import SLO, AdaptiveBatcher
+from adaptive_batcher.runtime.collector import FREEZE_ADVICE
 from adaptive_batcher.testing import VirtualClockLoop, run_in_virtual_time
 
 RATE_RPS = 1500.0
@@ -125,3 +127,59 @@ def test_a_numpy_clock_does_not_fail_the_controller() -> None:
     """Gaps drawn with numpy make the virtual loop's time a numpy float; the service-time
     estimator's change test then subtracted numpy booleans and every tick failed."""
     assert run_in_virtual_time(_numpy_clock()) == 0
+
+
+async def _stall_holding(collect: bool) -> None:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    batcher = AdaptiveBatcher(_slow, max_batch_size=4, window_ms=0.0)
+    async with batcher:
+        first = [loop.create_task(batcher.submit(i)) for i in range(8)]
+        await asyncio.sleep(0.005)
+        if collect:
+            gc.collect()  # a full collection inside the stall
+        loop.stall(0.1)
+        await asyncio.gather(*first)
+
+
+def _stall_events(collect: bool) -> list[MutableMapping[str, Any]]:
+    gc.disable()  # no collection of the collector's own choosing in the run
+    try:
+        with capture_logs() as logs:
+            run_in_virtual_time(_stall_holding(collect))
+    finally:
+        gc.enable()
+    return [e for e in logs if e["event"] == "batcher.loop_stalled"]
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    if frozen:
+        gc.freeze()
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_a_stall_that_held_a_full_collection_says_so_and_how_to_avoid_it() -> None:
+    """Before: the README's app stood still 100-160 ms in its first second of traffic, every
+    start, and the event did not say why (generation-2 collections walking torch's objects)."""
+    [stall] = _stall_events(collect=True)
+    assert stall["full_gc"] == 1
+    assert stall["advice"] == FREEZE_ADVICE
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_a_stall_without_a_collection_gives_no_advice() -> None:
+    [stall] = _stall_events(collect=False)
+    assert stall["full_gc"] == 0
+    assert "advice" not in stall
+
+
+@pytest.mark.usefixtures("unfrozen")
+def test_a_frozen_heap_gets_the_count_without_the_advice() -> None:
+    gc.freeze()
+    [stall] = _stall_events(collect=True)
+    assert stall["full_gc"] == 1
+    assert "advice" not in stall
