@@ -1,20 +1,23 @@
-"""ASGI middleware for services that put a batcher behind HTTP: a bound on request bodies.
+"""ASGI middleware for services that put a batcher behind HTTP: bounds on request bodies.
 
 A body is read and parsed on the event loop, so one large body stalls every request the
 batcher holds (a 20 MB JSON list parsed, validated and echoed back in a 422 stopped the
 README's FastAPI example for 17-29 s on a busy 2-core machine). :class:`BodyLimit` answers 413
 before the body is read when its ``Content-Length`` is over the bound, and stops reading a body
-sent without one as soon as it passes the bound. It needs no web framework: any ASGI app
-(FastAPI, Starlette, a bare callable) can be wrapped.
+sent without one as soon as it passes the bound. With ``read_timeout_s`` it also answers 408 to
+a body that does not arrive in time: a client that sends half a body and waits held its
+request unanswered for good, and held uvicorn's shutdown with it (a fresh user's trial). It
+needs no web framework: any ASGI app (FastAPI, Starlette, a bare callable) can be wrapped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from adaptive_batcher._validate import check_int
+from adaptive_batcher._validate import check_int, check_number
 
 __all__ = ["BodyLimit"]
 
@@ -26,26 +29,36 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    """Refuse HTTP request bodies over ``max_bytes`` with 413, before they are read.
+    """Refuse HTTP request bodies over ``max_bytes`` with 413, before they are read, and
+    bodies slower than ``read_timeout_s`` with 408.
 
     A request whose ``Content-Length`` exceeds ``max_bytes`` gets 413 at once; one without a
     length (chunked) gets 413 as soon as the bytes received pass ``max_bytes`` (the app's read
     of the body is interrupted, and the rest is never read). An unreadable ``Content-Length``
     gets 400. The answer is JSON: ``{"error": "RequestBodyTooLarge", "max_bytes": ...}``.
-    Other scopes (websockets, lifespan) pass through.
+    With ``read_timeout_s``, a body whose last byte has not arrived that long after the app
+    first asked for it gets 408 ``{"error": "RequestBodyTimeout", "read_timeout_s": ...}``
+    and the app's read is interrupted the same way; the wait for a disconnect after the body
+    is not timed. Other scopes (websockets, lifespan) pass through.
 
     Args:
         app: the ASGI application to wrap.
         max_bytes: the largest body accepted, bytes (>= 0).
+        read_timeout_s: the longest a body may take to arrive, s (> 0; None: no limit).
 
     Raises:
-        TypeError: ``max_bytes`` is not an int.
-        ValueError: ``max_bytes`` < 0.
+        TypeError: ``max_bytes`` is not an int, or ``read_timeout_s`` not a number.
+        ValueError: ``max_bytes`` < 0, or ``read_timeout_s`` <= 0 or not finite.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = check_int("BodyLimit.max_bytes", max_bytes, 0)
+        self.read_timeout_s = (
+            None
+            if read_timeout_s is None
+            else check_number("BodyLimit.read_timeout_s", read_timeout_s, 0.0, strict=True)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,19 +71,35 @@ class BodyLimit:
         if length > self.max_bytes:
             await self._refuse(send)
             return
-        started = refused = False
+        started = refused = complete = False
         received = 0
+        deadline: float | None = None
+
+        async def refuse(answer: Callable[[Send], Awaitable[None]]) -> Message:
+            nonlocal refused
+            refused = True
+            if not started:
+                await answer(send)
+            return {"type": "http.disconnect"}  # the app stops reading
 
         async def limited_receive() -> Message:
-            nonlocal received, refused
-            message = await receive()
+            nonlocal received, complete, deadline
+            if refused or complete or self.read_timeout_s is None:
+                message = await receive()
+            else:
+                loop = asyncio.get_running_loop()
+                if deadline is None:  # from the app's first read
+                    deadline = loop.time() + self.read_timeout_s
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    return await refuse(self._time_out)
             if message["type"] == "http.request" and not refused:
                 received += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if received > self.max_bytes:
-                    refused = True
-                    if not started:
-                        await self._refuse(send)
-                    return {"type": "http.disconnect"}  # the app stops reading
+                    return await refuse(self._refuse)
             return message
 
         async def watched_send(message: Message) -> None:
@@ -84,6 +113,10 @@ class BodyLimit:
 
     async def _refuse(self, send: Send) -> None:
         await _answer(send, 413, {"error": "RequestBodyTooLarge", "max_bytes": self.max_bytes})
+
+    async def _time_out(self, send: Send) -> None:
+        body = {"error": "RequestBodyTimeout", "read_timeout_s": self.read_timeout_s}
+        await _answer(send, 408, body)
 
 
 def _content_length(scope: Scope) -> int | None:

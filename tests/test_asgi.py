@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -75,3 +76,57 @@ def test_an_unreadable_content_length_is_a_400() -> None:
 def test_the_bound_is_checked(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"BodyLimit\.max_bytes must be"):
         BodyLimit(echo_length, max_bytes=value)
+
+
+async def stalled(first: bytes, wait_s: float) -> AsyncIterator[bytes]:
+    yield first
+    await asyncio.sleep(wait_s)  # the client stops sending, as a stalled upload does
+    yield b"x"
+
+
+async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+    """Reads the whole body, then takes its time to answer."""
+    await echo_length(scope, receive, _later(send))
+
+
+def _later(send: Any) -> Any:
+    async def later(message: Any) -> None:
+        await asyncio.sleep(0.3)
+        await send(message)
+
+    return later
+
+
+def post_timed(body: Any, app: Any = echo_length, read_timeout_s: float = 0.2) -> httpx.Response:
+    async def main() -> httpx.Response:
+        limited = BodyLimit(app, max_bytes=100, read_timeout_s=read_timeout_s)
+        transport = httpx.ASGITransport(app=limited)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/", content=body)
+
+    return asyncio.run(main())
+
+
+def test_a_body_that_stops_arriving_gets_a_408_and_the_app_stops_reading() -> None:
+    """Before: half a body, then nothing, held the request unanswered for good (and uvicorn's
+    shutdown with it)."""
+    READS.clear()
+    answer = post_timed(stalled(b"x" * 10, wait_s=30.0))
+    assert answer.status_code == 408
+    assert answer.json() == {"error": "RequestBodyTimeout", "read_timeout_s": 0.2}
+    assert READS == []
+
+
+def test_a_body_in_time_reaches_the_app_and_the_answer_is_not_timed() -> None:
+    READS.clear()
+    assert post_timed(stalled(b"x" * 10, wait_s=0.05)).text == "11"
+    assert post_timed(b"x" * 50, app=slow_app).text == "50"  # answered 0.3 s after the body
+    assert READS == [11, 50]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(0, ValueError), (math.inf, ValueError), ("1", TypeError)]
+)
+def test_the_read_timeout_is_checked(value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"BodyLimit\.read_timeout_s must be"):
+        BodyLimit(echo_length, max_bytes=100, read_timeout_s=value)
