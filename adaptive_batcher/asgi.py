@@ -39,7 +39,9 @@ class BodyLimit:
     With ``read_timeout_s``, a body whose last byte has not arrived that long after the app
     first asked for it gets 408 ``{"error": "RequestBodyTimeout", "read_timeout_s": ...}``
     and the app's read is interrupted the same way; the wait for a disconnect after the body
-    is not timed. Other scopes (websockets, lifespan) pass through.
+    is not timed. Each of these answers closes the connection (``Connection: close``): the
+    rest of the body would otherwise be read as the next request. Other scopes (websockets,
+    lifespan) pass through.
 
     Args:
         app: the ASGI application to wrap.
@@ -129,7 +131,14 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
+    """A JSON answer that closes the connection: the body was not read to its end (or its
+    length could not be read), so the bytes still coming would be taken for the next request
+    (after a 408 on a keep-alive connection, a fresh user's next request was never answered)."""
     payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(payload)),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

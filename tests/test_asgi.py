@@ -58,6 +58,7 @@ def test_a_sized_body_over_the_bound_is_refused_unread() -> None:
     answer = post(b"x" * 101)
     assert answer.status_code == 413
     assert answer.json() == {"error": "RequestBodyTooLarge", "max_bytes": 100}
+    assert answer.headers["connection"] == "close"
     assert READS == []
 
 
@@ -114,6 +115,7 @@ def test_a_body_that_stops_arriving_gets_a_408_and_the_app_stops_reading() -> No
     answer = post_timed(stalled(b"x" * 10, wait_s=30.0))
     assert answer.status_code == 408
     assert answer.json() == {"error": "RequestBodyTimeout", "read_timeout_s": 0.2}
+    assert answer.headers["connection"] == "close"  # the rest of the body is no next request
     assert READS == []
 
 
