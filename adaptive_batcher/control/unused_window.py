@@ -79,6 +79,19 @@ class _Stretch:
 
 
 @dataclass(slots=True)
+class _Settled(_Stretch):
+    """Arrivals at a window just set, from its second tick (the first still answers the
+    batches of the window before it)."""
+
+    ticks: int = 0  # ticks seen, the first included
+
+    def add(self, observation: Observation) -> None:
+        self.ticks += 1
+        if self.ticks >= 2:
+            _Stretch.add(self, observation)
+
+
+@dataclass(slots=True)
 class _Probe:
     """A probe in progress: the open stretch before it, and its own ticks at window 0."""
 
@@ -113,15 +126,13 @@ class _ClientsWindow:
     share: float
     clients: float | None
     window_ms: float | None = None  # None: still measuring at window 0
-    zero_ticks: int = 0
-    at_zero: _Stretch = field(default_factory=_Stretch)  # from the second tick at window 0
+    at_zero: _Settled = field(default_factory=_Settled)  # ticks at window 0 with batches
     held: _Stretch = field(default_factory=_Stretch)  # ticks at the window
     judged: bool = False
     costly: bool = False  # judged: the clients came slower by more than the window should cost
     steps_left: int = CLIENTS_STEPS  # steps down still to try once kept
     trial_ms: float | None = None  # a narrower window on trial
-    trial: _Stretch = field(default_factory=_Stretch)  # its ticks, from its second
-    trial_ticks: int = 0
+    trial: _Settled = field(default_factory=_Settled)  # its ticks
     steady: deque[_Stretch] = field(default_factory=lambda: deque(maxlen=4))  # at the kept one
 
     def __post_init__(self) -> None:
@@ -161,9 +172,7 @@ class _ClientsWindow:
                 self._judge()
                 self._step_down()
         elif self.trial_ms is not None and observation.current.window_ms > 0:
-            self.trial_ticks += 1
-            if self.trial_ticks >= 2:  # the first still answers the wider window's batches
-                self.trial.add(observation)
+            self.trial.add(observation)
             if self.trial.seconds >= CLIENTS_JUDGE_S:
                 self._judge_step()
         elif self.kept and observation.current.window_ms > 0:
@@ -191,11 +200,8 @@ class _ClientsWindow:
         ``clients / rate``, if their batches hold fewer than half of them, else 0."""
         if observation.current.window_ms > 0 or observation.batches <= 0:
             return
-        self.zero_ticks += 1
-        if self.zero_ticks < 2:
-            return
         self.at_zero.add(observation)
-        if self.zero_ticks < 1 + CLIENTS_ZERO_TICKS:
+        if self.at_zero.ticks < 1 + CLIENTS_ZERO_TICKS:
             return
         clients, rate_rps = self.clients, self.at_zero.rate_rps
         if clients is None or not rate_rps > 0 or not observation.mean_batch_size < clients / 2:
@@ -234,7 +240,7 @@ class _ClientsWindow:
         if self.kept and self.steps_left > 0 and self.window_ms is not None:
             self.steps_left -= 1
             self.trial_ms = CLIENTS_STEP * self.window_ms
-            self.trial, self.trial_ticks = _Stretch(), 0
+            self.trial = _Settled()
 
     def _judge_step(self) -> None:
         """Keep the narrower window if the clients came faster at it than the wait it saves
