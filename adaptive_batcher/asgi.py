@@ -3,11 +3,12 @@
 A body is read and parsed on the event loop, so one large body stalls every request the
 batcher holds (a 20 MB JSON list parsed, validated and echoed back in a 422 stopped the
 README's FastAPI example for 17-29 s on a busy 2-core machine). :class:`BodyLimit` answers 413
-before the body is read when its ``Content-Length`` is over the bound, and stops reading a body
-sent without one as soon as it passes the bound. With ``read_timeout_s`` it also answers 408 to
-a body that does not arrive in time: a client that sends half a body and waits held its
-request unanswered for good, and held uvicorn's shutdown with it (a fresh user's trial). It
-needs no web framework: any ASGI app (FastAPI, Starlette, a bare callable) can be wrapped.
+before the app sees the body when its ``Content-Length`` is over the bound, and stops the app's
+read of a body sent without one as soon as it passes the bound (the rest is dropped unparsed).
+With ``read_timeout_s`` it also answers 408 to a body that does not arrive in time: a client
+that sends half a body and waits held its request unanswered for good, and held uvicorn's
+shutdown with it (a fresh user's trial). It needs no web framework: any ASGI app (FastAPI,
+Starlette, a bare callable) can be wrapped.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from adaptive_batcher._validate import check_int, check_number
 
-__all__ = ["BodyLimit"]
+__all__ = ["DRAIN_BYTES", "LINGER_S", "BodyLimit"]
+
+DRAIN_BYTES: Final = 64 * 1024 * 1024
+"""The default for :class:`BodyLimit`'s ``drain_bytes``: a refused body up to this size is read
+and dropped before the 413, so that its client reads the answer."""
+
+LINGER_S: Final = 5.0
+"""How long a refused body is drained without a ``read_timeout_s``, s (the default of nginx's
+``lingering_timeout``)."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -29,31 +38,47 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    """Refuse HTTP request bodies over ``max_bytes`` with 413, before they are read, and
-    bodies slower than ``read_timeout_s`` with 408.
+    """Refuse HTTP request bodies over ``max_bytes`` with 413, without handing them to the
+    app, and bodies slower than ``read_timeout_s`` with 408.
 
-    A request whose ``Content-Length`` exceeds ``max_bytes`` gets 413 at once; one without a
-    length (chunked) gets 413 as soon as the bytes received pass ``max_bytes`` (the app's read
-    of the body is interrupted, and the rest is never read). An unreadable ``Content-Length``
-    gets 400. The answer is JSON: ``{"error": "RequestBodyTooLarge", "max_bytes": ...}``.
-    With ``read_timeout_s``, a body whose last byte has not arrived that long after the app
-    first asked for it gets 408 ``{"error": "RequestBodyTimeout", "read_timeout_s": ...}``
-    and the app's read is interrupted the same way; the wait for a disconnect after the body
-    is not timed. Each of these answers closes the connection (``Connection: close``): the
-    rest of the body would otherwise be read as the next request. Other scopes (websockets,
-    lifespan) pass through.
+    A request whose ``Content-Length`` exceeds ``max_bytes`` gets 413 before the app runs; one
+    without a length (chunked) gets 413 as soon as the bytes received pass ``max_bytes`` (the
+    app's read of the body is interrupted). An unreadable ``Content-Length`` gets 400. The
+    answer is JSON: ``{"error": "RequestBodyTooLarge", "max_bytes": ...}``. With
+    ``read_timeout_s``, a body whose last byte has not arrived that long after the app first
+    asked for it gets 408 ``{"error": "RequestBodyTimeout", "read_timeout_s": ...}`` and the
+    app's read is interrupted the same way; the wait for a disconnect after the body is not
+    timed.
+
+    Before its 413, the rest of a refused body is read and dropped (a lingering close, as
+    nginx's): a client still sending when a server closes gets a connection reset in place of
+    the answer. The drain stops at ``drain_bytes`` in all, or at the body's read deadline
+    (``LINGER_S`` after the refusal without ``read_timeout_s``); a body drained to its end keeps
+    the connection. The 400, the 408, a 413 whose body was not drained to its end and one sent
+    before a client's ``Expect: 100-continue`` body close the connection (``Connection:
+    close``): the rest of the body would otherwise be read as the next request. Other scopes
+    (websockets, lifespan) pass through.
 
     Args:
         app: the ASGI application to wrap.
         max_bytes: the largest body accepted, bytes (>= 0).
         read_timeout_s: the longest a body may take to arrive, s (> 0; None: no limit).
+        drain_bytes: the largest refused body read to its end before the 413, bytes (>= 0).
 
     Raises:
-        TypeError: ``max_bytes`` is not an int, or ``read_timeout_s`` not a number.
-        ValueError: ``max_bytes`` < 0, or ``read_timeout_s`` <= 0 or not finite.
+        TypeError: ``max_bytes`` or ``drain_bytes`` is not an int, or ``read_timeout_s`` not a
+            number.
+        ValueError: ``max_bytes`` or ``drain_bytes`` < 0, or ``read_timeout_s`` <= 0 or not
+            finite.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        read_timeout_s: float | None = None,
+        drain_bytes: int = DRAIN_BYTES,
+    ) -> None:
         self.app = app
         self.max_bytes = check_int("BodyLimit.max_bytes", max_bytes, 0)
         self.read_timeout_s = (
@@ -61,6 +86,7 @@ class BodyLimit:
             if read_timeout_s is None
             else check_number("BodyLimit.read_timeout_s", read_timeout_s, 0.0, strict=True)
         )
+        self.drain_bytes = check_int("BodyLimit.drain_bytes", drain_bytes, 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,10 +94,14 @@ class BodyLimit:
             return
         length = _content_length(scope)
         if length is None:
-            await _answer(send, 400, {"error": "BadContentLength"})
+            await _answer(send, 400, {"error": "BadContentLength"}, close=True)
             return
+        loop = asyncio.get_running_loop()
         if length > self.max_bytes:
-            await self._refuse(send)
+            drained = length <= self.drain_bytes and not _expects_continue(scope)
+            if drained:
+                drained = await self._drain(receive, 0, self._drain_deadline(loop.time()))
+            await self._refuse(send, close=not drained)
             return
         started = refused = complete = False
         received = 0
@@ -84,12 +114,15 @@ class BodyLimit:
                 await answer(send)
             return {"type": "http.disconnect"}  # the app stops reading
 
+        async def drain_and_refuse(send: Send) -> None:
+            rest = self._drain(receive, received, self._drain_deadline(loop.time(), deadline))
+            await self._refuse(send, close=not await rest)
+
         async def limited_receive() -> Message:
             nonlocal received, complete, deadline
             if refused or complete or self.read_timeout_s is None:
                 message = await receive()
             else:
-                loop = asyncio.get_running_loop()
                 if deadline is None:  # from the app's first read
                     deadline = loop.time() + self.read_timeout_s
                 try:
@@ -101,7 +134,9 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 complete = not message.get("more_body", False)
                 if received > self.max_bytes:
-                    return await refuse(self._refuse)
+                    if complete:
+                        return await refuse(lambda send: self._refuse(send, close=False))
+                    return await refuse(drain_and_refuse)
             return message
 
         async def watched_send(message: Message) -> None:
@@ -113,12 +148,35 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, watched_send)
 
-    async def _refuse(self, send: Send) -> None:
-        await _answer(send, 413, {"error": "RequestBodyTooLarge", "max_bytes": self.max_bytes})
+    def _drain_deadline(self, now: float, read_deadline: float | None = None) -> float:
+        """When draining a refused body stops: the body's read deadline, else ``LINGER_S``."""
+        if read_deadline is not None:
+            return read_deadline
+        return now + (self.read_timeout_s or LINGER_S)
+
+    async def _drain(self, receive: Receive, received: int, deadline: float) -> bool:
+        """Read and drop the rest of a refused body, at most ``drain_bytes`` in all, until
+        ``deadline`` (loop time); True when it was read to its end."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                while received <= self.drain_bytes:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return False  # the client went away
+                    received += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return received <= self.drain_bytes
+        except TimeoutError:
+            pass
+        return False
+
+    async def _refuse(self, send: Send, *, close: bool) -> None:
+        body = {"error": "RequestBodyTooLarge", "max_bytes": self.max_bytes}
+        await _answer(send, 413, body, close=close)
 
     async def _time_out(self, send: Send) -> None:
         body = {"error": "RequestBodyTimeout", "read_timeout_s": self.read_timeout_s}
-        await _answer(send, 408, body)
+        await _answer(send, 408, body, close=True)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -130,15 +188,24 @@ def _content_length(scope: Scope) -> int | None:
     return -1
 
 
-async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
-    """A JSON answer that closes the connection: the body was not read to its end (or its
-    length could not be read), so the bytes still coming would be taken for the next request
-    (after a 408 on a keep-alive connection, a fresh user's next request was never answered)."""
+def _expects_continue(scope: Scope) -> bool:
+    """True when the client waits for ``100 Continue`` before it sends the body."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"expect" and value.strip().lower() == b"100-continue":
+            return True
+    return False
+
+
+async def _answer(send: Send, status: int, body: dict[str, Any], *, close: bool) -> None:
+    """A JSON answer; with ``close``, one that closes the connection (the body was not read
+    to its end, or its length could not be read: the bytes still coming would be taken for
+    the next request)."""
     payload = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(payload)),
-        (b"connection", b"close"),
     ]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

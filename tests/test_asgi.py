@@ -53,13 +53,72 @@ def test_a_body_within_the_bound_reaches_the_app() -> None:
     assert READS == [100, 100]
 
 
+def post_limited(body: Any, limit: BodyLimit, **headers: str) -> httpx.Response:
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app=limit)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/", content=body, headers=headers)
+
+    return asyncio.run(main())
+
+
 def test_a_sized_body_over_the_bound_is_refused_unread() -> None:
     READS.clear()
     answer = post(b"x" * 101)
     assert answer.status_code == 413
     assert answer.json() == {"error": "RequestBodyTooLarge", "max_bytes": 100}
-    assert answer.headers["connection"] == "close"
+    assert "connection" not in answer.headers  # drained to its end: the connection is clean
     assert READS == []
+
+
+def test_a_refused_body_past_the_drain_bound_closes_the_connection() -> None:
+    READS.clear()
+    limit = BodyLimit(echo_length, max_bytes=100, drain_bytes=1000)
+    sized = post_limited(b"x" * 1001, limit)
+    chunked = post_limited(chunks(2000), limit)
+    assert (sized.status_code, chunked.status_code) == (413, 413)
+    assert sized.headers["connection"] == chunked.headers["connection"] == "close"
+    assert "connection" not in post_limited(chunks(1000), limit).headers  # within: drained
+    assert READS == []
+
+
+def test_a_client_that_expects_100_continue_gets_its_413_unread() -> None:
+    limit = BodyLimit(echo_length, max_bytes=100)
+    answer = post_limited(b"x" * 101, limit, expect="100-continue")
+    assert answer.status_code == 413
+    assert answer.headers["connection"] == "close"  # the body it holds back is never asked for
+
+
+def test_a_refused_body_that_stops_arriving_is_answered_at_the_read_deadline() -> None:
+    async def main() -> tuple[httpx.Response, float]:
+        limit = BodyLimit(echo_length, max_bytes=5, read_timeout_s=0.2)
+        transport = httpx.ASGITransport(app=limit)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            started = asyncio.get_running_loop().time()
+            answer = await client.post("/", content=stalled(b"x" * 10, wait_s=30.0))
+            return answer, asyncio.get_running_loop().time() - started
+
+    answer, took_s = asyncio.run(main())
+    assert answer.status_code == 413
+    assert answer.headers["connection"] == "close"
+    assert took_s < 5.0  # the read deadline, not the stalled client, ends the drain
+
+
+def test_a_real_client_reads_the_413_of_a_large_body_and_keeps_its_connection() -> None:
+    """Before: the 413 closed the connection while the client was still sending, so uvicorn's
+    close reset it and an httpx client got ``ReadError`` in place of the answer."""
+    from tests.gateway.servers import serving
+
+    body = b"x" * 8_000_000
+
+    async def main() -> list[int]:
+        limit = BodyLimit(echo_length, max_bytes=64 * 1024, read_timeout_s=10.0)
+        async with serving(limit) as url, httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            statuses = [(await client.post("/", content=body)).status_code for _ in range(3)]
+            statuses.append((await client.post("/", content=b"x" * 10)).status_code)
+            return statuses
+
+    assert asyncio.run(main()) == [413, 413, 413, 200]
 
 
 def test_a_chunked_body_is_refused_once_it_passes_the_bound() -> None:
@@ -77,6 +136,8 @@ def test_an_unreadable_content_length_is_a_400() -> None:
 def test_the_bound_is_checked(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"BodyLimit\.max_bytes must be"):
         BodyLimit(echo_length, max_bytes=value)
+    with pytest.raises(error, match=r"BodyLimit\.drain_bytes must be"):
+        BodyLimit(echo_length, max_bytes=100, drain_bytes=value)
 
 
 async def stalled(first: bytes, wait_s: float) -> AsyncIterator[bytes]:

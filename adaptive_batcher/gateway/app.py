@@ -171,9 +171,10 @@ async def gateway_lifespan(
 class _OpenAIBodyLimit(BodyLimit):
     """:class:`BodyLimit` answering 413 in OpenAI's error format."""
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, *, close: bool) -> None:
         message = f"the request body is larger than {self.max_bytes} bytes"
-        await _send_json(send, 413, _error(message, "invalid_request_error", "request_too_large"))
+        body = _error(message, "invalid_request_error", "request_too_large")
+        await _send_json(send, 413, body, [(b"connection", b"close")] if close else None)
 
 
 class _Gateway:
