@@ -54,10 +54,13 @@ class BodyLimit:
     nginx's): a client still sending when a server closes gets a connection reset in place of
     the answer. The drain stops at ``drain_bytes`` in all, or at the body's read deadline
     (``LINGER_S`` after the refusal without ``read_timeout_s``); a body drained to its end keeps
-    the connection. The 400, the 408, a 413 whose body was not drained to its end and one sent
-    before a client's ``Expect: 100-continue`` body close the connection (``Connection:
-    close``): the rest of the body would otherwise be read as the next request. Other scopes
-    (websockets, lifespan) pass through.
+    the connection. The 400, the 408 and a 413 whose body was not drained to its end close
+    the connection (``Connection: close``): the rest of the body would otherwise be read as the
+    next request (a client still sending then sees a reset; httpx's async client reports it as
+    ``ReadError``). A client that sent ``Expect: 100-continue`` with a length within
+    ``drain_bytes`` gets its 413 at once, on a connection that stays open: the body is never
+    asked for, and the server drops one sent anyway. Other scopes (websockets, lifespan) pass
+    through.
 
     Args:
         app: the ASGI application to wrap.
@@ -98,10 +101,7 @@ class BodyLimit:
             return
         loop = asyncio.get_running_loop()
         if length > self.max_bytes:
-            drained = length <= self.drain_bytes and not _expects_continue(scope)
-            if drained:
-                drained = await self._drain(receive, 0, self._drain_deadline(loop.time()))
-            await self._refuse(send, close=not drained)
+            await self._refuse_sized(scope, receive, send, length, loop.time())
             return
         started = refused = complete = False
         received = 0
@@ -147,6 +147,21 @@ class BodyLimit:
             await send(message)
 
         await self.app(scope, limited_receive, watched_send)
+
+    async def _refuse_sized(
+        self, scope: Scope, receive: Receive, send: Send, length: int, now: float
+    ) -> None:
+        """413 for a body whose ``Content-Length`` is over the bound. One past ``drain_bytes``
+        closes at once. To a client that waits for ``100 Continue`` the 413 goes at once and
+        the connection stays: the server never asks for the body, and drops one sent anyway
+        (uvicorn does; httpx sends it without waiting). Any other is drained first."""
+        if length > self.drain_bytes:
+            await self._refuse(send, close=True)
+        elif _expects_continue(scope):
+            await self._refuse(send, close=False)
+        else:
+            drained = await self._drain(receive, 0, self._drain_deadline(now))
+            await self._refuse(send, close=not drained)
 
     def _drain_deadline(self, now: float, read_deadline: float | None = None) -> float:
         """When draining a refused body stops: the body's read deadline, else ``LINGER_S``."""
