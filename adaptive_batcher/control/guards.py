@@ -35,6 +35,10 @@ __all__ = [
 
 _log = get_logger()
 
+STEP_MAX_CUT: Final = 0.5
+"""The least share of the cap in force that one tick's cut may leave, where the cut follows the
+service-time fit (:class:`StepGuard`, and :class:`ShedGuard` away from overload)."""
+
 UNREACHABLE_REARM_S: Final = 60.0
 """How long the SLO must have been within reach before :class:`BudgetGuard` warns again that it
 is not, s: a fit that flaps at the verdict's edge (frequent spikes) warned every few ticks."""
@@ -337,6 +341,16 @@ def _no_raise(decision: Decision, current: Decision, reason: str) -> Decision:
     )
 
 
+def _cut_at_most(observation: Observation, decision: Decision, max_cut: float) -> int:
+    """``decision``'s cap, raised where it falls below ``max_cut`` of the cap in force (to that
+    share, rounded up and clamped to the bounds)."""
+    floor = math.ceil(observation.current.max_batch_size * max_cut)
+    if decision.max_batch_size >= floor:
+        return decision.max_batch_size
+    cap = observation.bounds.clamp(decision.with_(max_batch_size=floor)).max_batch_size
+    return max(cap, decision.max_batch_size)
+
+
 class StepGuard(Guard):
     """Rate-limit cap cuts: a cap falls to no less than ``max_cut`` of itself per tick.
 
@@ -351,16 +365,14 @@ class StepGuard(Guard):
         max_cut: the least fraction of the cap in force a tick may leave, in (0, 1].
     """
 
-    def __init__(self, inner: Policy, max_cut: float = 0.5) -> None:
+    def __init__(self, inner: Policy, max_cut: float = STEP_MAX_CUT) -> None:
         super().__init__(inner)
         self.max_cut = max_cut
 
     def correct(self, observation: Observation, decision: Decision) -> Decision:
-        floor = math.ceil(observation.current.max_batch_size * self.max_cut)
-        if decision.max_batch_size >= floor:
+        cap = _cut_at_most(observation, decision, self.max_cut)
+        if cap == decision.max_batch_size:
             return decision
-        cap = observation.bounds.clamp(decision.with_(max_batch_size=floor)).max_batch_size
-        cap = max(cap, decision.max_batch_size)
         window = decision.window_ms
         plan = observation.plan()
         if observation.slo is not None and plan.ready:  # the window was planned for the cut
@@ -461,8 +473,10 @@ class ShedGuard(Guard):
     The cap is held at or below the largest whose two-batch latency fits that room; under
     overload (or when keeping up would need a larger one) it is the highest-throughput such cap,
     unless a larger one answers more within the room: with natural batches that keep up, or
-    with full batches of requests that waited no longer than its deadline. It never exceeds the
-    decision's ``max_batch_size_ceiling`` (memory). When even a full batch's
+    with full batches of requests that waited no longer than its deadline. Away from overload
+    its cut halves the cap in force a tick at most (``STEP_MAX_CUT``, as :class:`StepGuard`):
+    the fit it follows is as noisy as the policy's input. It never exceeds the decision's
+    ``max_batch_size_ceiling`` (memory). When even a full batch's
     deadline leaves no time, nothing is shed (late answers beat none), unless the load is an
     overload: then a request not begun within one batch's time is shed, so that the queue, and
     the lateness of every answer, stays bounded. A cap probe's cap is kept (``CAP_PROBE``: the
@@ -516,8 +530,9 @@ class ShedGuard(Guard):
             cap = _goodput_cap(arriving, room, best, high_answer, off_grid, share) or best
             smaller = _superlinear_cap(plan, self.smallest_units_seen, room, typical_answer)
             cap = min(cap, smaller or cap)
-        else:
-            cap = min(decision.max_batch_size, fits)
+        else:  # a cut by the fit, as noisy as the PID's input, halves the cap a tick at most
+            cut = decision.with_(max_batch_size=min(decision.max_batch_size, fits))
+            cap = min(decision.max_batch_size, _cut_at_most(observation, cut, STEP_MAX_CUT))
         if decision.reason == CAP_PROBE:  # the fit above the cap is what a probe measures
             cap = decision.max_batch_size
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds

@@ -706,6 +706,33 @@ def test_shed_guard_keeps_a_cap_that_fits_when_the_fit_says_a_smaller_one_is_fas
     assert decision.max_batch_size == 64
 
 
+def test_shed_guard_halves_the_cap_a_tick_where_the_fit_cuts_it_at_light_load() -> None:
+    """At 4 ms + 5 ms an item, only batches of 4 fit twice in 50 ms; at 50 req/s a batch of
+    one keeps up, so this is no overload. The cut follows the fit, which one noisy tick can
+    move as far (a busy machine's contention took a real app's cap from 64 to 1 for a tick),
+    so it halves the cap a tick, as StepGuard does the policy's: 64, 32, 16, 8, 4. Before,
+    the cap fell from 64 to 4 at once."""
+    guard = guarded(ShedGuard, Decision(0.0, 64, "p"))
+    caps, current = [], Decision(0.0, 64, "p")
+    for _ in range(5):
+        light = observe(
+            current=current, service_median_ms=linear_ms(4.0, 5.0), arrival_rate_rps=50.0
+        )
+        assert not light.plan().overloaded(light.budget_ms)
+        current = guard.decide(light)
+        caps.append(current.max_batch_size)
+    assert caps == [32, 16, 8, 4, 4]
+
+
+def test_shed_guard_cuts_at_once_under_overload() -> None:
+    """Under overload the cut is the shedding's (the most answers within the SLO): at once."""
+    slow = linear_ms(4.0, 0.2)
+    overload = observe(
+        service_median_ms=slow, arrival_rate_rps=100000.0, current=Decision(0.0, 512)
+    )
+    assert guarded(ShedGuard, Decision(0.0, 512, "p")).decide(overload).max_batch_size == 219
+
+
 def test_shed_guard_under_overload_serves_the_most_within_the_slo() -> None:
     """At 4 ms + 0.2 ms/item no cap keeps up with 100k/s. 64 is the best throughput whose two
     batches fit 50 ms (2 x 16.8), 3.8k/s; full batches of 128 (29.6 ms) of requests that waited
