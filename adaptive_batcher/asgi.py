@@ -57,9 +57,9 @@ class BodyLimit:
     the connection. The 400, the 408 and a 413 whose body was not drained to its end close
     the connection (``Connection: close``): the rest of the body would otherwise be read as the
     next request (a client still sending then sees a reset; httpx's async client reports it as
-    ``ReadError``). A client that sent ``Expect: 100-continue`` with a length within
-    ``drain_bytes`` gets its 413 at once, on a connection that stays open: the body is never
-    asked for, and the server drops one sent anyway. Other scopes (websockets, lifespan) pass
+    ``ReadError``). A client that sent ``Expect: 100-continue`` is drained as any other (its
+    ``100 Continue`` goes out when the drain starts): answered before the body, uvicorn would
+    drop a body sent anyway with no time limit. Other scopes (websockets, lifespan) pass
     through.
 
     Args:
@@ -101,7 +101,7 @@ class BodyLimit:
             return
         loop = asyncio.get_running_loop()
         if length > self.max_bytes:
-            await self._refuse_sized(scope, receive, send, length, loop.time())
+            await self._refuse_sized(receive, send, length, loop.time())
             return
         started = refused = complete = False
         received = 0
@@ -148,17 +148,13 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, watched_send)
 
-    async def _refuse_sized(
-        self, scope: Scope, receive: Receive, send: Send, length: int, now: float
-    ) -> None:
-        """413 for a body whose ``Content-Length`` is over the bound. One past ``drain_bytes``
-        closes at once. To a client that waits for ``100 Continue`` the 413 goes at once and
-        the connection stays: the server never asks for the body, and drops one sent anyway
-        (uvicorn does; httpx sends it without waiting). Any other is drained first."""
+    async def _refuse_sized(self, receive: Receive, send: Send, length: int, now: float) -> None:
+        """413 for a body whose ``Content-Length`` is over the bound: drained first, unless it
+        is past ``drain_bytes`` (then it closes at once). A client that waits for ``100
+        Continue`` is drained too: answered before its body, it would leave uvicorn dropping
+        that body with no time limit (a fresh user's trickle held one connection for good)."""
         if length > self.drain_bytes:
             await self._refuse(send, close=True)
-        elif _expects_continue(scope):
-            await self._refuse(send, close=False)
         else:
             drained = await self._drain(receive, 0, self._drain_deadline(now))
             await self._refuse(send, close=not drained)
@@ -201,14 +197,6 @@ def _content_length(scope: Scope) -> int | None:
             text = value.decode("latin-1").strip()
             return int(text) if text.isdigit() else None
     return -1
-
-
-def _expects_continue(scope: Scope) -> bool:
-    """True when the client waits for ``100 Continue`` before it sends the body."""
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"expect" and value.strip().lower() == b"100-continue":
-            return True
-    return False
 
 
 async def _answer(send: Send, status: int, body: dict[str, Any], *, close: bool) -> None:

@@ -82,12 +82,17 @@ def test_a_refused_body_past_the_drain_bound_closes_the_connection() -> None:
     assert READS == []
 
 
-def test_a_client_that_expects_100_continue_gets_its_413_at_once() -> None:
-    """Its body is never asked for (the server drops one sent anyway): the connection stays."""
+def test_a_client_that_expects_100_continue_is_drained_within_the_read_deadline() -> None:
+    """Answered before its body, the server would drop that body with no time limit (a fresh
+    user's trickle held a uvicorn connection for good): it is drained as any other."""
     READS.clear()
-    answer = post_limited(b"x" * 101, BodyLimit(echo_length, max_bytes=100), expect="100-continue")
-    assert answer.status_code == 413
-    assert "connection" not in answer.headers
+    limit = BodyLimit(echo_length, max_bytes=5, read_timeout_s=0.2)
+    expecting = {"expect": "100-continue", "content-length": "20"}
+    sent = post_limited(b"x" * 20, limit, **expecting)
+    trickled = post_limited(stalled(b"x" * 10, wait_s=30.0), limit, **expecting)
+    assert (sent.status_code, trickled.status_code) == (413, 413)
+    assert "connection" not in sent.headers  # drained to its end: the connection stays
+    assert trickled.headers["connection"] == "close"  # the deadline ended the drain
     assert READS == []
 
 
