@@ -59,7 +59,13 @@ class BodyLimit:
     next request (a client still sending then sees a reset; httpx's async client reports it as
     ``ReadError``). A client that sent ``Expect: 100-continue`` is drained as any other (its
     ``100 Continue`` goes out when the drain starts): answered before the body, uvicorn would
-    drop a body sent anyway with no time limit. Other scopes (websockets, lifespan) pass
+    drop a body sent anyway with no time limit.
+
+    The app's own answer waits the same way while the body is unread: its start is held until
+    its first body part, so a refusal can still take its place (an app that starts its answer
+    before reading gets the 413, not a truncated 200). A whole answer then goes once the rest
+    of the body is drained, closing the connection if it was not drained to its end; a
+    streamed one goes at once and closes it. Other scopes (websockets, lifespan) pass
     through.
 
     Args:
@@ -103,50 +109,8 @@ class BodyLimit:
         if length > self.max_bytes:
             await self._refuse_sized(receive, send, length, loop.time())
             return
-        started = refused = complete = False
-        received = 0
-        deadline: float | None = None
-
-        async def refuse(answer: Callable[[Send], Awaitable[None]]) -> Message:
-            nonlocal refused
-            refused = True
-            if not started:
-                await answer(send)
-            return {"type": "http.disconnect"}  # the app stops reading
-
-        async def drain_and_refuse(send: Send) -> None:
-            rest = self._drain(receive, received, self._drain_deadline(loop.time(), deadline))
-            await self._refuse(send, close=not await rest)
-
-        async def limited_receive() -> Message:
-            nonlocal received, complete, deadline
-            if refused or complete or self.read_timeout_s is None:
-                message = await receive()
-            else:
-                if deadline is None:  # from the app's first read
-                    deadline = loop.time() + self.read_timeout_s
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        message = await receive()
-                except TimeoutError:
-                    return await refuse(self._time_out)
-            if message["type"] == "http.request" and not refused:
-                received += len(message.get("body", b""))
-                complete = not message.get("more_body", False)
-                if received > self.max_bytes:
-                    if complete:
-                        return await refuse(lambda send: self._refuse(send, close=False))
-                    return await refuse(drain_and_refuse)
-            return message
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            if refused:
-                return  # answered already: what the app says after the disconnect is dropped
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        await self.app(scope, limited_receive, watched_send)
+        exchange = _Exchange(self, receive, send, complete=not _has_body(scope, length))
+        await self.app(scope, exchange.receive, exchange.send)
 
     async def _refuse_sized(self, receive: Receive, send: Send, length: int, now: float) -> None:
         """413 for a body whose ``Content-Length`` is over the bound: drained first, unless it
@@ -188,6 +152,93 @@ class BodyLimit:
     async def _time_out(self, send: Send) -> None:
         body = {"error": "RequestBodyTimeout", "read_timeout_s": self.read_timeout_s}
         await _answer(send, 408, body, close=True)
+
+
+class _Exchange:
+    """One request under a :class:`BodyLimit`: the app's reads of the body, counted and timed,
+    and its answer's start, held while the body is still unread (so that a refusal can take
+    its place, and the rest of the body is drained before it goes out)."""
+
+    def __init__(self, limit: BodyLimit, receive: Receive, send: Send, *, complete: bool) -> None:
+        self.limit = limit
+        self._receive, self._send = receive, send
+        self.loop = asyncio.get_running_loop()
+        self.received = 0
+        self.complete = complete  # the whole body has been read
+        self.refused = self.started = False  # answered by the limit; the app's start sent
+        self.deadline: float | None = None  # the read deadline, from the app's first read
+        self.held: Message | None = None  # the app's response start, not yet sent
+
+    async def receive(self) -> Message:
+        """The app's read: counted against ``max_bytes`` and timed by ``read_timeout_s``."""
+        limit = self.limit
+        if self.refused or self.complete or limit.read_timeout_s is None:
+            message = await self._receive()
+        else:
+            if self.deadline is None:
+                self.deadline = self.loop.time() + limit.read_timeout_s
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    message = await self._receive()
+            except TimeoutError:
+                return await self._refuse(limit._time_out)
+        if message["type"] == "http.request" and not self.refused:
+            self.received += len(message.get("body", b""))
+            self.complete = not message.get("more_body", False)
+            if self.received > limit.max_bytes:
+                return await self._refuse(self._too_large)
+        return message
+
+    async def send(self, message: Message) -> None:
+        """The app's answer; a start while the body is unread waits for the first body part."""
+        if self.refused:
+            return  # answered already: what the app says after the disconnect is dropped
+        if message["type"] == "http.response.start" and not self.complete:
+            self.held = message
+            return
+        if self.held is not None and message["type"] == "http.response.body":
+            start, self.held = self.held, None
+            # a streamed answer goes at once (the app may still read); a whole one waits for
+            # the rest of the body to be drained; either closes if the body was not read
+            final = not message.get("more_body", False)
+            if not (final and await self._drain_rest()):
+                start = _closing(start)
+            self.started = True
+            await self._send(start)
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
+
+    async def _too_large(self, send: Send) -> None:
+        drained = self.complete or await self._drain_rest()
+        await self.limit._refuse(send, close=not drained)
+
+    async def _drain_rest(self) -> bool:
+        """Drop the rest of the body (see :meth:`BodyLimit._drain`); True when it all came."""
+        if self.complete:
+            return True
+        deadline = self.limit._drain_deadline(self.loop.time(), self.deadline)
+        self.complete = await self.limit._drain(self._receive, self.received, deadline)
+        return self.complete
+
+    async def _refuse(self, answer: Callable[[Send], Awaitable[None]]) -> Message:
+        self.refused = True
+        if not self.started:
+            self.held = None  # the refusal takes the place of an answer not yet sent
+            await answer(self._send)
+        return {"type": "http.disconnect"}  # the app stops reading
+
+
+def _has_body(scope: Scope, length: int) -> bool:
+    """Whether the request carries a body: a ``Content-Length`` above 0, or chunked."""
+    if length >= 0:
+        return length > 0
+    return any(name.lower() == b"transfer-encoding" for name, _ in scope.get("headers", ()))
+
+
+def _closing(start: Message) -> Message:
+    """``start`` (an ``http.response.start``) with ``Connection: close`` added."""
+    headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -203,3 +203,74 @@ def test_a_body_in_time_reaches_the_app_and_the_answer_is_not_timed() -> None:
 def test_the_read_timeout_is_checked(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"BodyLimit\.read_timeout_s must be"):
         BodyLimit(echo_length, max_bytes=100, read_timeout_s=value)
+
+
+async def answers_unread(scope: Any, receive: Any, send: Any) -> None:
+    """Answers at once, never reading the body (a health check, an early 401)."""
+    del receive
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_an_answer_to_a_body_the_app_never_reads_waits_for_it_within_the_deadline() -> None:
+    """Before: the answer went at once and the server dropped a trickled rest of the body
+    with no time limit (a fresh user's trickle held a uvicorn connection past 15 s)."""
+    limit = BodyLimit(answers_unread, max_bytes=100, read_timeout_s=0.2)
+    prompt = post_limited(b"x" * 50, limit)
+    trickled = post_limited(stalled(b"x" * 10, wait_s=30.0), limit)
+    assert (prompt.text, trickled.text) == ("ok", "ok")  # the app's answer, unchanged
+    assert "connection" not in prompt.headers  # its body came: the connection stays
+    assert trickled.headers["connection"] == "close"  # the deadline ended the wait
+
+
+def test_a_request_without_a_body_is_answered_as_the_app_says() -> None:
+    async def main() -> httpx.Response:
+        limit = BodyLimit(answers_unread, max_bytes=100, read_timeout_s=0.2)
+        transport = httpx.ASGITransport(app=limit)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/")
+
+    answer = asyncio.run(main())
+    assert (answer.status_code, answer.text) == (200, "ok")
+    assert "connection" not in answer.headers
+
+
+async def starts_then_reads(scope: Any, receive: Any, send: Any) -> None:
+    """Sends its answer's start before it reads the body."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await echo_length(scope, receive, _body_only(send))
+
+
+def _body_only(send: Any) -> Any:
+    async def body_only(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            await send(message)
+
+    return body_only
+
+
+def test_an_app_that_starts_its_answer_before_reading_still_gets_its_413() -> None:
+    """Before: the start had gone out, so the client read a truncated 200 in place of a 413."""
+    READS.clear()
+    limit = BodyLimit(starts_then_reads, max_bytes=100)
+    assert post_limited(chunks(1000), limit).status_code == 413
+    assert post_limited(chunks(100), limit).text == "100"
+    assert READS == [100]
+
+
+async def streams_unread(scope: Any, receive: Any, send: Any) -> None:
+    """Streams its answer without reading the body."""
+    del receive
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+
+def test_a_streamed_answer_goes_at_once_and_closes_when_the_body_is_unread() -> None:
+    limit = BodyLimit(streams_unread, max_bytes=100, read_timeout_s=5.0)
+    answer = post_limited(b"x" * 50, limit)
+    assert answer.text == "ab"
+    assert answer.headers["connection"] == "close"  # the server would drop the rest untimed
