@@ -130,8 +130,9 @@ class BodyLimit:
         return now + (self.read_timeout_s or LINGER_S)
 
     async def _drain(self, receive: Receive, received: int, deadline: float) -> bool:
-        """Read and drop the rest of a refused body, at most ``drain_bytes`` in all, until
-        ``deadline`` (loop time); True when it was read to its end."""
+        """Read and drop the rest of a body (refused, or one the app answered without reading),
+        at most ``drain_bytes`` in all, until ``deadline`` (loop time); True when it was read
+        to its end."""
         try:
             async with asyncio.timeout_at(deadline):
                 while received <= self.drain_bytes:
@@ -196,12 +197,12 @@ class _Exchange:
         if message["type"] == "http.response.start" and not self.complete:
             self.held = message
             return
-        if self.held is not None and message["type"] == "http.response.body":
+        if self.held is not None:  # the start goes ahead of the answer's first part
             start, self.held = self.held, None
             # a streamed answer goes at once (the app may still read); a whole one waits for
             # the rest of the body to be drained; either closes if the body was not read
             final = not message.get("more_body", False)
-            if not (final and await self._drain_rest()):
+            if not (self.complete or (final and await self._drain_rest())):
                 start = _closing(start)
             self.started = True
             await self._send(start)

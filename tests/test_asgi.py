@@ -274,3 +274,21 @@ def test_a_streamed_answer_goes_at_once_and_closes_when_the_body_is_unread() -> 
     answer = post_limited(b"x" * 50, limit)
     assert answer.text == "ab"
     assert answer.headers["connection"] == "close"  # the server would drop the rest untimed
+
+
+async def reads_then_streams(scope: Any, receive: Any, send: Any) -> None:
+    """Sends its start, reads the whole body, then streams its answer."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+
+def test_a_streamed_answer_after_the_whole_body_keeps_the_connection() -> None:
+    """A fresh user's finding: the start was closed for any stream, the body read or not."""
+    answer = post_limited(b"x" * 50, BodyLimit(reads_then_streams, max_bytes=100))
+    assert answer.text == "ab"
+    assert "connection" not in answer.headers
