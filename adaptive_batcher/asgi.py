@@ -210,8 +210,7 @@ class _Exchange:
         await self._send(message)
 
     async def _too_large(self, send: Send) -> None:
-        drained = self.complete or await self._drain_rest()
-        await self.limit._refuse(send, close=not drained)
+        await self.limit._refuse(send, close=not await self._drain_rest())
 
     async def _drain_rest(self) -> bool:
         """Drop the rest of the body (see :meth:`BodyLimit._drain`); True when it all came."""
