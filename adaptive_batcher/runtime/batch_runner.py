@@ -35,7 +35,7 @@ from adaptive_batcher.errors import (
     ResultCountError,
     describe,
 )
-from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError
+from adaptive_batcher.runtime.executors import BatchExecutor, CarriedModelError, run_timed
 
 __all__ = [
     "STOPS_THE_TASK",
@@ -143,15 +143,13 @@ class BatchRunner:
                 or not, is a model failure and is not raised).
 
         Returns:
-            None when the batch ran in one model call; when it was split (out of memory, or
-            bisection), the model calls that succeeded, each a run of its own for the
-            service-time fit and ``stats()`` (as the simulator counts them): a failed call's
-            time is device time, not a batch's service time.
+            The model calls that succeeded, each with its time as the executor measured it:
+            one for a batch that ran whole; when it was split (out of memory, or bisection),
+            each a run of its own for the service-time fit and ``stats()`` (as the simulator
+            counts them): a failed call's time is device time, not a batch's service time.
         """
         calls: list[ModelCall] = []
         await self._run(requests, calls)
-        if len(calls) == 1 and calls[0].items == len(requests):
-            return None  # one call: the batch is the run
         return calls
 
     async def _run(self, requests: list[Any], calls: list[ModelCall]) -> bool:
@@ -159,9 +157,8 @@ class BatchRunner:
         ran out of memory."""
         items = list(map(_item_of, requests))
         units = sum(r.size for r in requests) if self.counts_units else len(items)
-        started = self.clock()
         try:
-            results = await self.call_model(items, units)
+            results, took_s = await self.call_model(items, units)
         except STOPS_THE_TASK as exc:
             fail_pending(requests, exc, self.core)
             raise
@@ -172,7 +169,7 @@ class BatchRunner:
             return await self._model_failed(requests, exc, units, calls)
         ended = self.clock()
         ran = pad_target(self.buckets, units) if self.buckets else units
-        calls.append(ModelCall(ended, len(items), ran, ended - started))
+        calls.append(ModelCall(ended, len(items), ran, took_s))
         self.scatter(requests, results)
         return False
 
@@ -264,8 +261,9 @@ class BatchRunner:
         check_padded(padded, len(items), target, self.counts_units)
         return padded
 
-    async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
-        """Pad to a bucket, call the model, check the results; returns one result per item.
+    async def call_model(self, items: list[Any], units: int) -> tuple[Sequence[Any], float]:
+        """Pad to a bucket, call the model, check the results; returns one result per item and
+        the call's time, s, as the executor measured it (:func:`run_timed`: where the model ran).
 
         The batch is counted before the model runs, so a model that changes its input list
         (clears it, pops from it) still gets ``ResultCountError`` for a wrong result count.
@@ -278,13 +276,13 @@ class BatchRunner:
             Exception: whatever the model (or ``pad_fn``) raised.
         """
         if not items:
-            return []
+            return [], 0.0
         count = len(items)
         batch = self.pad(items, units)
         padded = len(batch)  # before the model: it may change the list it is given
-        results = await self.executor.run(batch)
+        results, took_s = await run_timed(self.executor, batch, self.clock)
         check_results(results, padded)
-        return results if padded == count else results[:count]
+        return (results if padded == count else results[:count]), took_s
 
     def scatter(self, requests: list[Any], results: Sequence[Any]) -> None:
         """Hand each request its result. An exception instance fails only that request: as is,

@@ -294,13 +294,21 @@ class LoopDriver:
         core.complete(batch, ended)
         try:
             if live:
-                core.record_device_time(ended - started)
                 units = sum(r.size for r in live) if self.counts_units else len(live)
                 if self.buckets:
                     units = pad_target(self.buckets, units)  # what the model actually ran
-                if calls is None:  # one model call
+                if calls is not None and len(calls) == 1 and calls[0].items == len(live):
+                    # one call: its time as measured where the model ran (not when the loop
+                    # noticed its end) is the batch's service time and device time
+                    call = calls[0]
+                    core.record_device_time(call.service_s)
+                    idle = batch.window_idle_s
+                    core.record_run(ended, len(live), units, call.service_s, idle, call.answer_s)
+                elif calls is None:  # a run that reported no call: timed from the loop
+                    core.record_device_time(ended - started)
                     core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
                 else:  # split: each call that succeeded is a run (the failed ones are not)
+                    core.record_device_time(ended - started)
                     idle = batch.window_idle_s
                     for call in calls:
                         core.record_run(

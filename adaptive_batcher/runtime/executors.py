@@ -1,6 +1,10 @@
 """How a batch reaches the model: on the event loop, in a worker thread, or split for CUDA.
 
-Each executor is an object with ``async run(items) -> results``. Measured by this project on one
+Each executor is an object with ``async run(items) -> results``; one that runs the model off the
+event loop also has ``async run_timed(items, clock) -> (results, seconds)``, the call's time
+measured where it ran (:func:`run_timed`): the loop may notice a worker's result late, and that
+lateness is the loop's, not the model's (the README's FastAPI app: a batch of 4 read 3.4 ms
+from the loop against 0.34 ms in its thread, docs/benchmarks.md). Measured by this project on one
 NVIDIA H200 (resnet50, PyTorch 2.11, bf16, eager; the same load served with each execution
 strategy): a worker thread fighting the event loop for the GIL made each resnet50 batch 2-5x
 slower, while launching kernels on the loop thread and waiting for a
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
@@ -38,6 +43,7 @@ __all__ = [
     "is_async_callable",
     "is_stream_callable",
     "make_executor",
+    "run_timed",
 ]
 
 ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
@@ -77,6 +83,36 @@ class BatchExecutor(Protocol):
     def close(self) -> None: ...
 
     def resize(self, workers: int) -> None: ...
+
+
+async def run_timed(
+    executor: BatchExecutor, items: list[Any], clock: Callable[[], float]
+) -> tuple[Sequence[Any], float]:
+    """``executor.run(items)`` and the call's time, s: as the executor measured it where the
+    model ran (its ``run_timed``), else around the ``await`` by ``clock``.
+
+    Raises:
+        BaseException: whatever ``executor.run`` raises.
+    """
+    timed = getattr(executor, "run_timed", None)
+    if timed is not None:
+        results, took_s = await timed(items, clock)
+        return results, took_s
+    started = clock()
+    results = await executor.run(items)
+    return results, clock() - started
+
+
+def _timed_call(
+    fn: Callable[..., Any], clock: Callable[[], float], span: list[float], *args: Any
+) -> Any:
+    """:func:`call_carrying` of ``fn(*args)``, its start and end by ``clock`` put in ``span``
+    (s; also when it raises)."""
+    span.append(clock())
+    try:
+        return call_carrying(fn, *args)
+    finally:
+        span.append(clock())
 
 
 class AsyncExecutor:
@@ -151,6 +187,15 @@ class ThreadExecutor(_PoolOwner):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._get_pool(), call_carrying, self._fn, items)
 
+    async def run_timed(
+        self, items: list[Any], clock: Callable[[], float]
+    ) -> tuple[Sequence[Any], float]:
+        """:meth:`run`, and the call's time by ``clock`` in the worker thread, s."""
+        loop, span = asyncio.get_running_loop(), list[float]()
+        pool = self._get_pool()
+        results = await loop.run_in_executor(pool, _timed_call, self._fn, clock, span, items)
+        return results, span[1] - span[0]
+
 
 class CompletionEvent(Protocol):
     """The part of ``torch.cuda.Event`` the CUDA executor uses."""
@@ -209,15 +254,24 @@ class CudaExecutor(_PoolOwner):
         self._event_factory = event_factory or _torch_cuda_event
 
     async def run(self, items: list[Any]) -> Sequence[Any]:
+        results, _ = await self.run_timed(items, time.monotonic)
+        return results
+
+    async def run_timed(
+        self, items: list[Any], clock: Callable[[], float]
+    ) -> tuple[Sequence[Any], float]:
+        """:meth:`run`, and its time by ``clock`` from the launch to the event's completion in
+        the waiter thread, s."""
+        started = clock()
         try:
             results = self._fn(items)
             event = self._event_factory()
             event.record()
         except StopIteration as stop:
             raise CarriedModelError(stop) from stop
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._get_pool(), call_carrying, event.synchronize)
-        return results
+        loop, span = asyncio.get_running_loop(), list[float]()
+        await loop.run_in_executor(self._get_pool(), _timed_call, event.synchronize, clock, span)
+        return results, span[1] - started
 
 
 class StreamExecutor:

@@ -389,15 +389,17 @@ class StreamRunner(BatchRunner):
         ran = pad_target(self.buckets, units) if self.buckets else units
         return [ModelCall(ended, len(requests), ran, ended - started, first_step_s - started)]
 
-    async def call_model(self, items: list[Any], units: int) -> Sequence[Any]:
-        """Run the stream for ``items`` to its end, checking every step; returns no results.
+    async def call_model(self, items: list[Any], units: int) -> tuple[Sequence[Any], float]:
+        """Run the stream for ``items`` to its end, checking every step; returns no results, and
+        the stream's time by the loop's clock, s.
 
         Raises:
             ResultCountError: a step of the wrong length.
             Exception: whatever the model raised.
         """
         if not items:
-            return []
+            return [], 0.0
+        started = self.clock()
         batch = self.pad(items, units)
         expected = len(batch)  # before the model: it may change the list it is given
         stream = self.streamer.stream(batch)
@@ -406,7 +408,7 @@ class StreamRunner(BatchRunner):
                 check_results(step, expected)
         finally:
             await close_stream(stream)
-        return []
+        return [], self.clock() - started
 
     def _units(self, requests: list[Any]) -> int:
         return sum(r.size for r in requests) if self.counts_units else len(requests)

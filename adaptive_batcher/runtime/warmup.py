@@ -132,7 +132,6 @@ class WarmUp:
         driver = self.driver
         if self._closed():
             raise BatcherClosedError("batcher closed during warm-up")
-        started = driver.now()
         call = asyncio.ensure_future(self.runner.call_model(items, units))
         driver.in_flight.track_warmup(call)  # a close waits for it, as for a running batch
         try:
@@ -143,7 +142,7 @@ class WarmUp:
                     "batcher closed during warm-up (its timeout cancelled the model call)"
                 ) from None
             raise
-        return driver.now() - started
+        return call.result()[1]
 
     def _closed(self) -> bool:
         return self.driver.closed

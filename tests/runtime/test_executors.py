@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -110,3 +111,53 @@ def test_executor_mismatch_is_a_clear_error(
 
     with pytest.raises(error, match=message):
         AdaptiveBatcher(model or async_model, executor=executor)
+
+
+async def _stall_loop_once(started: threading.Event, seconds: float) -> None:
+    """Block the event loop for ``seconds`` once ``started`` is set (a model call began)."""
+    while not started.is_set():
+        await asyncio.sleep(0.001)
+    time.sleep(seconds)  # the loop stands still: the call's end is noticed late
+
+
+async def test_a_thread_models_time_is_measured_in_its_thread() -> None:
+    """A call of 10 ms whose end the stalled loop noticed 150 ms late took 10 ms: the service
+    time and the device time are the model's, not the loop's lateness (the README's FastAPI
+    app read a batch of 4 at 3.4 ms from the loop, 0.34 ms in its thread)."""
+    started = threading.Event()
+
+    def model(batch: list[int]) -> list[int]:
+        started.set()
+        time.sleep(0.010)
+        return batch
+
+    async with AdaptiveBatcher(model, max_batch_size=4, executor="thread") as batcher:
+        pending = asyncio.create_task(batcher.submit(1))
+        await _stall_loop_once(started, 0.150)
+        assert await pending == 1
+        (run,) = batcher._core.recorder.batches
+        busy_s = batcher.stats().counts.device_busy_s
+    assert 0.010 <= run.service_s < 0.100
+    assert 0.010 <= busy_s < 0.100
+
+
+async def test_a_cuda_calls_time_ends_when_its_event_completes() -> None:
+    """The split executor's call runs from the launch to the event's completion in the waiter
+    thread, not to the loop noticing it 150 ms later."""
+    FakeCudaEvent.reset()
+    gate, launched = threading.Event(), threading.Event()
+
+    def model(batch: list[int]) -> list[int]:
+        launched.set()
+        threading.Timer(0.010, gate.set).start()  # the "GPU" finishes 10 ms after the launch
+        return batch
+
+    batcher = AdaptiveBatcher(
+        model, max_batch_size=4, executor="cuda", cuda_event_factory=lambda: FakeCudaEvent(gate)
+    )
+    async with batcher:
+        pending = asyncio.create_task(batcher.submit(1))
+        await _stall_loop_once(launched, 0.150)
+        assert await pending == 1
+        (run,) = batcher._core.recorder.batches
+    assert 0.010 <= run.service_s < 0.100
