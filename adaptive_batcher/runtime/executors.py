@@ -24,15 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
+from adaptive_batcher._log import get_logger
 from adaptive_batcher.core.settings import EXECUTOR_KINDS
 
 __all__ = [
+    "INLINE_LEAVE_CALLS",
+    "INLINE_LEAVE_S",
+    "INLINE_MAX_S",
+    "INLINE_RECENT",
     "AsyncExecutor",
+    "AutoExecutor",
     "BatchExecutor",
     "CarriedModelError",
     "CudaExecutor",
@@ -45,6 +53,8 @@ __all__ = [
     "make_executor",
     "run_timed",
 ]
+
+_log = get_logger()
 
 ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
 
@@ -195,6 +205,92 @@ class ThreadExecutor(_PoolOwner):
         pool = self._get_pool()
         results = await loop.run_in_executor(pool, _timed_call, self._fn, clock, span, items)
         return results, span[1] - span[0]
+
+
+INLINE_MAX_S = 0.001
+"""``"auto"`` runs a sync model on the loop when warm-up's call of the largest batch took at most
+this long, s: less than the thread's hand-off and the GIL it then fights the loop for (the
+README's FastAPI app, a 0.1 ms model, answered 1.4-1.8x more within its SLO on the loop than in
+a thread; docs/benchmarks.md)."""
+
+INLINE_LEAVE_S = 0.005
+"""An inline call this long, s, blocks the loop past what ``INLINE_MAX_S`` promised."""
+
+INLINE_LEAVE_CALLS = 3
+"""Inline calls beyond ``INLINE_LEAVE_S`` among the last ``INLINE_RECENT`` that send the model
+back to its thread for good (one is a preemption of the process, not the model's time)."""
+
+INLINE_RECENT = 16
+
+
+class AutoExecutor(ThreadExecutor):
+    """``"auto"`` for a sync model: in a worker thread, or on the event loop once warm-up has
+    found its calls short (:meth:`choose`): at most ``INLINE_MAX_S`` for the largest batch,
+    with one execution slot. Back in the thread for good once ``INLINE_LEAVE_CALLS`` of the
+    last ``INLINE_RECENT`` inline calls took over ``INLINE_LEAVE_S``. Logs
+    ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``) at each change.
+
+    Args:
+        fn: the sync model.
+        workers: worker threads (one per execution slot).
+        name: the ``batcher`` field of its log events.
+    """
+
+    def __init__(
+        self, fn: Callable[[list[Any]], Sequence[Any]], workers: int = 1, name: str = ""
+    ) -> None:
+        super().__init__(fn, workers)
+        self.name = name
+        self.inline = False
+        self._long: deque[bool] = deque(maxlen=INLINE_RECENT)  # recent inline calls, long?
+
+    def choose(self, largest_call_s: float) -> None:
+        """Run on the loop from now on if ``largest_call_s``, warm-up's time for a call of the
+        largest batch (s), is within ``INLINE_MAX_S`` and there is one slot; else in the
+        thread."""
+        inline = self._workers == 1 and 0.0 <= largest_call_s <= INLINE_MAX_S
+        if inline != self.inline:
+            self._switch(inline, "warmup", largest_call_s)
+
+    async def run_timed(
+        self, items: list[Any], clock: Callable[[], float]
+    ) -> tuple[Sequence[Any], float]:
+        """The model on the loop (see the class) or in the thread, and its time by ``clock``
+        where it ran, s."""
+        if not self.inline:
+            return await super().run_timed(items, clock)
+        started = clock()
+        try:
+            return call_carrying(self._fn, items), clock() - started
+        finally:
+            self._note_inline(clock() - started)
+
+    async def run(self, items: list[Any]) -> Sequence[Any]:
+        results, _ = await self.run_timed(items, time.monotonic)
+        return results
+
+    def resize(self, workers: int) -> None:
+        """As :meth:`ThreadExecutor.resize`; more than one slot runs in the threads."""
+        super().resize(workers)
+        if workers > 1 and self.inline:
+            self._switch(False, "slots", math.nan)
+
+    def _note_inline(self, took_s: float) -> None:
+        long = self._long
+        long.append(took_s > INLINE_LEAVE_S)
+        if sum(long) >= INLINE_LEAVE_CALLS:
+            self._switch(False, "long_calls", took_s)
+
+    def _switch(self, inline: bool, reason: str, call_s: float) -> None:
+        self.inline = inline
+        self._long.clear()
+        _log.info(
+            "batcher.executor_chosen",
+            batcher=self.name,
+            kind="inline" if inline else "thread",
+            reason=reason,
+            call_ms=round(call_s * 1e3, 3),
+        )
 
 
 class CompletionEvent(Protocol):
@@ -372,11 +468,13 @@ def make_executor(
     kind: str,
     workers: int,
     event_factory: Callable[[], CompletionEvent] | None = None,
+    name: str = "",
 ) -> BatchExecutor:
-    """Build the executor for ``kind``.
+    """Build the executor for ``kind`` (``name``: the batcher's, for log events).
 
     ``"auto"`` picks :class:`StreamExecutor` for async generator models,
-    :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor` otherwise.
+    :class:`AsyncExecutor` for ``async def`` models and :class:`AutoExecutor` otherwise (a
+    worker thread, or the loop once warm-up finds the model's calls short).
 
     Raises:
         TypeError: ``kind`` is not a str (None included); an ``async def`` model with a sync
@@ -399,7 +497,9 @@ def make_executor(
         return StreamExecutor(fn)
     is_async = is_async_callable(fn)
     if kind == "auto":
-        kind = "async" if is_async else "thread"
+        if not is_async:
+            return AutoExecutor(fn, workers, name)
+        kind = "async"
     if kind == "async":
         if not is_async:
             raise TypeError("executor='async' needs an async def model")

@@ -75,6 +75,8 @@ class WarmUp:
             total_ms=round(sum(timings.values()) * 1e3, 3),
             slots=slots,
         )
+        if batches:
+            await self._choose_executor(batches[max(batches)], timings[max(batches)])
         if self.core.wants_service_times:
             await self._seed_service_times(batches)
         if freeze_gc:
@@ -105,6 +107,18 @@ class WarmUp:
         if slots > 1:
             await asyncio.gather(*(self._timed_call(*batch) for _ in range(slots)))
         return slots
+
+    async def _choose_executor(self, largest: _Batch, first_s: float) -> None:
+        """Let an executor that chooses where the model runs by its calls' time (``"auto"``:
+        :class:`~adaptive_batcher.runtime.executors.AutoExecutor`) choose, from the faster of
+        the largest batch's first call (``first_s``) and one more.
+
+        Raises:
+            BatcherClosedError, Exception: as :meth:`_timed_call`.
+        """
+        choose = getattr(self.runner.executor, "choose", None)
+        if choose is not None:
+            choose(min(first_s, await self._timed_call(*largest)))
 
     async def _seed_service_times(self, batches: dict[int, _Batch]) -> None:
         """Time two warm calls per size and start the controller's model from the faster (a

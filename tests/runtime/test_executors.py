@@ -8,8 +8,10 @@ import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from adaptive_batcher import AdaptiveBatcher
+from adaptive_batcher.runtime.executors import INLINE_LEAVE_CALLS, INLINE_LEAVE_S
 from adaptive_batcher.testing import FakeCudaEvent
 
 
@@ -113,11 +115,15 @@ def test_executor_mismatch_is_a_clear_error(
         AdaptiveBatcher(model or async_model, executor=executor)
 
 
+def _block_loop(seconds: float) -> None:
+    """A blocking call: the event loop that makes it stands still for ``seconds``."""
+    time.sleep(seconds)
+
+
 async def _stall_loop_once(started: threading.Event, seconds: float) -> None:
     """Block the event loop for ``seconds`` once ``started`` is set (a model call began)."""
-    while not started.is_set():
-        await asyncio.sleep(0.001)
-    time.sleep(seconds)  # the loop stands still: the call's end is noticed late
+    assert await asyncio.to_thread(started.wait, 5.0)
+    _block_loop(seconds)  # the call's end is noticed late
 
 
 async def test_a_thread_models_time_is_measured_in_its_thread() -> None:
@@ -161,3 +167,66 @@ async def test_a_cuda_calls_time_ends_when_its_event_completes() -> None:
         assert await pending == 1
         (run,) = batcher._core.recorder.batches
     assert 0.010 <= run.service_s < 0.100
+
+
+def threaded_model(threads: list[str], delay_s: list[float]) -> Any:
+    """A sync model that notes its thread and sleeps ``delay_s[0]`` per call."""
+
+    def model(batch: list[int]) -> list[int]:
+        threads.append(threading.current_thread().name)
+        time.sleep(delay_s[0])
+        return batch
+
+    return model
+
+
+async def test_auto_runs_a_short_model_on_the_loop_after_warmup() -> None:
+    """A call of the largest batch within ``INLINE_MAX_S``: the model leaves its thread for the
+    loop (a 0.1 ms model in a thread fought the loop for the GIL)."""
+    threads: list[str] = []
+    loop_thread = threading.current_thread().name
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(threaded_model(threads, [0.0]), max_batch_size=8) as batcher:
+            assert await batcher.submit(1) == 1
+            assert threads[-1] != loop_thread  # before warm-up: the thread
+            await batcher.warmup(lambda: 0)
+            threads.clear()
+            assert await batcher.submit_many([1, 2, 3]) == [1, 2, 3]
+    assert threads and set(threads) == {loop_thread}
+    chosen = [e for e in logs if e["event"] == "batcher.executor_chosen"]
+    assert [(e["kind"], e["reason"]) for e in chosen] == [("inline", "warmup")]
+
+
+@pytest.mark.parametrize(("delay_s", "slots"), [(0.003, 1), (0.0, 2)])
+async def test_auto_keeps_a_slow_model_or_several_slots_in_threads(
+    delay_s: float, slots: int
+) -> None:
+    threads: list[str] = []
+    model = threaded_model(threads, [delay_s])
+    async with AdaptiveBatcher(model, max_batch_size=8, max_concurrent_batches=slots) as batcher:
+        await batcher.warmup(lambda: 0)
+        threads.clear()
+        assert await batcher.submit_many([1, 2]) == [1, 2]
+    assert threads and all(name.startswith("adaptive-batcher-model") for name in threads)
+
+
+async def test_auto_sends_a_model_whose_calls_grow_long_back_to_its_thread() -> None:
+    """Three inline calls over ``INLINE_LEAVE_S`` among the last 16: the loop is blocked past
+    what warm-up promised, and the model goes back to its thread for good."""
+    threads: list[str] = []
+    delay = [0.0]
+    loop_thread = threading.current_thread().name
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(threaded_model(threads, delay), max_batch_size=8) as batcher:
+            await batcher.warmup(lambda: 0)
+            delay[0] = INLINE_LEAVE_S * 1.5
+            for item in range(INLINE_LEAVE_CALLS):
+                assert await batcher.submit(item) == item
+            assert set(threads[-INLINE_LEAVE_CALLS:]) == {loop_thread}
+            delay[0] = 0.0
+            threads.clear()
+            for item in range(4):
+                assert await batcher.submit(item) == item
+    assert threads and loop_thread not in threads
+    chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
+    assert chosen == [("inline", "warmup"), ("thread", "long_calls")]
