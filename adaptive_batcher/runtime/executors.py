@@ -226,9 +226,12 @@ INLINE_RECENT = 16
 class AutoExecutor(ThreadExecutor):
     """``"auto"`` for a sync model: in a worker thread, or on the event loop once warm-up has
     found its calls short (:meth:`choose`): at most ``INLINE_MAX_S`` for the largest batch,
-    with one execution slot. Back in the thread for good once ``INLINE_LEAVE_CALLS`` of the
-    last ``INLINE_RECENT`` inline calls took over ``INLINE_LEAVE_S``. Logs
-    ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``) at each change.
+    with one execution slot. Back in the thread for good (a later warm-up included) once
+    ``INLINE_LEAVE_CALLS`` of the last ``INLINE_RECENT`` inline calls took over
+    ``INLINE_LEAVE_S``. Logs ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``)
+    at each change. A model that waits on the batcher's own event loop (say
+    ``asyncio.run_coroutine_threadsafe(...).result()``) would wait for itself there: give it
+    ``executor="thread"``.
 
     Args:
         fn: the sync model.
@@ -242,6 +245,7 @@ class AutoExecutor(ThreadExecutor):
         super().__init__(fn, workers)
         self.name = name
         self.inline = False
+        self.left_loop = False  # sent back to the thread by long calls: for good
         self._long: deque[bool] = deque(maxlen=INLINE_RECENT)  # recent inline calls, long?
 
     def choose(self, largest_call_s: float) -> None:
@@ -249,7 +253,7 @@ class AutoExecutor(ThreadExecutor):
         largest batch (s), is within ``INLINE_MAX_S`` and there is one slot; else in the
         thread."""
         inline = self._workers == 1 and 0.0 <= largest_call_s <= INLINE_MAX_S
-        if inline != self.inline:
+        if inline != self.inline and not self.left_loop:
             self._switch(inline, "warmup", largest_call_s)
 
     async def run_timed(
@@ -279,6 +283,7 @@ class AutoExecutor(ThreadExecutor):
         long = self._long
         long.append(took_s > INLINE_LEAVE_S)
         if sum(long) >= INLINE_LEAVE_CALLS:
+            self.left_loop = True
             self._switch(False, "long_calls", took_s)
 
     def _switch(self, inline: bool, reason: str, call_s: float) -> None:
