@@ -77,7 +77,14 @@ WINDOW_ORIGINS: Final = ("arrival", "slot_free")
 """Where a window counts from: the oldest request's arrival (ours), or a free slot (the
 TorchServe-like baseline; see :class:`~adaptive_batcher.core.engine.BatchingEngine`)."""
 
-EXECUTOR_KINDS: Final[tuple[str, ...]] = ("auto", "async", "inline", "thread", "cuda")
+EXECUTOR_KINDS: Final[tuple[str, ...]] = (
+    "auto",
+    "async",
+    "inline",
+    "thread",
+    "adaptive",
+    "cuda",
+)
 """Where a model call runs: the runtime's ``executor`` argument (see
 :func:`~adaptive_batcher.runtime.executors.make_executor`), which presets may name too."""
 

@@ -147,9 +147,10 @@ class AdaptiveBatcher(Generic[X, Y]):
             default (counting items): repeat the last item. Required with ``size_fn`` and
             ``batch_sizes``, refused without ``batch_sizes``.
         executor: where a model call runs: ``"auto"`` (an async model on the loop, a sync one
-            in a worker thread, or on the loop once ``warmup`` finds a call of the largest
-            batch within 1 ms: ``AutoExecutor``), ``"async"``, ``"inline"`` (a sync model on
-            the loop thread), ``"thread"`` or ``"cuda"`` (see ``CudaExecutor``).
+            in a worker thread), ``"async"``, ``"inline"`` (a sync model on the loop thread),
+            ``"thread"``, ``"adaptive"`` (a sync model in a worker thread, or on the loop once
+            ``warmup`` finds a call of the largest batch within 1 ms: ``AdaptiveExecutor``) or
+            ``"cuda"`` (see ``CudaExecutor``).
         bisect_on_error: re-run a batch the model raised for in halves until the failing item
             is isolated (not for a streaming model).
         is_oom: ``is_oom(exc) -> bool``, tells out-of-memory errors apart; an OOM batch is

@@ -39,8 +39,9 @@ __all__ = [
     "INLINE_LEAVE_S",
     "INLINE_MAX_S",
     "INLINE_RECENT",
+    "INLINE_STALL_S",
+    "AdaptiveExecutor",
     "AsyncExecutor",
-    "AutoExecutor",
     "BatchExecutor",
     "CarriedModelError",
     "CudaExecutor",
@@ -56,7 +57,7 @@ __all__ = [
 
 _log = get_logger()
 
-ExecutorKind = Literal["auto", "async", "inline", "thread", "cuda"]
+ExecutorKind = Literal["auto", "async", "inline", "thread", "adaptive", "cuda"]
 
 
 class CarriedModelError(RuntimeError):
@@ -208,8 +209,8 @@ class ThreadExecutor(_PoolOwner):
 
 
 INLINE_MAX_S = 0.001
-"""``"auto"`` runs a sync model on the loop when warm-up's call of the largest batch took at most
-this long, s: less than the thread's hand-off and the GIL it then fights the loop for (the
+"""``"adaptive"`` runs a sync model on the loop when warm-up's call of the largest batch took at
+most this long, s: less than the thread's hand-off and the GIL it then fights the loop for (the
 README's FastAPI app, a 0.1 ms model, answered 1.4-1.8x more within its SLO on the loop than in
 a thread; docs/benchmarks.md)."""
 
@@ -222,16 +223,24 @@ back to its thread for good (one is a preemption of the process, not the model's
 
 INLINE_RECENT = 16
 
+INLINE_STALL_S = 0.05
+"""One inline call this long, s, is a stall of the loop: the model goes back to its thread for
+good at once (a call of 300 ms in every 10 stood the loop still six times in a fresh user's
+trial, never three in 16)."""
 
-class AutoExecutor(ThreadExecutor):
-    """``"auto"`` for a sync model: in a worker thread, or on the event loop once warm-up has
+
+class AdaptiveExecutor(ThreadExecutor):
+    """``"adaptive"``: a sync model in a worker thread, or on the event loop once warm-up has
     found its calls short (:meth:`choose`): at most ``INLINE_MAX_S`` for the largest batch,
-    with one execution slot. Back in the thread for good (a later warm-up included) once
-    ``INLINE_LEAVE_CALLS`` of the last ``INLINE_RECENT`` inline calls took over
-    ``INLINE_LEAVE_S``. Logs ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``)
-    at each change. A model that waits on the batcher's own event loop (say
-    ``asyncio.run_coroutine_threadsafe(...).result()``) would wait for itself there: give it
-    ``executor="thread"``.
+    with one execution slot, and a call on the loop that succeeds (warm-up's next: a model
+    bound to its thread, or that runs an event loop of its own, stays there). Back in the
+    thread for good (a later warm-up included) once ``INLINE_LEAVE_CALLS`` of the last
+    ``INLINE_RECENT`` inline calls took over ``INLINE_LEAVE_S``, or one over
+    ``INLINE_STALL_S``. Logs ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``)
+    at each change. On the loop, a call that hangs holds the loop: ``aclose(timeout_s=...)``
+    cannot end it, and a model that waits on the batcher's own event loop (say
+    ``asyncio.run_coroutine_threadsafe(...).result()``) waits for itself; such models want
+    ``"thread"``.
 
     Args:
         fn: the sync model.
@@ -248,13 +257,22 @@ class AutoExecutor(ThreadExecutor):
         self.left_loop = False  # sent back to the thread by long calls: for good
         self._long: deque[bool] = deque(maxlen=INLINE_RECENT)  # recent inline calls, long?
 
-    def choose(self, largest_call_s: float) -> None:
+    def choose(self, largest_call_s: float) -> bool:
         """Run on the loop from now on if ``largest_call_s``, warm-up's time for a call of the
         largest batch (s), is within ``INLINE_MAX_S`` and there is one slot; else in the
-        thread."""
+        thread. True when it moved onto the loop (the caller then tries a call there, and
+        :meth:`leave_loop` if it fails)."""
         inline = self._workers == 1 and 0.0 <= largest_call_s <= INLINE_MAX_S
-        if inline != self.inline and not self.left_loop:
-            self._switch(inline, "warmup", largest_call_s)
+        if inline == self.inline or self.left_loop:
+            return False
+        self._switch(inline, "warmup", largest_call_s)
+        return inline
+
+    def leave_loop(self, reason: str, call_s: float = math.nan) -> None:
+        """Back to the thread for good (``reason`` for the log)."""
+        self.left_loop = True
+        if self.inline:
+            self._switch(False, reason, call_s)
 
     async def run_timed(
         self, items: list[Any], clock: Callable[[], float]
@@ -282,9 +300,10 @@ class AutoExecutor(ThreadExecutor):
     def _note_inline(self, took_s: float) -> None:
         long = self._long
         long.append(took_s > INLINE_LEAVE_S)
-        if sum(long) >= INLINE_LEAVE_CALLS:
-            self.left_loop = True
-            self._switch(False, "long_calls", took_s)
+        if took_s > INLINE_STALL_S:
+            self.leave_loop("stalled_loop", took_s)
+        elif sum(long) >= INLINE_LEAVE_CALLS:
+            self.leave_loop("long_calls", took_s)
 
     def _switch(self, inline: bool, reason: str, call_s: float) -> None:
         self.inline = inline
@@ -478,8 +497,9 @@ def make_executor(
     """Build the executor for ``kind`` (``name``: the batcher's, for log events).
 
     ``"auto"`` picks :class:`StreamExecutor` for async generator models,
-    :class:`AsyncExecutor` for ``async def`` models and :class:`AutoExecutor` otherwise (a
-    worker thread, or the loop once warm-up finds the model's calls short).
+    :class:`AsyncExecutor` for ``async def`` models and :class:`ThreadExecutor` otherwise.
+    ``"adaptive"`` is :class:`AdaptiveExecutor` (a worker thread, or the loop once warm-up
+    finds the model's calls short).
 
     Raises:
         TypeError: ``kind`` is not a str (None included); an ``async def`` model with a sync
@@ -502,9 +522,7 @@ def make_executor(
         return StreamExecutor(fn)
     is_async = is_async_callable(fn)
     if kind == "auto":
-        if not is_async:
-            return AutoExecutor(fn, workers, name)
-        kind = "async"
+        kind = "async" if is_async else "thread"
     if kind == "async":
         if not is_async:
             raise TypeError("executor='async' needs an async def model")
@@ -515,4 +533,6 @@ def make_executor(
         return InlineExecutor(fn)
     if kind == "thread":
         return ThreadExecutor(fn, workers)
+    if kind == "adaptive":
+        return AdaptiveExecutor(fn, workers, name)
     return CudaExecutor(fn, event_factory, workers)

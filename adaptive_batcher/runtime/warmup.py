@@ -14,6 +14,7 @@ from adaptive_batcher.errors import BatcherClosedError, describe
 from adaptive_batcher.runtime.batch_runner import BatchRunner
 from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.driver import LoopDriver
+from adaptive_batcher.runtime.executors import AdaptiveExecutor
 from adaptive_batcher.runtime.loop import cancelling
 from adaptive_batcher.runtime.requests import item_size
 
@@ -109,16 +110,26 @@ class WarmUp:
         return slots
 
     async def _choose_executor(self, largest: _Batch, first_s: float) -> None:
-        """Let an executor that chooses where the model runs by its calls' time (``"auto"``:
-        :class:`~adaptive_batcher.runtime.executors.AutoExecutor`) choose, from the faster of
-        the largest batch's first call (``first_s``) and one more.
+        """Let an executor that chooses where the model runs by its calls' time
+        (``"adaptive"``: :class:`~adaptive_batcher.runtime.executors.AdaptiveExecutor`) choose,
+        from the faster of the largest batch's first call (``first_s``) and one more; a move
+        onto the loop holds only if a call there then succeeds (a model bound to its thread,
+        or running an event loop of its own, fails there: logged as ``inline_failed``).
 
         Raises:
-            BatcherClosedError, Exception: as :meth:`_timed_call`.
+            BatcherClosedError, Exception: as :meth:`_timed_call` (the call in the thread).
         """
-        choose = getattr(self.runner.executor, "choose", None)
-        if choose is not None:
-            choose(min(first_s, await self._timed_call(*largest)))
+        executor = self.runner.executor
+        if not isinstance(executor, AdaptiveExecutor):
+            return
+        if not executor.choose(min(first_s, await self._timed_call(*largest))):
+            return
+        try:
+            await self._timed_call(*largest)
+        except BatcherClosedError:
+            raise
+        except Exception:
+            executor.leave_loop("inline_failed")
 
     async def _seed_service_times(self, batches: dict[int, _Batch]) -> None:
         """Time two warm calls per size and start the controller's model from the faster (a

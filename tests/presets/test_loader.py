@@ -393,7 +393,8 @@ def test_invalid_member_of_a_group_is_named_by_its_full_key(tmp_path: Path) -> N
         (
             "[batcher]\nexecutor = 'gpu'\n",
             "batcher.executor",
-            "executor must be one of 'async', 'auto', 'cuda', 'inline', 'thread', got 'gpu'",
+            "executor must be one of 'adaptive', 'async', 'auto', 'cuda', 'inline', 'thread', "
+            "got 'gpu'",
         ),
         ("[batcher]\nshed_late = 1\n", "batcher.shed_late", "shed_late must be a bool, got int"),
         (

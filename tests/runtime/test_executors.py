@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher import AdaptiveBatcher
-from adaptive_batcher.runtime.executors import INLINE_LEAVE_CALLS, INLINE_LEAVE_S
+from adaptive_batcher.runtime.executors import INLINE_LEAVE_CALLS, INLINE_LEAVE_S, INLINE_STALL_S
 from adaptive_batcher.testing import FakeCudaEvent
 
 
@@ -96,12 +97,18 @@ async def test_two_slots_run_batches_concurrently() -> None:
     [
         (lambda b: b, "async", TypeError, "executor='async' needs an async def model"),
         (None, "inline", TypeError, "executor='inline' needs a sync model"),
-        (lambda b: b, "gpu", ValueError, "executor must be one of auto, async, inline"),
+        (
+            lambda b: b,
+            "gpu",
+            ValueError,
+            "executor must be one of auto, async, inline, thread, adaptive",
+        ),
         (
             lambda b: b,
             None,
             TypeError,
-            "^executor must be a str, one of auto, async, inline, thread, cuda; got NoneType$",
+            "^executor must be a str, one of auto, async, inline, thread, adaptive, cuda; "
+            "got NoneType$",
         ),
     ],
 )
@@ -180,49 +187,88 @@ def threaded_model(threads: list[str], delay_s: list[float]) -> Any:
     return model
 
 
-async def test_auto_runs_a_short_model_on_the_loop_after_warmup() -> None:
-    """A call of the largest batch within ``INLINE_MAX_S``: the model leaves its thread for the
-    loop (a 0.1 ms model in a thread fought the loop for the GIL)."""
+@pytest.mark.parametrize("executor", ["adaptive", "auto"])
+async def test_adaptive_runs_a_short_model_on_the_loop_after_warmup(executor: str) -> None:
+    """A call of the largest batch within ``INLINE_MAX_S``: ``"adaptive"`` moves the model from
+    its thread to the loop (a 0.1 ms model in a thread fought the loop for the GIL); ``"auto"``
+    keeps it in the thread, where a hung call cannot hold the loop."""
     threads: list[str] = []
     loop_thread = threading.current_thread().name
+    model = threaded_model(threads, [0.0])
     with capture_logs() as logs:
-        async with AdaptiveBatcher(threaded_model(threads, [0.0]), max_batch_size=8) as batcher:
+        async with AdaptiveBatcher(model, max_batch_size=8, executor=executor) as batcher:
             assert await batcher.submit(1) == 1
             assert threads[-1] != loop_thread  # before warm-up: the thread
             await batcher.warmup(lambda: 0)
             threads.clear()
             assert await batcher.submit_many([1, 2, 3]) == [1, 2, 3]
-    assert threads and set(threads) == {loop_thread}
-    chosen = [e for e in logs if e["event"] == "batcher.executor_chosen"]
-    assert [(e["kind"], e["reason"]) for e in chosen] == [("inline", "warmup")]
+    chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
+    if executor == "adaptive":
+        assert threads and set(threads) == {loop_thread}
+        assert chosen == [("inline", "warmup")]
+    else:
+        assert threads and loop_thread not in threads
+        assert chosen == []
 
 
 @pytest.mark.parametrize(("delay_s", "slots"), [(0.003, 1), (0.0, 2)])
-async def test_auto_keeps_a_slow_model_or_several_slots_in_threads(
+async def test_adaptive_keeps_a_slow_model_or_several_slots_in_threads(
     delay_s: float, slots: int
 ) -> None:
     threads: list[str] = []
     model = threaded_model(threads, [delay_s])
-    async with AdaptiveBatcher(model, max_batch_size=8, max_concurrent_batches=slots) as batcher:
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, max_concurrent_batches=slots, executor="adaptive"
+    ) as batcher:
         await batcher.warmup(lambda: 0)
         threads.clear()
         assert await batcher.submit_many([1, 2]) == [1, 2]
     assert threads and all(name.startswith("adaptive-batcher-model") for name in threads)
 
 
-async def test_auto_sends_a_model_whose_calls_grow_long_back_to_its_thread() -> None:
-    """Three inline calls over ``INLINE_LEAVE_S`` among the last 16: the loop is blocked past
-    what warm-up promised, and the model goes back to its thread for good."""
+async def test_adaptive_keeps_a_model_that_fails_on_the_loop_in_its_thread() -> None:
+    """A short model bound to its thread (a sqlite connection opened on its first call) works
+    there and fails on the loop: warm-up's call there fails, and it stays in the thread
+    (before, every request after warm-up failed)."""
+    connection: list[sqlite3.Connection] = []
+
+    def model(batch: list[int]) -> list[int]:
+        if not connection:
+            connection.append(sqlite3.connect(":memory:"))
+        return [connection[0].execute("select ? * 2", (item,)).fetchone()[0] for item in batch]
+
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(model, max_batch_size=4, executor="adaptive") as batcher:
+            await batcher.warmup(lambda: 0)
+            assert await batcher.submit_many([1, 2, 3]) == [2, 4, 6]
+    chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
+    assert chosen == [("inline", "warmup"), ("thread", "inline_failed")]
+
+
+@pytest.mark.parametrize(
+    ("delays_s", "reason"),
+    [
+        ([INLINE_LEAVE_S * 1.5] * INLINE_LEAVE_CALLS, "long_calls"),
+        ([INLINE_STALL_S * 1.2], "stalled_loop"),
+    ],
+)
+async def test_adaptive_sends_a_model_whose_calls_grow_long_back_to_its_thread(
+    delays_s: list[float], reason: str
+) -> None:
+    """Three inline calls over ``INLINE_LEAVE_S`` among the last 16, or one over
+    ``INLINE_STALL_S``: the loop is blocked past what warm-up promised, and the model goes
+    back to its thread for good (a later warm-up included)."""
     threads: list[str] = []
     delay = [0.0]
     loop_thread = threading.current_thread().name
+    model = threaded_model(threads, delay)
     with capture_logs() as logs:
-        async with AdaptiveBatcher(threaded_model(threads, delay), max_batch_size=8) as batcher:
+        async with AdaptiveBatcher(model, max_batch_size=8, executor="adaptive") as batcher:
             await batcher.warmup(lambda: 0)
-            delay[0] = INLINE_LEAVE_S * 1.5
-            for item in range(INLINE_LEAVE_CALLS):
+            for item, delay_s in enumerate(delays_s):
+                delay[0] = delay_s
                 assert await batcher.submit(item) == item
-            assert set(threads[-INLINE_LEAVE_CALLS:]) == {loop_thread}
+            assert set(threads[-len(delays_s) :]) == {loop_thread}
             delay[0] = 0.0
             await batcher.warmup(lambda: 0)  # short again: the loop is left for good all the same
             threads.clear()
@@ -230,4 +276,4 @@ async def test_auto_sends_a_model_whose_calls_grow_long_back_to_its_thread() -> 
                 assert await batcher.submit(item) == item
     assert threads and loop_thread not in threads
     chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
-    assert chosen == [("inline", "warmup"), ("thread", "long_calls")]
+    assert chosen == [("inline", "warmup"), ("thread", reason)]
