@@ -280,7 +280,10 @@ class CancelOnDisconnect:
     ``await batcher.submit(...)`` in the handler raises ``CancelledError`` and its request
     leaves the batcher's queue (or its batch's answer is dropped) instead of spending the model
     on an answer nobody reads. Logs
-    ``asgi.client_gone`` (debug). The app's own later reads get the same ``http.disconnect``
+    ``asgi.client_gone`` (debug). The request's answer is then ended as the server expects
+    (499 if none had started, else its last part), which the server drops: a middleware
+    outside, as FastAPI's ``@app.middleware("http")``, would otherwise raise on a request that
+    returned no answer. The app's own later reads get the same ``http.disconnect``
     (Starlette's ``request.is_disconnected()`` and streamed answers still see it); an answer
     already complete is left alone (background tasks run on). Body reads are passed through
     as the app asks for them, so the server's flow control holds. Other scopes pass through.
@@ -310,9 +313,11 @@ class CancelOnDisconnect:
             if task is None or not watch.client_gone or task.uncancel() > 0:
                 raise
             _log.debug("asgi.client_gone", path=scope.get("path", ""))
+            await watch.answer_gone()
         else:
             if watch.client_gone and task is not None:
                 task.uncancel()  # the app caught the watch's cancellation and ended itself
+                await watch.answer_gone()
         finally:
             watch.stop()
 
@@ -327,6 +332,7 @@ class _Watch:
         self.body_left = body
         self.app_task: asyncio.Task[Any] | None = None
         self.client_gone = False
+        self._started = False  # the answer's start went out
         self._answered = False  # the answer's last part went out
         self._read: asyncio.Queue[Message] = asyncio.Queue()  # what the watch read, for the app
         self._last: Message | None = None  # the message that ended the watch
@@ -345,9 +351,21 @@ class _Watch:
         return await self._read.get()
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
+        if message["type"] == "http.response.start":
+            self._started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self._answered = True
         await self._send(message)
+
+    async def answer_gone(self) -> None:
+        """End the answer of a request whose client has gone: 499 (nginx's "client closed
+        request") if none had started, else its last, empty part. The server drops it; a
+        middleware outside (Starlette's ``BaseHTTPMiddleware``) would otherwise find no
+        answer and raise."""
+        if not self._started:
+            await _answer(self._send, 499, {"error": "ClientClosedRequest"}, close=True)
+        elif not self._answered:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def start(self) -> None:
         """Read the connection (once) for the client leaving."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import httpx
@@ -152,10 +153,10 @@ def test_the_apps_own_read_after_its_body_shares_the_watch(answer_first: bool) -
     scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
     run = CancelOnDisconnect(app)(scope, _once_then_disconnect(), send)
     asyncio.run(asyncio.wait_for(run, 2))
-    if answer_first:
-        assert (sent, read) == (["http.response.start", "http.response.body"], ["http.disconnect"])
-    else:
-        assert (sent, read) == ([], [])
+    answer = ["http.response.start", "http.response.body"]
+    # answered first: the app's read gets the disconnect; else the app is cancelled, and its
+    # request's answer ended for the server (a 499 it drops)
+    assert (sent, read) == ((answer, ["http.disconnect"]) if answer_first else (answer, []))
 
 
 def test_the_requests_own_cancellation_cancels_the_app() -> None:
@@ -213,9 +214,15 @@ def test_an_app_that_catches_the_cancellation_leaves_its_task_uncancelled() -> N
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(10)
 
+    statuses: list[int] = []
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
     async def main() -> None:
         scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
-        await CancelOnDisconnect(app)(scope, _once_then_disconnect(), _no_send)
+        await CancelOnDisconnect(app)(scope, _once_then_disconnect(), send)
         task = asyncio.current_task()
         assert task is not None
         states.append(task.cancelling())
@@ -223,4 +230,43 @@ def test_an_app_that_catches_the_cancellation_leaves_its_task_uncancelled() -> N
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert states == [0]
+    assert (states, statuses) == ([0], [499])
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_middleware_outside_sees_an_answer_for_a_request_whose_client_left() -> None:
+    """FastAPI's ``@app.middleware("http")`` declared after it (so outside it): before, every
+    request whose client left was logged by uvicorn as "Exception in ASGI application"
+    (Starlette's ``call_next``: "No response returned"); now its answer is a 499 the server
+    drops, and nothing is logged."""
+    events: list[str] = []
+    app = handler_app(events, hold_s=1.5)
+    app.add_middleware(CancelOnDisconnect)
+
+    @app.middleware("http")
+    async def timing(request: Request, call_next: Any) -> Any:
+        return await call_next(request)
+
+    records = _Records()
+    server_log = logging.getLogger("uvicorn.error")
+
+    async def main() -> None:
+        async with serving(app) as url:
+            server_log.addHandler(records)  # after uvicorn's logging set-up, which resets it
+            try:
+                await _give_up(url, "/slow", after_s=0.2)
+                await asyncio.sleep(0.5)
+            finally:
+                server_log.removeHandler(records)
+
+    asyncio.run(main())
+    assert events == ["cancelled"]
+    assert not [m for m in records.messages if "Exception in ASGI application" in m]
