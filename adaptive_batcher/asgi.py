@@ -279,14 +279,14 @@ class CancelOnDisconnect:
     complete cancels the request's task (that cancellation, and no other, ends here), so an
     ``await batcher.submit(...)`` in the handler raises ``CancelledError`` and its request
     leaves the batcher's queue (or its batch's answer is dropped) instead of spending the model
-    on an answer nobody reads. Logs
-    ``asgi.client_gone`` (debug). The request's answer is then ended as the server expects
-    (499 if none had started, else its last part), which the server drops: a middleware
-    outside, as FastAPI's ``@app.middleware("http")``, would otherwise raise on a request that
-    returned no answer. The app's own later reads get the same ``http.disconnect``
-    (Starlette's ``request.is_disconnected()`` and streamed answers still see it); an answer
-    already complete is left alone (background tasks run on). Body reads are passed through
-    as the app asks for them, so the server's flow control holds. Other scopes pass through.
+    on an answer nobody reads. Logs ``asgi.client_gone`` (debug). The request's answer is then
+    ended as the server expects (499 if none had started, else its last part), which the
+    server drops: a middleware outside, as FastAPI's ``@app.middleware("http")``, would
+    otherwise raise on a request that returned no answer. The app's own later reads get the
+    same ``http.disconnect`` (Starlette's ``request.is_disconnected()`` and streamed answers
+    still see it); an answer already complete is left alone (background tasks run on). Body
+    reads are passed through as the app asks for them, so the server's flow control holds.
+    Other scopes pass through.
     Source: uvicorn's ASGI receive, which returns ``http.disconnect`` once the connection is
     lost; Starlette's own ``listen_for_disconnect`` does the same for streamed answers only.
 
@@ -362,10 +362,13 @@ class _Watch:
         request") if none had started, else its last, empty part. The server drops it; a
         middleware outside (Starlette's ``BaseHTTPMiddleware``) would otherwise find no
         answer and raise."""
-        if not self._started:
-            await _answer(self._send, 499, {"error": "ClientClosedRequest"}, close=True)
-        elif not self._answered:
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            if not self._started:
+                await _answer(self._send, 499, {"error": "ClientClosedRequest"}, close=True)
+            elif not self._answered:
+                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception as exc:  # a server may refuse to send to a client that has gone
+            _log.debug("asgi.client_gone_answer_failed", error=type(exc).__name__)
 
     def start(self) -> None:
         """Read the connection (once) for the client leaving."""

@@ -270,3 +270,19 @@ def test_a_middleware_outside_sees_an_answer_for_a_request_whose_client_left() -
     asyncio.run(main())
     assert events == ["cancelled"]
     assert not [m for m in records.messages if "Exception in ASGI application" in m]
+
+
+def test_a_server_that_refuses_the_gone_clients_answer_ends_the_request_quietly() -> None:
+    """A server that raises on a send to a client that has gone: the request still ends
+    without an error (the answer was only for a middleware outside)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await asyncio.sleep(10)
+
+    async def refusing(message: Any) -> None:
+        raise OSError("the client has gone")
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+    run = CancelOnDisconnect(app)(scope, _once_then_disconnect(), refusing)
+    asyncio.run(asyncio.wait_for(run, 2))
