@@ -51,6 +51,7 @@ from adaptive_batcher.runtime.executors import (
     StreamExecutor,
     ThreadExecutor,
     make_executor,
+    running_as,
 )
 from adaptive_batcher.runtime.in_flight import InFlight
 from adaptive_batcher.runtime.listeners import BatchListener, BatchListeners
@@ -472,7 +473,7 @@ class AdaptiveBatcher(Generic[X, Y]):
         """A frozen snapshot of queue, counters, batch sizes and sliding-window latency."""
         now = self._now() if self._loop is not None else 0.0
         gpu = self._sampler.usage if self._sampler is not None else None
-        return take_stats(self._core, self.name, now, gpu)
+        return take_stats(self._core, self.name, now, gpu, running_as(self._executor))
 
     def add_batch_listener(self, listener: BatchListener) -> None:
         """Call ``listener(record)`` with a :class:`BatchRecord` once for each batch that ran,

@@ -53,6 +53,7 @@ __all__ = [
     "is_stream_callable",
     "make_executor",
     "run_timed",
+    "running_as",
 ]
 
 _log = get_logger()
@@ -485,6 +486,22 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - we need the bound method itself
     return call is not None and inspect.iscoroutinefunction(call)
+
+
+def running_as(executor: BatchExecutor) -> str:
+    """The kind ``executor`` runs the model as now: ``"stream"``, ``"async"``, ``"inline"``,
+    ``"thread"`` or ``"cuda"`` (an ``"adaptive"`` one as ``"inline"`` or ``"thread"``, by where
+    its calls go now; another object: its class's name)."""
+    if isinstance(executor, AdaptiveExecutor):
+        return "inline" if executor.inline else "thread"
+    kinds: tuple[tuple[type, str], ...] = (
+        (StreamExecutor, "stream"),
+        (AsyncExecutor, "async"),
+        (InlineExecutor, "inline"),
+        (ThreadExecutor, "thread"),
+        (CudaExecutor, "cuda"),
+    )
+    return next((kind for cls, kind in kinds if isinstance(executor, cls)), type(executor).__name__)
 
 
 def make_executor(

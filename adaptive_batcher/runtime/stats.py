@@ -47,9 +47,12 @@ class BatcherStats:
         gpu: what the GPU did while the batcher sampled it (energy, busy and SM-active
             seconds; see :class:`~adaptive_batcher.telemetry.TelemetryUsage`); None without
             ``telemetry``.
+        executor: where the model runs now: ``"thread"``, ``"inline"`` (on the event loop),
+            ``"async"``, ``"stream"`` or ``"cuda"`` (``executor="adaptive"`` reads
+            ``"thread"`` or ``"inline"`` by where warm-up put it); empty when not known.
 
-    The device cost is in ``counts``: ``counts.device_busy_s`` (every model call's wall time)
-    and ``counts.device_ms_per_request``.
+    The device cost is in ``counts``: ``counts.device_busy_s`` (every model call's time, as
+    measured where it ran) and ``counts.device_ms_per_request``.
     """
 
     name: str
@@ -69,6 +72,7 @@ class BatcherStats:
     slo_attainment: float = math.nan
     decision_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     gpu: TelemetryUsage | None = None
+    executor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +109,15 @@ class BatchRecord:
 
 
 def take_stats(
-    core: BatcherCore[Any], name: str, now: float, gpu: TelemetryUsage | None
+    core: BatcherCore[Any],
+    name: str,
+    now: float,
+    gpu: TelemetryUsage | None,
+    executor: str = "",
 ) -> BatcherStats:
     """The snapshot of the batcher named ``name`` whose core is ``core``, at ``now`` (seconds
-    on its clock), with ``gpu``, what its telemetry sampler integrated (None: no telemetry)."""
+    on its clock), with ``gpu``, what its telemetry sampler integrated (None: no telemetry),
+    and ``executor``, where its model runs now."""
     controller = core.controller
     limits = core.limits
     recorder = core.recorder
@@ -133,4 +142,5 @@ def take_stats(
         else math.nan,
         decision_reasons=MappingProxyType(dict(controller.reasons) if controller else {}),
         gpu=gpu,
+        executor=executor,
     )

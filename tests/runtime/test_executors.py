@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -202,13 +203,14 @@ async def test_adaptive_runs_a_short_model_on_the_loop_after_warmup(executor: st
             await batcher.warmup(lambda: 0)
             threads.clear()
             assert await batcher.submit_many([1, 2, 3]) == [1, 2, 3]
+            where = batcher.stats().executor
     chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
     if executor == "adaptive":
         assert threads and set(threads) == {loop_thread}
-        assert chosen == [("inline", "warmup")]
+        assert (chosen, where) == ([("inline", "warmup")], "inline")
     else:
         assert threads and loop_thread not in threads
-        assert chosen == []
+        assert (chosen, where) == ([], "thread")
 
 
 @pytest.mark.parametrize(("delay_s", "slots"), [(0.003, 1), (0.0, 2)])
@@ -274,6 +276,30 @@ async def test_adaptive_sends_a_model_whose_calls_grow_long_back_to_its_thread(
             threads.clear()
             for item in range(4):
                 assert await batcher.submit(item) == item
+            where = batcher.stats().executor
     assert threads and loop_thread not in threads
     chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
-    assert chosen == [("inline", "warmup"), ("thread", reason)]
+    assert (chosen, where) == ([("inline", "warmup"), ("thread", reason)], "thread")
+
+
+async def _twice(batch: list[int]) -> list[int]:
+    return [2 * item for item in batch]
+
+
+async def _stream_twice(batch: list[int]) -> AsyncIterator[list[int]]:
+    yield [2 * item for item in batch]
+
+
+@pytest.mark.parametrize(
+    ("model", "executor", "where"),
+    [
+        (lambda batch: batch, "auto", "thread"),
+        (lambda batch: batch, "inline", "inline"),
+        (lambda batch: batch, "adaptive", "thread"),
+        (_twice, "auto", "async"),
+        (_stream_twice, "auto", "stream"),
+    ],
+)
+async def test_stats_say_where_the_model_runs(model: Any, executor: str, where: str) -> None:
+    async with AdaptiveBatcher(model, max_batch_size=4, executor=executor) as batcher:
+        assert batcher.stats().executor == where
