@@ -9,7 +9,9 @@ NVIDIA H200 (resnet50, PyTorch 2.11, bf16, eager; the same load served with each
 strategy): a worker thread fighting the event loop for the GIL made each resnet50 batch 2-5x
 slower, while launching kernels on the loop thread and waiting for a
 CUDA event in a worker thread ("split", :class:`CudaExecutor`) gave p50 6-8 ms and p99 11-14 ms at
-2000-12000 req/s. CPU models (torch releases the GIL inside kernels) run well in a thread.
+2000-12000 req/s. CPU models whose calls take milliseconds run well in a thread (torch
+releases the GIL inside kernels); a short one waits for the GIL between them while the loop
+works (``"adaptive"`` moves it onto the loop).
 
 A ``StopIteration`` raised by a sync model (or a CUDA event) leaves every executor as
 :class:`CarriedModelError`, and so does a ``GeneratorExit`` from a worker thread: asyncio refuses to
