@@ -297,16 +297,16 @@ class LoopDriver:
                 units = sum(r.size for r in live) if self.counts_units else len(live)
                 if self.buckets:
                     units = pad_target(self.buckets, units)  # what the model actually ran
-                if calls is not None and len(calls) == 1 and calls[0].items == len(live):
+                one_call = calls is not None and len(calls) == 1 and calls[0].items == len(live)
+                whole = calls[0] if calls and one_call else None
+                if whole is not None or calls is None:
                     # one call: its time as measured where the model ran (not when the loop
-                    # noticed its end) is the batch's service time and device time
-                    call = calls[0]
-                    core.record_device_time(call.service_s)
+                    # noticed its end); a run that reported no call: timed from the loop
+                    service = whole.service_s if whole else ended - started
+                    answer = whole.answer_s if whole else None
+                    core.record_device_time(service)
                     idle = batch.window_idle_s
-                    core.record_run(ended, len(live), units, call.service_s, idle, call.answer_s)
-                elif calls is None:  # a run that reported no call: timed from the loop
-                    core.record_device_time(ended - started)
-                    core.record_run(ended, len(live), units, ended - started, batch.window_idle_s)
+                    core.record_run(ended, len(live), units, service, idle, answer)
                 else:  # split: each call that succeeded is a run (the failed ones are not)
                     core.record_device_time(ended - started)
                     idle = batch.window_idle_s

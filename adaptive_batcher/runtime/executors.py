@@ -286,9 +286,11 @@ class AdaptiveExecutor(ThreadExecutor):
             return await super().run_timed(items, clock)
         started = clock()
         try:
-            return call_carrying(self._fn, items), clock() - started
+            results = call_carrying(self._fn, items)
         finally:
-            self._note_inline(clock() - started)
+            took_s = clock() - started
+            self._note_inline(took_s)
+        return results, took_s
 
     async def run(self, items: list[Any]) -> Sequence[Any]:
         results, _ = await self.run_timed(items, time.monotonic)
