@@ -341,6 +341,7 @@ class Controller:
         return Observation(
             now_s=now,
             interval_s=interval,
+            tick_interval_s=self.interval_s,
             current=self.decision,
             bounds=self.bounds,
             slo=self.slo,

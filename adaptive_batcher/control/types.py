@@ -204,6 +204,8 @@ class Observation:
     Attributes:
         now_s: time of the observation, seconds on the batcher's clock.
         interval_s: length of the tick the rates and counts cover, seconds.
+        tick_interval_s: the controller's interval between ticks, s: a tick several times
+            longer had no poll for that long (no request came, or the loop stood still).
         current: the decision in force during the tick.
         bounds: the range decisions must stay in.
         slo: the latency objective (None: no SLO set).
@@ -316,6 +318,7 @@ class Observation:
     contention: float = 1.0
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
+    tick_interval_s: float = 0.25
     loop_stall_rate_hz: float = 0.0
     loop_stall_durations_s: tuple[float, ...] = ()
     outlier_elasticity: float = math.nan

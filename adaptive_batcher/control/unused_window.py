@@ -115,6 +115,14 @@ CLIENTS_STEP = 0.7
 CLIENTS_STEPS = 2
 """The most steps down a kept clients' window takes (to ``CLIENTS_STEP ** 2`` of itself)."""
 
+CLIENTS_THINNED_S = 2.0
+"""How long clients must come slower than at their kept window before it is tried again, s
+(over one second, the README app's clients' own swings of 1.3x ended it twice in a run)."""
+
+LONG_TICK = 4.0
+"""A tick this many controller intervals long is not judged: no poll came for that long (no
+request arrived, or the event loop stood still), and its rate says nothing of the window."""
+
 
 @dataclass(slots=True)
 class _ClientsWindow:
@@ -133,7 +141,8 @@ class _ClientsWindow:
     steps_left: int = CLIENTS_STEPS  # steps down still to try once kept
     trial_ms: float | None = None  # a narrower window on trial
     trial: _Settled = field(default_factory=_Settled)  # its ticks
-    steady: deque[_Stretch] = field(default_factory=lambda: deque(maxlen=4))  # at the kept one
+    steady: deque[_Stretch] = field(default_factory=lambda: deque(maxlen=8))  # at the kept one
+    reused_zero: bool = False  # at_zero was measured for an earlier shut
 
     def __post_init__(self) -> None:
         if self.clients is None:
@@ -146,6 +155,7 @@ class _ClientsWindow:
         kept a costly window by chance must not hold it for good)."""
         window = cls(earlier.share, earlier.clients, earlier.window_ms, at_zero=earlier.at_zero)
         window.steps_left = earlier.steps_left
+        window.reused_zero = True
         return window
 
     @property
@@ -180,11 +190,11 @@ class _ClientsWindow:
 
     def thinned(self, factor: float) -> bool:
         """Whether the clients have come ``factor`` times slower than at the window kept, over
-        its latest ticks (at most four), beyond Poisson noise: fewer clients, or slower ones,
-        whom the window no longer fits (the README's app: 16 clients down to 4 got half the
-        answers of window 0 at the 16's window)."""
+        its latest ``CLIENTS_THINNED_S`` (at most eight ticks), beyond Poisson noise: fewer
+        clients, or slower ones, whom the window no longer fits (the README's app: 16 clients
+        down to 4 got half the answers of window 0 at the 16's window)."""
         recent = _Stretch.pooled(self.steady)
-        if not self.kept or self.trial_ms is not None or recent.seconds < CLIENTS_JUDGE_S:
+        if not self.kept or self.trial_ms is not None or recent.seconds < CLIENTS_THINNED_S:
             return False
         expected = self.held.rate_rps * recent.seconds  # at the rate the window was kept at
         return rate_rose(recent.rate_rps, recent.seconds, expected, factor)
@@ -217,16 +227,29 @@ class _ClientsWindow:
         self.judged = True
         held, at_zero = self.held, self.at_zero
         costly = at_zero.rate_rps > (1.0 + self.share / 2) * held.rate_rps
+        remeasure = costly and self.reused_zero
         _log.info(
             "controller.clients_window",
             window_ms=round(self.window_ms or 0.0, 3),
             kept=not costly,
             rate_rps=round(held.rate_rps, 1),
             rate_at_zero_rps=round(at_zero.rate_rps, 1),
+            remeasure=remeasure,
         )
-        if costly:
+        if remeasure:
+            self._measure_again()
+        elif costly:
             self.window_ms = 0.0
             self.costly = True
+
+    def _measure_again(self) -> None:
+        """Measure the clients at window 0 afresh, then hold and judge the window again: a
+        window held again after a try was judged against their rate at window 0 from an earlier
+        shut, and the machine's pace drifts (the README's app after its 20 s stall: 481 req/s
+        at the kept window against 552 at window 0 25 s before read as costly, and window 0
+        cost the clients a quarter of their answers for the rest of the run)."""
+        self.window_ms, self.judged, self.reused_zero = None, False, False
+        self.at_zero, self.held = _Settled(), _Stretch()
 
     def cancel_trial(self) -> None:
         """Drop the narrower window on trial, unjudged (the shut ends); its step is kept for
@@ -275,34 +298,39 @@ def _same_window(window_ms: float, other_ms: float | None) -> bool:
     return other_ms is not None and math.isclose(window_ms, other_ms, rel_tol=0.1, abs_tol=0.05)
 
 
+REFERENCE_TICKS = 2
+"""Ticks a re-arm's reference holds before a rise is judged against it (their highest)."""
+
+
 @dataclass(slots=True)
 class _RearmReference:
     """The arrival rate a real rise in load must exceed while the window is shut: the highest
-    seen at the window in force, from the tick after the one that set it (closed-loop clients
-    come at the pace the window sets them: faster once it is shut, faster again at their own
-    window; the tick that changed it still answers the old one's batches), each tick joining
-    it a tick late (a tick that a step in the load straddles reads part of the step, and as
-    the reference at once it hid the step's next full tick)."""
+    seen at the window in force over at least ``REFERENCE_TICKS`` ticks, from the tick after
+    the one that set it (closed-loop clients come at the pace the window sets them: faster
+    once it is shut, faster again at their own window; the tick that changed it still answers
+    the old one's batches), each tick joining it a tick late (a tick that a step in the load
+    straddles reads part of the step, and as the reference at once it hid the step's next full
+    tick). One tick alone is no reference: in the README's app a held window's first tick read
+    464-476 req/s, its clients then came at 700-800, and a tick at 801 re-armed the policy's
+    40 ms window."""
 
     window_ms: float | None = None  # the window in force it was seen at
-    rate_rps: float | None = None
+    rate_rps: float = 0.0
+    ticks: int = 0  # ticks joined
     latest_rps: float | None = None  # the latest tick's, not yet in it
 
     def risen(self, rate_rps: float, window_ms: float, factor: float) -> bool:
         """Take a tick's rate at the window in force; True when it is ``factor`` times the
         reference."""
         if not _same_window(window_ms, self.window_ms):
-            self.window_ms, self.rate_rps, self.latest_rps = window_ms, None, None
+            self.window_ms, self.rate_rps, self.ticks, self.latest_rps = window_ms, 0.0, 0, None
             return False
-        reference, latest = self.rate_rps, self.latest_rps
-        self.latest_rps = rate_rps
-        if reference is None:
-            self.rate_rps = rate_rps
-            return False
-        if rate_rps > factor * reference:
+        if self.ticks >= REFERENCE_TICKS and rate_rps > factor * self.rate_rps:
             return True
-        if latest is not None:
-            self.rate_rps = max(reference, latest)
+        if self.latest_rps is not None:
+            self.rate_rps = max(self.rate_rps, self.latest_rps)
+            self.ticks += 1
+        self.latest_rps = rate_rps
         return False
 
 
@@ -334,8 +362,9 @@ class UnusedWindowGuard(Guard):
     arrivals ``throttle_factor`` times the open window's rate over its latest second, beyond
     Poisson noise, shut it.
     The window then stays shut until the arrival rate rises by ``rearm_factor`` over the
-    highest seen at the window in force (from its second tick, each tick joining it a tick
-    late) or, at most, for ``retry_s`` (doubled after each try that shuts it again, and at
+    highest seen at the window in force (over two ticks at least, from its second, each tick
+    joining it a tick late) or, at most, for ``retry_s``; either opening is a try (the wait
+    doubled after each try that shuts it again, and at
     least the try's length over ``try_share``; a try whose arrivals fall by
     ``throttle_factor`` below the shut's latest second shuts again; one that a guard outside
     holds at 0 is put off). A verdict waits for
@@ -352,13 +381,17 @@ class UnusedWindowGuard(Guard):
     spoilt by the clients' own hiccup); a window kept is then tried narrower
     (``CLIENTS_STEP`` of itself, at most ``CLIENTS_STEPS`` times), the narrower kept while the
     clients come faster at it than its shorter wait explains; clients that come
-    ``throttle_factor`` times slower than at the window kept (over its latest second, beyond
-    Poisson noise) end the shut, so the policy's window is tried on the set as it now is; a
-    window kept is held again at once when a later try shuts for the same set. The shut's
-    retry waits for that judgement; its clock stops while the loop stalls (and for
-    ``stall_hold_s`` after), and a try's verdict needs ``trial_min_batches``. While the guard
-    holds the window, the policy inside sees the window it chose in force (:meth:`chosen`
-    gives it to a new policy). The law and its figures: docs/policies.md, "UnusedWindowGuard".
+    ``throttle_factor`` times slower than at the window kept (over its latest
+    ``CLIENTS_THINNED_S``, beyond Poisson noise) end the shut, so the policy's window is tried
+    on the set as it now is; a window kept is held again at once when a later try shuts for
+    the same set. The shut's retry waits for that judgement; its clock stops while the loop
+    stalls (and for ``stall_hold_s`` after) and over a tick ``LONG_TICK`` intervals long (no
+    poll came: it is judged by nothing), and a try's verdict needs ``trial_min_batches``. A
+    window held again after a try is judged against the clients' rate at window 0 measured
+    before; found costly, it is measured and judged afresh (the machine's pace drifts). While
+    the guard holds the window, the policy inside sees the window it chose in force
+    (:meth:`chosen` gives it to a new policy). The law and its figures: docs/policies.md,
+    "UnusedWindowGuard".
 
     Args:
         min_company: the least share of the expected company that counts as company.
@@ -471,7 +504,8 @@ class UnusedWindowGuard(Guard):
         now = observation.now_s
         if self._tried and observation.current.window_ms <= 0.0:
             self._postpone_try(now)  # a guard outside held the try's window at 0
-        judged = now - observation.loop_stall_s >= self.stall_hold_s
+        long_tick = observation.interval_s >= LONG_TICK * observation.tick_interval_s
+        judged = now - observation.loop_stall_s >= self.stall_hold_s and not long_tick
         if self._policy_window_open(observation) and judged:
             self._stretch.add(observation)
             self._open_ticks.append(_Stretch.of(observation))
@@ -516,10 +550,7 @@ class UnusedWindowGuard(Guard):
         elif self.closed and judged:
             self._rearm_on_load(observation.arrival_rate_rps, observation.current.window_ms)
         if self._retry_due(now):
-            self.closed, self._retry_now = False, False  # try the window again
-            self._clients_window.cancel_trial()
-            self._on_trial = True
-            self._trial_s = 0.0
+            self._try_window()
         if self.closed and decision.window_ms > 0:
             window_ms = min(decision.window_ms, self._clients_window.holding_ms or 0.0)
             return decision.with_(window_ms=window_ms, reason=WINDOW_UNUSED)
@@ -619,10 +650,16 @@ class UnusedWindowGuard(Guard):
         """Open the window when the arrival rate has grown ``rearm_factor`` times over the
         reference (:class:`_RearmReference`)."""
         if self._reference.risen(rate_rps, window_ms, self.rearm_factor):
-            self.closed = False
-            self._on_trial = False
-            self._shut_for_s = self.retry_s
-            self._kept_window = None
+            self._try_window()
+
+    def _try_window(self) -> None:
+        """Open the policy's window again, on trial: shut again at its first verdict, the shut
+        lasts twice as long (a re-arm by load too: in the README's app re-arms by chance reset
+        the wait to 2 s, and its closed-loop clients paid a try every 2 s)."""
+        self.closed, self._retry_now = False, False
+        self._clients_window.cancel_trial()
+        self._on_trial = True
+        self._trial_s = 0.0
 
     def _end_shut_for_thinned_clients(self) -> None:
         """The clients came slower than at their kept window, beyond noise: try the policy's

@@ -41,7 +41,8 @@ def test_unused_window_closes_and_stays_closed_until_load_grows() -> None:
     assert guard.decide(lonely) == Decision(0.0, 64, "window_unused")
     calm = observe(current=Decision(0.0, 64), mean_batch_size=1.0, arrival_rate_rps=60.0)
     assert guard.decide(calm).window_ms == 0.0  # the shut's first tick: no reference yet
-    assert guard.decide(calm).window_ms == 0.0  # still closed: load barely moved
+    for _ in range(3):  # two ticks make the reference (each joins a tick late)
+        assert guard.decide(calm).window_ms == 0.0  # still closed: load barely moved
     busier = observe(current=Decision(0.0, 64), mean_batch_size=1.0, arrival_rate_rps=100.0)
     assert guard.decide(busier).window_ms == 10.0  # load doubled: the policy may try again
 
@@ -1032,18 +1033,39 @@ def test_tries_take_at_most_their_share_of_the_time() -> None:
     assert tick(20.0, shut) == 45.0
 
 
-def test_a_window_that_reopens_on_its_own_resets_the_wait() -> None:
-    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
-    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+def _reopened_by_load(guard: Any, lonely: dict[str, float]) -> None:
+    """Shut at 10 s, tried at 12 s and shut again (for 5 s), then re-armed by the load at 13.5 s."""
     for now_s, window_ms in ((10.0, 10.0), (12.0, 0.0), (12.25, 10.0)):  # shut, try, shut
         guard.decide(observe(now_s=now_s, current=Decision(window_ms, 64), **lonely))
-    for now_s in (12.5, 12.75):  # the shut's first tick (its batches), then the reference
+    for now_s in (12.5, 12.75, 13.0, 13.25):  # the shut's first tick, then the reference
         guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), **lonely))
-    busier = observe(now_s=13.0, current=Decision(0.0, 64), mean_batch_size=1.0)
-    assert guard.decide(busier).window_ms == 10.0  # load grew: open, the wait back to 2 s
+    busier = observe(now_s=13.5, current=Decision(0.0, 64), mean_batch_size=1.0)
+    assert guard.decide(busier).window_ms == 10.0  # load grew: the policy's window, on trial
+
+
+def test_a_reopened_window_that_brings_company_resets_the_wait() -> None:
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    _reopened_by_load(guard, lonely)
+    company = observe(now_s=13.75, current=Decision(10.0, 64), mean_batch_size=10.0)
+    assert guard.decide(company).window_ms == 10.0  # the try passed: the wait back to 2 s
     assert guard.decide(observe(now_s=20.0, current=Decision(10.0, 64), **lonely)).window_ms == 0
     assert guard.decide(observe(now_s=21.0, current=Decision(0.0, 64), **lonely)).window_ms == 0
     assert guard.decide(observe(now_s=22.0, current=Decision(0.0, 64), **lonely)).window_ms == 10
+
+
+def test_a_window_reopened_by_load_and_shut_at_once_waits_twice_as_long() -> None:
+    """The README's app: rises in the rate by chance re-armed the policy's 40 ms window in
+    front of 16 closed-loop clients, whose shut then waited 2 s again, so the clients paid a try
+    every 2 s. A re-arm is a try: shut again at its first verdict, the wait doubles."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=2.0)
+    lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
+    _reopened_by_load(guard, lonely)
+    shut = Decision(0.0, 64)
+    assert guard.decide(observe(now_s=13.75, current=Decision(10.0, 64), **lonely)).window_ms == 0
+    for now_s in (14.0, 18.0, 23.5):  # shut for 10 s (twice the 5 s before), to 23.75
+        assert guard.decide(observe(now_s=now_s, current=shut, **lonely)).window_ms == 0
+    assert guard.decide(observe(now_s=23.75, current=shut, **lonely)).window_ms == 10
 
 
 # The README's FastAPI app (16 closed-loop HTTP clients, docs/benchmarks.md): a 45 ms window
@@ -1154,6 +1176,23 @@ def test_clients_coming_faster_at_their_own_window_do_not_reopen_it() -> None:
     assert guard.decide(busier).window_ms == 45.0  # a real rise over the held window's rate
 
 
+def test_one_slow_tick_is_no_reference_for_a_rise() -> None:
+    """The README's app: the clients' window held, its first judged tick read 464 req/s (the
+    20 MB body's tick in one run), the next 686, then 801; as the reference, 464 made 801 a
+    rise of 1.7x and re-armed the policy's 40 ms window. The reference is the highest of two
+    ticks, so only a rise over the traffic's own pace re-arms."""
+    guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=60.0)
+    lonely = {"mean_batch_size": 1.0, "largest_batch_size": 2}
+    assert guard.decide(observe(current=Decision(10.0, 64), **lonely)).window_ms == 0.0
+    rates = (559.0, 464.0, 686.0, 801.0, 720.0, 801.0, 760.0)  # the shut's first tick first
+    for k, rate in enumerate(rates):
+        tick = observe(now_s=10.25 + 0.25 * k, current=Decision(0.0, 64),
+                       arrival_rate_rps=rate, **lonely)  # fmt: skip
+        assert guard.decide(tick).window_ms == 0.0
+    busier = observe(now_s=12.0, current=Decision(0.0, 64), arrival_rate_rps=1300.0, **lonely)
+    assert guard.decide(busier).window_ms == 10.0  # 1.6x the traffic's 801: a real rise
+
+
 def test_a_try_whose_first_batch_held_the_kept_windows_last_few_keeps_the_set() -> None:
     """The README's app: the try's pooled batches held 14 on average, one of them the kept
     window's last few and the rest all 16 clients; the mean, off by more than one, was read
@@ -1228,7 +1267,7 @@ def test_the_burst_after_a_loop_stall_does_not_reopen_a_shut_window() -> None:
     guard = guarded(UnusedWindowGuard, Decision(10.0, 64, "policy"), retry_s=60.0)
     lonely = {"mean_batch_size": 1.0, "arrival_rate_rps": 50.0}
     guard.decide(observe(now_s=10.0, current=Decision(10.0, 64), **lonely))  # shut
-    for now_s in (10.25, 10.5):  # the shut's first tick, then the reference: 50 req/s
+    for now_s in (10.25, 10.5, 10.75, 11.0):  # the shut's first tick, then the reference: 50
         guard.decide(observe(now_s=now_s, current=Decision(0.0, 64), **lonely))
     burst = observe(
         now_s=30.0, current=Decision(0.0, 64), arrival_rate_rps=4000.0, loop_stall_s=29.9
@@ -1448,17 +1487,47 @@ def test_clients_that_thin_out_at_their_kept_window_get_the_policys_window_tried
 ) -> None:
     """A fresh user's steps of 16, 4 and 32 clients through the README's app: the 4 got the
     16's window, half the answers of window 0, for the whole step. Clients coming 1.3x slower
-    than at their kept window for a second, beyond noise (560 -> 300 req/s), end the shut: the
-    policy's window is tried, and its verdict sees the set as it is. 480 req/s is within the
-    1.3x: the window stays."""
+    than at their kept window for two seconds, beyond noise (560 -> 300 req/s), end the shut:
+    the policy's window is tried, and its verdict sees the set as it is. 480 req/s is within
+    the 1.3x: the window stays."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=30.0)
     narrower = _kept_then_tried_narrower(guard)
     wider = _held(guard, narrower, 560.0, 13.0, 5)  # not faster: back to the wider, for good
     assert wider.window_ms == pytest.approx(narrower.window_ms / 0.7)
     with capture_logs() as events:
-        after = _held(guard, wider, rate_rps, 14.25, 4)
+        after = _held(guard, wider, rate_rps, 14.25, 8)
     assert [e["event"] for e in events] == (["controller.clients_thinned"] if tried else [])
     assert after == (Decision(45.0, 64, "policy") if tried else wider)
+
+
+def test_clients_slower_for_one_second_keep_their_window() -> None:
+    """The README's app: its clients' own swings (a tick at 447 req/s after 700) ended a kept
+    window twice in a 40 s run, each time a try of the policy's 45 ms window and a second at
+    window 0. One slow second among normal ones is no thinning."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=30.0)
+    narrower = _kept_then_tried_narrower(guard)
+    wider = _held(guard, narrower, 560.0, 13.0, 5)
+    with capture_logs() as events:
+        assert _held(guard, wider, 560.0, 14.25, 4) == wider
+        assert _held(guard, wider, 380.0, 15.25, 4) == wider  # 1.47x slower for a second
+        assert _held(guard, wider, 600.0, 16.25, 4) == wider
+    assert [e["event"] for e in events] == []
+
+
+def test_a_tick_that_no_poll_came_in_for_seconds_is_not_judged() -> None:
+    """The README's app: the loop stood still for 20 s with no request in the batcher, so no
+    timer told the core; the first tick after it (3.9 req/s over 20 s) came before the stall
+    was noted, read as clients thinned out, and opened the policy's 49 ms window to all 16
+    clients for a second. A tick four intervals long is judged by nothing."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=30.0)
+    narrower = _kept_then_tried_narrower(guard)
+    wider = _held(guard, narrower, 560.0, 13.0, 5)
+    after_gap = observe(now_s=34.25, interval_s=20.0, current=wider, arrival_rate_rps=3.9,
+                        mean_batch_size=3.9, largest_batch_size=6)  # fmt: skip
+    with capture_logs() as events:
+        assert guard.decide(after_gap) == wider
+        assert _held(guard, wider, 560.0, 34.5, 8) == wider
+    assert [e["event"] for e in events] == []
 
 
 def test_a_try_drops_the_narrower_window_on_trial_unjudged() -> None:
@@ -1488,13 +1557,41 @@ def test_a_kept_clients_window_is_held_again_at_once_after_a_try() -> None:
     with capture_logs() as events:  # judged again: now 1.19x slower than at window 0 then
         slower = _held(guard, held, 470.0, 13.25, 4)
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", False)]
-    assert slower == Decision(0.0, 64, "window_unused")
+    assert slower == Decision(0.0, 64, "window_unused")  # measured again at window 0
     fewer = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(fewer)
     _held(fewer, _clients_window(fewer), 560.0, 12.0, 4)
     eight = {**CLOSED_LOOP_WIDE, "mean_batch_size": 8.0, "largest_batch_size": 8}
     again = fewer.decide(observe(now_s=13.0, current=tried, **eight))
     assert again == Decision(0.0, 64, "window_unused")  # another set: measured again at 0
+
+
+@pytest.mark.parametrize(("rate_at_zero_now", "kept"), [(470.0, True), (560.0, False)])
+def test_a_window_held_again_and_judged_costly_is_judged_on_a_fresh_measurement(
+    rate_at_zero_now: float, kept: bool
+) -> None:
+    """The README's app after its 20 s stall: the kept window, held again after a try, was
+    judged against the clients' rate at window 0 from 25 s before (552 req/s) and read as
+    costly at 481; window 0 then cost them a quarter of their answers for the rest of the run.
+    A costly verdict on a reused measurement measures at window 0 afresh and judges again: the
+    machine slowed (470 at window 0 too): kept; the window slowed the clients: window 0."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    _shut_by_probe(guard)
+    held = _clients_window(guard)
+    tried = _held(guard, held, 560.0, 12.0, 4)
+    assert guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE)) == held
+    with capture_logs() as events:
+        assert _held(guard, held, 470.0, 13.25, 4) == Decision(0.0, 64, "window_unused")
+    assert [e["remeasure"] for e in events] == [True]
+    fresh = _clients_window(guard, rate_rps=rate_at_zero_now, start_s=14.25)
+    assert fresh.window_ms == pytest.approx(0.2 * 16 / rate_at_zero_now * 1e3)
+    with capture_logs() as events:
+        after = _held(guard, fresh, 470.0, 15.25, 5)
+    verdicts = [
+        (e["kept"], e["remeasure"]) for e in events if e["event"] == "controller.clients_window"
+    ]
+    assert verdicts == [(kept, False)]
+    assert (after.window_ms > 0) is kept
 
 
 def test_the_retry_waits_for_the_clients_window_judgement() -> None:
