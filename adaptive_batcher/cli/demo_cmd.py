@@ -75,9 +75,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--executor",
-        choices=["thread", "inline"],
+        choices=["thread", "inline", "adaptive"],
         default="thread",
-        help="where the model runs (see AdaptiveBatcher)",
+        help="where the model runs (see AdaptiveBatcher; adaptive: on the event loop once "
+        "warm-up finds its batches within 1 ms, else its thread)",
     )
     parser.add_argument(
         "--slo-p99-ms",
@@ -179,7 +180,8 @@ async def _serve(args: argparse.Namespace, model: _ThreadReportingModel, make_in
                 live.update(_live_table(batcher, tally, elapsed, args))
             await arrivals
     _end_live_line(console)
-    console.print(_summary_table(batcher, tally, time.perf_counter() - started, model))
+    wall_s = time.perf_counter() - started
+    console.print(_summary_table(batcher, tally, wall_s, model, args.executor))
     return 0
 
 
@@ -253,6 +255,7 @@ def _summary_table(
     tally: _Tally,
     wall_s: float,
     model: _ThreadReportingModel,
+    executor: str,
 ) -> Table:
     stats = batcher.stats()
     counts = stats.counts
@@ -279,6 +282,7 @@ def _summary_table(
             if stats.slo
             else f"{tally.slo_s * 1e3:g}, judged only (--static: no controller aims at it)",
         ),
+        ("model runs", f"{stats.executor} (--executor {executor})"),
         ("torch threads in the model thread", _threads_text(model.threads_seen)),
     ]
     for name, value in rows:

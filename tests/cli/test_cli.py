@@ -64,6 +64,22 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < within <= completed
     assert re.search(r"device time per request, ms\s*│\s*\d+\.\d{3}", out)
     assert re.search(r"torch threads in the model thread\s*│\s*1\s*│", out)  # the default
+    assert re.search(r"model runs\s*│\s*thread \(--executor thread\)", out)
+
+
+@pytest.mark.parametrize(
+    ("option", "runs"), [("adaptive", "(thread|inline)"), ("inline", "inline")]
+)
+def test_demo_says_where_the_model_ran(
+    option: str, runs: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--executor adaptive`` was not offered, and the summary did not say where the model
+    ran. The demo's MLP takes about 1 ms at its largest batch: adaptive runs it on the loop
+    or in its thread, as warm-up finds it."""
+    status = main(["demo", "--duration", "1", "--rate", "100", "--executor", option])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert re.search(rf"model runs\s*│\s*{runs} \(--executor {option}\)", out)
 
 
 def test_a_static_demo_says_its_slo_is_only_judged(capsys: pytest.CaptureFixture[str]) -> None:
