@@ -95,6 +95,7 @@ _GAUGES: tuple[tuple[r.MetricSpec, _Read], ...] = (
     (r.SLO_LATENCY, _one(lambda x: x.stats.slo.latency_ms / 1e3 if x.stats.slo else math.nan)),
     (r.SLO_ATTAINMENT, _one(lambda x: x.stats.slo_attainment)),
     (r.SLO_UNREACHABLE, _one(lambda x: x.stats.slo_unreachable)),
+    (r.EXECUTOR, _by("executor", lambda x: {x.stats.executor: 1})),
 )
 _COUNTERS: tuple[tuple[r.MetricSpec, _Read], ...] = (
     (r.REQUESTS_SUBMITTED, _one(lambda x: x.stats.counts.submitted)),

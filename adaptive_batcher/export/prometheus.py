@@ -178,11 +178,14 @@ def _families(readings: list[r.BatcherReading]) -> Iterator[Metric]:
     ]
     for spec, value in gauges:
         yield _gauge(spec, readings, value)
+    yield _labelled(GaugeMetricFamily, r.EXECUTOR, readings, lambda x: {x.stats.executor: 1})
     yield _counter(r.REQUESTS_SUBMITTED, readings, lambda x: x.stats.counts.submitted)
-    yield _labelled_counter(r.REQUESTS, readings, lambda x: x.outcomes)
+    yield _labelled(CounterMetricFamily, r.REQUESTS, readings, lambda x: x.outcomes)
     yield _counter(r.REQUESTS_WITHIN_SLO, readings, lambda x: x.stats.counts.within_slo)
     yield _counter(r.OOM_ERRORS, readings, lambda x: x.stats.counts.oom_errors)
-    yield _labelled_counter(r.CONTROLLER_DECISIONS, readings, lambda x: x.stats.decision_reasons)
+    yield _labelled(
+        CounterMetricFamily, r.CONTROLLER_DECISIONS, readings, lambda x: x.stats.decision_reasons
+    )
     yield _counter(r.DEVICE_BUSY, readings, lambda x: x.device_busy_s)
 
 
@@ -225,8 +228,14 @@ def _counter(spec: r.MetricSpec, readings: list[r.BatcherReading], get: Any) -> 
     return family
 
 
-def _labelled_counter(spec: r.MetricSpec, readings: list[r.BatcherReading], get: Any) -> Metric:
-    family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels, unit=_unit(spec))
+def _labelled(
+    family_type: type[GaugeMetricFamily | CounterMetricFamily],
+    spec: r.MetricSpec,
+    readings: list[r.BatcherReading],
+    get: Any,
+) -> Metric:
+    """One sample per key of the mapping ``get`` returns, labelled by ``spec``'s last label."""
+    family = family_type(spec.name, spec.help, labels=spec.labels, unit=_unit(spec))
     for reading in readings:
         for label, value in get(reading).items():
             family.add_metric([reading.name, label], float(value))

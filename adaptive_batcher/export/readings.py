@@ -187,6 +187,15 @@ SLO_UNREACHABLE = _spec(
     "1 while the controller finds the SLO out of reach even for a batch of one (for a request "
     "that arrives while a batch runs), else 0.",
 )
+EXECUTOR = _spec(
+    "adaptive_batcher_executor_info",
+    "adaptive_batcher.executor",
+    "gauge",
+    "",
+    "1 for where the model runs now: thread, inline, async, stream or cuda (one with "
+    'executor="adaptive" moves from its thread to the event loop and back).',
+    "executor",
+)
 REQUESTS_SUBMITTED = _spec(
     "adaptive_batcher_requests_submitted_total",
     "adaptive_batcher.requests.submitted",
@@ -250,6 +259,7 @@ METRICS: tuple[MetricSpec, ...] = (
     SLO_LATENCY,
     SLO_ATTAINMENT,
     SLO_UNREACHABLE,
+    EXECUTOR,
     REQUESTS_SUBMITTED,
     REQUESTS,
     REQUESTS_WITHIN_SLO,

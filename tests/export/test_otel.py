@@ -96,6 +96,10 @@ def test_every_instrument_but_the_request_histogram_is_reported() -> None:
     assert point(points, "adaptive_batcher.slo.latency", batcher="slo").value == 0.05
     decisions = points["adaptive_batcher.controller.decisions"]
     assert sum(p.value for p in decisions.values()) > 0
+    executor = points["adaptive_batcher.executor"]
+    assert {k: p.value for k, p in executor.items()} == {
+        (("batcher", "slo"), ("executor", "async")): 1
+    }
 
 
 def test_batchers_share_a_provider_and_leave_it() -> None:

@@ -263,3 +263,32 @@ def test_the_openmetrics_exposition_carries_the_units() -> None:
     assert families["adaptive_batcher_device_busy_seconds"] == "seconds"
     assert families["adaptive_batcher_slo_attainment_ratio"] == "ratio"
     assert families["adaptive_batcher_queue_depth"] == ""
+
+
+def test_a_scrape_says_where_the_model_runs() -> None:
+    """``executor="adaptive"`` moves a short sync model onto the event loop after warm-up; the
+    scrape said nothing of it (``stats().executor`` did)."""
+    registry = CollectorRegistry()
+
+    def short(batch: list[float]) -> list[float]:
+        return batch
+
+    async def on_the_loop(batch: list[float]) -> list[float]:
+        return batch
+
+    async def main() -> tuple[Any, Any]:
+        batcher = AdaptiveBatcher(short, max_batch_size=4, executor="adaptive", name="a")
+        other = AdaptiveBatcher(on_the_loop, max_batch_size=4, name="b")
+        register_prometheus(batcher, registry)
+        register_prometheus(other, registry)
+        async with batcher, other:
+            before = scrape(registry)
+            await batcher.warmup(lambda: 1.0)
+            return before, scrape(registry)
+
+    before, after = asyncio.run(main())
+    name = "adaptive_batcher_executor_info"
+    assert before[name] == {(("batcher", "a"), ("executor", "thread")): 1.0,
+                            (("batcher", "b"), ("executor", "async")): 1.0}  # fmt: skip
+    assert after[name] == {(("batcher", "a"), ("executor", "inline")): 1.0,
+                           (("batcher", "b"), ("executor", "async")): 1.0}  # fmt: skip
