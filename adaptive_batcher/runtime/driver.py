@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.core.batcher_core import HEARTBEAT_S, BatcherCore
+from adaptive_batcher.core.batcher_core import HEARTBEAT_S, LOOP_STALL_S, BatcherCore
 from adaptive_batcher.core.buckets import pad_target
 from adaptive_batcher.core.engine import (
     START_GRACE_S,
@@ -27,6 +27,7 @@ from adaptive_batcher.core.engine import (
 from adaptive_batcher.errors import BatcherClosedError, BatcherError, DeadlineExceededError
 from adaptive_batcher.runtime.batch_runner import BatchRunner, ModelCall, fail_pending
 from adaptive_batcher.runtime.collector import FullCollections
+from adaptive_batcher.runtime.executors import AdaptiveExecutor
 from adaptive_batcher.runtime.in_flight import InFlight
 from adaptive_batcher.runtime.listeners import BatchListeners
 from adaptive_batcher.runtime.loop import raise_in_loop
@@ -105,7 +106,7 @@ class LoopDriver:
         self._beat_at = 0.0
         self._beat_callback: Callable[[], None] = self._on_beat
         self._collections = FullCollections()  # marked at each beat: a stall's full GCs
-        core.stall_context = self._collections.since_mark
+        core.stall_context = self._stall_context
         # loop callbacks bound once, not once per scheduling (a method object each time)
         self._pump_callback: Callable[[], None] = self.pump
         self._timer_callback: Callable[[], None] = self._on_timer
@@ -143,8 +144,19 @@ class LoopDriver:
         loop = self.loop
         assert loop is not None
         self._collections.mark()
+        if isinstance(self.runner.executor, AdaptiveExecutor):
+            self.runner.executor.mark()
         self._beat_at = self.now() + HEARTBEAT_S
         self._beat = loop.call_at(self._beat_at, self._beat_callback)
+
+    def _stall_context(self) -> dict[str, object]:
+        """What ``batcher.loop_stalled`` adds: the full collections since the last beat, and an
+        inline model call that held the loop as long as a stall (``executor="adaptive"``)."""
+        context = self._collections.since_mark()
+        executor = self.runner.executor
+        if isinstance(executor, AdaptiveExecutor):
+            context.update(executor.since_mark(LOOP_STALL_S))
+        return context
 
     def _on_beat(self) -> None:
         """While requests are in the system, a timer every ``HEARTBEAT_S``: one that fires

@@ -259,6 +259,7 @@ class AdaptiveExecutor(ThreadExecutor):
         self.inline = False
         self.left_loop = False  # sent back to the thread by long calls: for good
         self._long: deque[bool] = deque(maxlen=INLINE_RECENT)  # recent inline calls, long?
+        self._longest_since_mark_s = 0.0  # the longest inline call since :meth:`mark`
 
     def choose(self, largest_call_s: float) -> bool:
         """Run on the loop from now on if ``largest_call_s``, warm-up's time for a call of the
@@ -302,7 +303,19 @@ class AdaptiveExecutor(ThreadExecutor):
         if workers > 1 and self.inline:
             self._switch(False, "slots", math.nan)
 
+    def mark(self) -> None:
+        """Count inline calls for :meth:`since_mark` from now (the shell marks it at each stall
+        heartbeat)."""
+        self._longest_since_mark_s = 0.0
+
+    def since_mark(self, at_least_s: float) -> dict[str, object]:
+        """``{"inline_call_ms": ms}`` when a call on the loop since the mark took at least
+        ``at_least_s`` (it held the loop: a stall noted now was the model's), else ``{}``."""
+        longest = self._longest_since_mark_s
+        return {"inline_call_ms": round(longest * 1e3, 3)} if longest >= at_least_s else {}
+
     def _note_inline(self, took_s: float) -> None:
+        self._longest_since_mark_s = max(self._longest_since_mark_s, took_s)
         long = self._long
         long.append(took_s > INLINE_LEAVE_S)
         if took_s > INLINE_STALL_S:

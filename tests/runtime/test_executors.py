@@ -303,3 +303,32 @@ async def _stream_twice(batch: list[int]) -> AsyncIterator[list[int]]:
 async def test_stats_say_where_the_model_runs(model: Any, executor: str, where: str) -> None:
     async with AdaptiveBatcher(model, max_batch_size=4, executor=executor) as batcher:
         assert batcher.stats().executor == where
+
+
+def _block(seconds: float) -> None:
+    """A blocking call in the app's code: the event loop stands still."""
+    time.sleep(seconds)
+
+
+async def test_a_loop_stall_that_an_inline_model_call_caused_says_so() -> None:
+    """``batcher.loop_stalled`` told an app's author nothing when the stall was the batcher's
+    own model call on the loop (``executor="adaptive"``): they looked for it in their code.
+    It now carries the call's length; a stall of the app's own (a blocking call in a handler)
+    does not."""
+    delay = [0.0]
+    model = threaded_model([], delay)
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(
+            model, window_ms=20.0, max_batch_size=8, executor="adaptive"
+        ) as batcher:
+            await batcher.warmup(lambda: 0)
+            pending = asyncio.ensure_future(batcher.submit(1))
+            await asyncio.sleep(0.005)  # queued, its window's timer set
+            _block(0.2)  # the app's own stall, a request waiting in the window
+            assert await pending == 1
+            delay[0] = 0.2
+            assert await batcher.submit(2) == 2  # the model's: 200 ms on the loop
+    stalls = [e for e in logs if e["event"] == "batcher.loop_stalled"]
+    assert len(stalls) == 2, stalls
+    assert "inline_call_ms" not in stalls[0]
+    assert stalls[1]["inline_call_ms"] >= 200.0
