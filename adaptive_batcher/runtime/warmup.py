@@ -14,7 +14,12 @@ from adaptive_batcher.errors import BatcherClosedError, describe
 from adaptive_batcher.runtime.batch_runner import BatchRunner
 from adaptive_batcher.runtime.collector import freeze_after_warmup
 from adaptive_batcher.runtime.driver import LoopDriver
-from adaptive_batcher.runtime.executors import AdaptiveExecutor
+from adaptive_batcher.runtime.executors import (
+    INLINE_MAX_S,
+    INLINE_TRIES,
+    INLINE_TRY_LIMIT_S,
+    AdaptiveExecutor,
+)
 from adaptive_batcher.runtime.loop import cancelling
 from adaptive_batcher.runtime.requests import item_size
 
@@ -112,9 +117,11 @@ class WarmUp:
     async def _choose_executor(self, largest: _Batch, first_s: float) -> None:
         """Let an executor that chooses where the model runs by its calls' time
         (``"adaptive"``: :class:`~adaptive_batcher.runtime.executors.AdaptiveExecutor`) choose,
-        from the faster of the largest batch's first call (``first_s``) and one more; a move
-        onto the loop holds only if a call there then succeeds (a model bound to its thread,
-        or running an event loop of its own, fails there: logged as ``inline_failed``).
+        from the fastest of the largest batch's first call (``first_s``) and up to
+        ``INLINE_TRIES`` more, which end at one within ``INLINE_MAX_S`` or one over
+        ``INLINE_TRY_LIMIT_S``; a move onto the loop holds only if a call there then succeeds
+        (a model bound to its thread, or running an event loop of its own, fails there:
+        logged as ``inline_failed``).
 
         Raises:
             BatcherClosedError, Exception: as :meth:`_timed_call` (the call in the thread).
@@ -122,7 +129,15 @@ class WarmUp:
         executor = self.runner.executor
         if not isinstance(executor, AdaptiveExecutor):
             return
-        if not executor.choose(min(first_s, await self._timed_call(*largest))):
+        fastest_s = first_s
+        for _ in range(INLINE_TRIES):
+            if fastest_s <= INLINE_MAX_S or not executor.may_go_inline:
+                break
+            took_s = await self._timed_call(*largest)
+            fastest_s = min(fastest_s, took_s)
+            if took_s > INLINE_TRY_LIMIT_S:
+                break
+        if not executor.choose(fastest_s):
             return
         try:
             await self._timed_call(*largest)
