@@ -283,7 +283,7 @@ def _summary_table(
             else f"{tally.slo_s * 1e3:g}, judged only (--static: no controller aims at it)",
         ),
         ("model runs", f"{stats.executor} (--executor {executor})"),
-        ("torch threads in the model thread", _threads_text(model.threads_seen)),
+        ("torch threads where the model ran", _threads_text(model.threads_seen)),
     ]
     for name, value in rows:
         table.add_row(name, value)

@@ -63,7 +63,7 @@ def test_demo_runs_and_summarises(capsys: pytest.CaptureFixture[str]) -> None:
     within = int(re.search(r"answered within the SLO \(50 ms\)\s*│\s*(\d+)", out).group(1))  # type: ignore[union-attr]
     assert 0 < within <= completed
     assert re.search(r"device time per request, ms\s*│\s*\d+\.\d{3}", out)
-    assert re.search(r"torch threads in the model thread\s*│\s*1\s*│", out)  # the default
+    assert re.search(r"torch threads where the model ran\s*│\s*1\s*│", out)  # the default
     assert re.search(r"model runs\s*│\s*thread \(--executor thread\)", out)
 
 
@@ -122,7 +122,7 @@ def test_demo_torch_threads_option_reaches_the_model_thread(
     out = capsys.readouterr().out
     assert status == 0
     # the count torch reports inside the batcher's model thread (0: torch's own, here 3)
-    assert re.search(rf"torch threads in the model thread\s*│\s*{expected}\s*│", out)
+    assert re.search(rf"torch threads where the model ran\s*│\s*{expected}\s*│", out)
     assert torch.get_num_threads() == 3  # restored after the run
 
 
