@@ -107,6 +107,8 @@ class LoopDriver:
         self._beat_callback: Callable[[], None] = self._on_beat
         self._collections = FullCollections()  # marked at each beat: a stall's full GCs
         core.stall_context = self._stall_context
+        executor = runner.executor  # its inline calls join a stall's account (see _stall_context)
+        self._adaptive = executor if isinstance(executor, AdaptiveExecutor) else None
         # loop callbacks bound once, not once per scheduling (a method object each time)
         self._pump_callback: Callable[[], None] = self.pump
         self._timer_callback: Callable[[], None] = self._on_timer
@@ -144,8 +146,8 @@ class LoopDriver:
         loop = self.loop
         assert loop is not None
         self._collections.mark()
-        if isinstance(self.runner.executor, AdaptiveExecutor):
-            self.runner.executor.mark()
+        if self._adaptive is not None:
+            self._adaptive.mark()
         self._beat_at = self.now() + HEARTBEAT_S
         self._beat = loop.call_at(self._beat_at, self._beat_callback)
 
@@ -153,9 +155,8 @@ class LoopDriver:
         """What ``batcher.loop_stalled`` adds: the full collections since the last beat, and an
         inline model call that held the loop as long as a stall (``executor="adaptive"``)."""
         context = self._collections.since_mark()
-        executor = self.runner.executor
-        if isinstance(executor, AdaptiveExecutor):
-            context.update(executor.since_mark(LOOP_STALL_S))
+        if self._adaptive is not None:
+            context.update(self._adaptive.since_mark(LOOP_STALL_S))
         return context
 
     def _on_beat(self) -> None:

@@ -250,10 +250,10 @@ class AdaptiveExecutor(ThreadExecutor):
     thread for good (a later warm-up included) once ``INLINE_LEAVE_CALLS`` of the last
     ``INLINE_RECENT`` inline calls took over ``INLINE_LEAVE_S``, or one over
     ``INLINE_STALL_S``. Logs ``batcher.executor_chosen`` (``kind``: ``inline`` or ``thread``)
-    at each change. On the loop, a call that hangs holds the loop: ``aclose(timeout_s=...)``
-    cannot end it, and a model that waits on the batcher's own event loop (say
-    ``asyncio.run_coroutine_threadsafe(...).result()``) waits for itself; such models want
-    ``"thread"``.
+    at each change and each warm-up's choice. On the loop, a call that hangs holds the loop:
+    ``aclose(timeout_s=...)`` cannot end it, and a model that waits on the batcher's own event
+    loop (say ``asyncio.run_coroutine_threadsafe(...).result()``) waits for itself; such
+    models want ``"thread"``.
 
     Args:
         fn: the sync model.
@@ -282,7 +282,7 @@ class AdaptiveExecutor(ThreadExecutor):
         largest batch (s), is within ``INLINE_MAX_S`` and there is one slot; else in the
         thread. True when it moved onto the loop (the caller then tries a call there, and
         :meth:`leave_loop` if it fails)."""
-        inline = self._workers == 1 and 0.0 <= largest_call_s <= INLINE_MAX_S
+        inline = self.may_go_inline and 0.0 <= largest_call_s <= INLINE_MAX_S
         if inline == self.inline or self.left_loop:
             reason = "left_loop" if self.left_loop else "warmup"
             self._log_choice(self.inline, reason, largest_call_s)  # unchanged: say why
