@@ -143,6 +143,7 @@ class _ClientsWindow:
     trial: _Settled = field(default_factory=_Settled)  # its ticks
     steady: deque[_Stretch] = field(default_factory=lambda: deque(maxlen=8))  # at the kept one
     reused_zero: bool = False  # at_zero was measured for an earlier shut
+    verdicts: int = 0  # judgements made, of the window and of its steps
 
     def __post_init__(self) -> None:
         if self.clients is None:
@@ -201,8 +202,10 @@ class _ClientsWindow:
 
     @property
     def settled(self) -> bool:
-        """Whether no judgement is pending: no window held yet, window 0, or judged."""
-        return self.window_ms is None or self.window_ms == 0 or self.judged
+        """Whether no judgement is pending: no window held yet, window 0, or judged, with no
+        narrower window on trial."""
+        judged = self.window_ms is None or self.window_ms == 0 or self.judged
+        return judged and self.trial_ms is None
 
     def _measure(self, observation: Observation) -> None:
         """``CLIENTS_ZERO_TICKS`` ticks at window 0 after the first (which still answers the
@@ -224,7 +227,7 @@ class _ClientsWindow:
         ``1 + share / 2`` the window should cost them (the device time it saves did not speed
         them up). A choice between two windows, not an alarm: the rates as measured, without
         a noise bound (one at 75-150 req/s let 1.2-1.3x slowdowns pass)."""
-        self.judged = True
+        self.judged, self.verdicts = True, self.verdicts + 1
         held, at_zero = self.held, self.at_zero
         costly = at_zero.rate_rps > (1.0 + self.share / 2) * held.rate_rps
         remeasure = costly and self.reused_zero
@@ -271,6 +274,7 @@ class _ClientsWindow:
         trip at the wider one): the model calls it adds then cost them less than the company
         it loses (the README's app on two cores, where the device is the CPU the HTTP stack
         needs). Else the wider window stays, and the climb ends."""
+        self.verdicts += 1
         wider_ms, narrower_ms = self.window_ms or 0.0, self.trial_ms or 0.0
         held_rps, trial_rps = self.held.rate_rps, self.trial.rate_rps
         round_trip_ms = 1e3 * (self.clients or 0.0) / held_rps
@@ -384,7 +388,8 @@ class UnusedWindowGuard(Guard):
     ``throttle_factor`` times slower than at the window kept (over its latest
     ``CLIENTS_THINNED_S``, beyond Poisson noise) end the shut, so the policy's window is tried
     on the set as it now is; a window kept is held again at once when a later try shuts for
-    the same set. The shut's retry waits for that judgement; its clock stops while the loop
+    the same set. The shut's retry waits for those judgements and counts its time from the
+    last (each is a verdict on the traffic as it is); its clock stops while the loop
     stalls (and for ``stall_hold_s`` after) and over a tick ``LONG_TICK`` intervals long (no
     poll came: it is judged by nothing), and a try's verdict needs ``trial_min_batches``. A
     window held again after a try is judged against the clients' rate at window 0 measured
@@ -515,7 +520,7 @@ class UnusedWindowGuard(Guard):
             self._fixed_set = False
         if self.closed and judged:
             self._recent_shut.append(_Stretch.of(observation))
-            self._clients_window.observe(observation)
+            self._observe_clients_window(observation)
             if self._clients_window.thinned(self.throttle_factor):
                 self._end_shut_for_thinned_clients()
             elif self._clients_window.kept:
@@ -559,6 +564,16 @@ class UnusedWindowGuard(Guard):
             self._stretch = _Stretch()
             return decision.with_(window_ms=0.0, reason="window_probe")
         return decision
+
+    def _observe_clients_window(self, observation: Observation) -> None:
+        """Give the tick to the clients' window; each of its judgements restarts the shut's
+        clock: a try tests whether the traffic changed since the latest verdict, and
+        the judgement is one (in the README's app a try came on the tick the window was kept,
+        2 s into the shut, and cost its 16 clients a tick of answers past the SLO)."""
+        verdicts = self._clients_window.verdicts
+        self._clients_window.observe(observation)
+        if self._clients_window.verdicts > verdicts:
+            self._shut_at_s = observation.now_s
 
     def _verdict(self, observation: Observation) -> bool | None:
         """True: the window is unused; False: it brings company; None: too few batches yet."""

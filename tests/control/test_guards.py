@@ -1161,18 +1161,21 @@ def test_clients_coming_faster_at_their_own_window_do_not_reopen_it() -> None:
     read as a rise of 1.5x over 670 and re-armed the policy's 40 ms window, a shut and a
     second at window 0 (the shut's first tick, 360 req/s as the reference, re-armed it once
     more). The reference is now the rate at the window in force, from the tick after the
-    one that set it."""
-    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
+    one that set it (the retry put off to 60 s: only load re-arms here)."""
+    guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=60.0)
     _shut_by_probe(guard)
     held = _clients_window(guard, rate_rps=670.0)  # first tick at 420, then 670
     assert held.window_ms > 0.0
     after_stall = observe(now_s=12.5, current=held, arrival_rate_rps=1020.0,
                           mean_batch_size=5.0, loop_stall_s=11.4)  # fmt: skip
     assert guard.decide(after_stall) == held  # the stall's hold: not judged
-    for now_s in (12.75, 13.0):  # the first judged ticks at the held window: no re-arm
-        faster = observe(now_s=now_s, current=held, arrival_rate_rps=1020.0, mean_batch_size=5.0)
-        assert guard.decide(faster) == held
-    busier = observe(now_s=13.25, current=held, arrival_rate_rps=1600.0, mean_batch_size=5.0)
+    in_force = held
+    for now_s in (12.75, 13.0, 13.25, 13.5, 13.75, 14.0, 14.25):  # kept at 13.25, then narrower
+        faster = observe(now_s=now_s, current=in_force, arrival_rate_rps=1020.0,
+                         mean_batch_size=5.0)  # fmt: skip
+        in_force = guard.decide(faster)
+        assert 0.0 < in_force.window_ms <= held.window_ms  # no re-arm
+    busier = observe(now_s=14.5, current=in_force, arrival_rate_rps=1600.0, mean_batch_size=5.0)
     assert guard.decide(busier).window_ms == 45.0  # a real rise over the held window's rate
 
 
@@ -1201,10 +1204,10 @@ def test_a_try_whose_first_batch_held_the_kept_windows_last_few_keeps_the_set() 
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept, then tried
-    assert tried == Decision(45.0, 64, "policy")
+    tried_s = _until_tried(guard, held, 560.0, 12.0)  # kept, then tried
     mixed = {**CLOSED_LOOP_WIDE, "mean_batch_size": 14.0, "batches": 5}
-    assert guard.decide(observe(now_s=13.0, current=tried, **mixed)) == held
+    tried = Decision(45.0, 64, "policy")
+    assert guard.decide(observe(now_s=tried_s + 0.25, current=tried, **mixed)) == held
 
 
 def test_a_try_that_a_guard_outside_holds_at_0_is_put_off() -> None:
@@ -1215,12 +1218,11 @@ def test_a_try_that_a_guard_outside_holds_at_0_is_put_off() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept; 2 s since the shut: a try
-    assert tried == Decision(45.0, 64, "policy")
-    vetoed = observe(now_s=13.0, current=Decision(0.0, 64), arrival_rate_rps=560.0)
+    vetoed_s = _until_tried(guard, held, 560.0, 12.0) + 0.25  # judged and kept; a try
+    vetoed = observe(now_s=vetoed_s, current=Decision(0.0, 64), arrival_rate_rps=560.0)
     assert guard.decide(vetoed) == held  # held at 0 from outside: the clients' window again
-    assert _held(guard, held, 560.0, 13.25, 7) == held  # until 14.75: shut for 2 s
-    assert _held(guard, held, 560.0, 15.0, 1) == Decision(45.0, 64, "policy")
+    assert _held(guard, held, 560.0, vetoed_s + 0.25, 7) == held  # shut for 2 s
+    assert _held(guard, held, 560.0, vetoed_s + 2.0, 1) == Decision(45.0, 64, "policy")
 
 
 def test_a_step_in_the_load_that_straddles_a_tick_reopens_the_window() -> None:
@@ -1399,6 +1401,20 @@ def _held(guard: Any, held: Decision, rate_rps: float, start_s: float, ticks: in
     return decision
 
 
+def _until_tried(guard: Any, in_force: Decision, rate_rps: float, start_s: float) -> float:
+    """Ticks of the clients at ``rate_rps`` from ``start_s``, each at the window the guard
+    chose the tick before, until it tries the policy's window: the try's time, s."""
+    for k in range(80):
+        now_s = start_s + 0.25 * k
+        tick = observe(now_s=now_s, current=in_force, arrival_rate_rps=rate_rps,
+                       mean_batch_size=3.9, largest_batch_size=6,
+                       window_idle_fraction=0.1)  # fmt: skip
+        in_force = guard.decide(tick)
+        if in_force.reason == "policy":
+            return now_s
+    raise AssertionError("no try in 20 s")
+
+
 def test_clients_whose_requests_come_spread_out_get_a_share_of_their_round_trip() -> None:
     """16 clients, at window 0 in batches of 1.2 at 560 req/s: a round trip of 16 / 560 s =
     28.6 ms, of which the window takes a fifth (5.7 ms), gathering about 3 of them a batch;
@@ -1410,9 +1426,9 @@ def test_clients_whose_requests_come_spread_out_get_a_share_of_their_round_trip(
     assert held.window_ms == pytest.approx(0.2 * 16 / 560 * 1e3)
     with capture_logs() as events:
         assert _held(guard, held, 560.0, 12.0, 3) == held  # held, not judged as open
-        tried = _held(guard, held, 560.0, 12.75, 1)  # a second held: judged; 2 s shut: tried
+        narrower = _held(guard, held, 560.0, 12.75, 1)  # a second held: judged and kept
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", True)]
-    assert tried == Decision(45.0, 64, "policy")
+    assert narrower.window_ms == pytest.approx(0.7 * held.window_ms)  # then tried narrower
 
 
 @pytest.mark.parametrize(("at_zero_rps", "held_rps"), [(560.0, 470.0), (120.0, 100.0)])
@@ -1429,16 +1445,17 @@ def test_a_clients_window_that_slows_them_goes_back_to_0_until_judged_again(
     held = _clients_window(guard, rate_rps=at_zero_rps)
     assert held.window_ms > 0.0
     with capture_logs() as events:
-        tried = _held(guard, held, held_rps, 12.0, 4)  # a second held: judged; 2 s: tried
+        tried_s = _until_tried(guard, held, held_rps, 12.0)  # a second held: judged
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", False)]
-    assert tried == Decision(45.0, 64, "policy")
+    assert tried_s == 14.75  # 2 s after the judgement at 12.75
+    tried = Decision(45.0, 64, "policy")
     with capture_logs() as events:  # the try's batches: still the set, shut again
-        guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
+        guard.decide(observe(now_s=15.0, current=tried, **CLOSED_LOOP_WIDE))
     assert [e["event"] for e in events] == ["controller.window_shut"]
-    again = _clients_window(guard, start_s=13.5)  # measured afresh at window 0
+    again = _clients_window(guard, start_s=15.5)  # measured afresh at window 0
     assert again.window_ms == pytest.approx(0.2 * 16 / 560 * 1e3)
     with capture_logs() as events:
-        narrower = _held(guard, again, 560.0, 14.5, 4)  # as fast: kept, and tried narrower
+        narrower = _held(guard, again, 560.0, 16.5, 4)  # as fast: kept, and tried narrower
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", True)]
     assert narrower.window_ms == pytest.approx(0.7 * again.window_ms)
 
@@ -1531,14 +1548,22 @@ def test_a_tick_that_no_poll_came_in_for_seconds_is_not_judged() -> None:
 
 
 def test_a_try_drops_the_narrower_window_on_trial_unjudged() -> None:
-    """The shut ends for a try while a narrower window is on trial: no verdict on it, and the
-    window kept is what a later shut holds."""
+    """The shut ends for a try while a narrower window is on trial (a guard outside holds
+    window 0, so the trial gets no verdict, and the try comes 2 s after its time): no verdict
+    on it, and the window kept is what a later shut holds."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"), retry_s=2.0)
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    tried = _held(guard, held, 560.0, 12.0, 4)  # kept at 12.75, and the shut's 2 s are over
-    assert tried == Decision(45.0, 64, "policy")
-    again = guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
+    narrower = _held(guard, held, 560.0, 12.0, 4)  # kept at 12.75, tried narrower
+    assert narrower.window_ms == pytest.approx(0.7 * held.window_ms)
+    zero = Decision(0.0, 64)
+    windows = [guard.decide(observe(now_s=13.0 + 0.25 * k, current=zero,
+                                    arrival_rate_rps=560.0)).window_ms
+               for k in range(16)]  # fmt: skip
+    assert windows[:-1] == [narrower.window_ms] * 15
+    assert windows[-1] == 45.0  # 16.75: the judgement at 12.75 + 2 s + 2 s
+    tried = Decision(45.0, 64, "policy")
+    again = guard.decide(observe(now_s=17.0, current=tried, **CLOSED_LOOP_WIDE))
     assert again == held  # the kept window, not the trial's
 
 
@@ -1550,19 +1575,19 @@ def test_a_kept_clients_window_is_held_again_at_once_after_a_try() -> None:
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    tried = _held(guard, held, 560.0, 12.0, 4)  # judged and kept, then tried
-    assert tried == Decision(45.0, 64, "policy")
-    again = guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE))
+    tried_s = _until_tried(guard, held, 560.0, 12.0)  # judged and kept, then tried
+    tried = Decision(45.0, 64, "policy")
+    again = guard.decide(observe(now_s=tried_s + 0.25, current=tried, **CLOSED_LOOP_WIDE))
     assert again == held  # the try's batches: the same 16, shut again
     with capture_logs() as events:  # judged again: now 1.19x slower than at window 0 then
-        slower = _held(guard, held, 470.0, 13.25, 4)
+        slower = _held(guard, held, 470.0, tried_s + 0.5, 4)
     assert [(e["event"], e["kept"]) for e in events] == [("controller.clients_window", False)]
     assert slower == Decision(0.0, 64, "window_unused")  # measured again at window 0
     fewer = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(fewer)
-    _held(fewer, _clients_window(fewer), 560.0, 12.0, 4)
+    tried_s = _until_tried(fewer, _clients_window(fewer), 560.0, 12.0)
     eight = {**CLOSED_LOOP_WIDE, "mean_batch_size": 8.0, "largest_batch_size": 8}
-    again = fewer.decide(observe(now_s=13.0, current=tried, **eight))
+    again = fewer.decide(observe(now_s=tried_s + 0.25, current=tried, **eight))
     assert again == Decision(0.0, 64, "window_unused")  # another set: measured again at 0
 
 
@@ -1578,15 +1603,16 @@ def test_a_window_held_again_and_judged_costly_is_judged_on_a_fresh_measurement(
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    tried = _held(guard, held, 560.0, 12.0, 4)
-    assert guard.decide(observe(now_s=13.0, current=tried, **CLOSED_LOOP_WIDE)) == held
+    t = _until_tried(guard, held, 560.0, 12.0)
+    tried = Decision(45.0, 64, "policy")
+    assert guard.decide(observe(now_s=t + 0.25, current=tried, **CLOSED_LOOP_WIDE)) == held
     with capture_logs() as events:
-        assert _held(guard, held, 470.0, 13.25, 4) == Decision(0.0, 64, "window_unused")
+        assert _held(guard, held, 470.0, t + 0.5, 4) == Decision(0.0, 64, "window_unused")
     assert [e["remeasure"] for e in events] == [True]
-    fresh = _clients_window(guard, rate_rps=rate_at_zero_now, start_s=14.25)
+    fresh = _clients_window(guard, rate_rps=rate_at_zero_now, start_s=t + 1.5)
     assert fresh.window_ms == pytest.approx(0.2 * 16 / rate_at_zero_now * 1e3)
     with capture_logs() as events:
-        after = _held(guard, fresh, 470.0, 15.25, 5)
+        after = _held(guard, fresh, 470.0, t + 2.5, 5)
     verdicts = [
         (e["kept"], e["remeasure"]) for e in events if e["event"] == "controller.clients_window"
     ]
@@ -1594,18 +1620,31 @@ def test_a_window_held_again_and_judged_costly_is_judged_on_a_fresh_measurement(
     assert (after.window_ms > 0) is kept
 
 
-def test_the_retry_waits_for_the_clients_window_judgement() -> None:
-    """Ticks of 0.4 s: the shut's 2 s end before the window has been held a second; the try
-    waits for its judgement, or a long tick would leave it unjudged on every shut."""
+@pytest.mark.parametrize(("held_rps", "tried_s"), [(560.0, 16.0), (470.0, 14.75)])
+def test_the_retry_comes_retry_s_after_the_clients_windows_last_judgement(
+    held_rps: float, tried_s: float
+) -> None:
+    """The README's app: the shut's 2 s ended on the tick its clients' window was judged and
+    kept, so the policy's 45 ms window was tried at once and its 16 clients got a tick of
+    answers past the 50 ms SLO, a verdict after a verdict. Shut at 10.75: kept at 12.75, the
+    narrower window judged (not faster) at 14.0, tried at 16.0; judged costly at 12.75 (window
+    0, no steps), tried at 14.75."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard)
-    assert _held(guard, held, 560.0, 12.0, 4) == Decision(45.0, 64, "policy")  # judged, tried
+    assert _until_tried(guard, held, held_rps, 12.0) == tried_s
+
+
+def test_the_retry_waits_for_the_clients_window_judgement() -> None:
+    """The shut's 2 s end before the window has been held a second; the try waits for its
+    judgement, or a long tick would leave it unjudged on every shut."""
     guard = guarded(UnusedWindowGuard, Decision(45.0, 64, "policy"))
     _shut_by_probe(guard)
     held = _clients_window(guard, start_s=11.5)  # held from 12.5: 12.75 is not yet a second
-    assert _held(guard, held, 560.0, 12.5, 2) == held
-    assert _held(guard, held, 560.0, 13.0, 2) == Decision(45.0, 64, "policy")
+    assert _held(guard, held, 560.0, 12.5, 2) == held  # 12.75: the shut's 2 s are over
+    narrower = _held(guard, held, 560.0, 13.0, 2)  # judged and kept at 13.25, no try
+    assert narrower.window_ms == pytest.approx(0.7 * held.window_ms)
+    assert _until_tried(guard, narrower, 560.0, 13.5) == 16.5  # its step judged at 14.5
 
 
 def test_the_retry_waits_for_the_judgement_at_most_two_seconds() -> None:
