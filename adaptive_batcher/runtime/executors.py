@@ -229,12 +229,15 @@ back to its thread for good (one is a preemption of the process, not the model's
 INLINE_RECENT = 16
 
 INLINE_TRIES = 5
-"""Warm-up times the largest batch up to this many times for ``"adaptive"``'s choice and takes
-the fastest (a stall only adds time): on a busy two-core machine both of two calls of the
-README app's 0.1 ms model read 7.5 ms in 2 of 6 starts, and it stayed in its thread."""
+"""Warm-up times the largest batch up to this many times more on the loop for ``"adaptive"``'s
+choice and takes the fastest (a stall only adds time): on a busy two-core machine the README
+app's 0.1 ms model read 7.5 ms in its thread in 2 of 6 starts, and 7-11 ms on each of six calls
+back to back in 2 of 8 starts of a fresh user's, so it stayed in its thread; on the loop the
+same calls take what the model does."""
 
 INLINE_TRY_LIMIT_S = 0.02
-"""A call this long, s, ends the tries: the model is plainly slower than ``INLINE_MAX_S``."""
+"""A call this long, s, in the thread (the first) or on the loop (a try) ends the tries: the
+model is plainly slower than ``INLINE_MAX_S``, and a try would hold the loop that long."""
 
 INLINE_STALL_S = 0.05
 """One inline call this long, s, is a stall of the loop: the model goes back to its thread for
@@ -290,11 +293,26 @@ class AdaptiveExecutor(ThreadExecutor):
         self._switch(inline, "warmup", largest_call_s)
         return inline
 
+    def time_on_loop(self, items: list[Any], clock: Callable[[], float]) -> float:
+        """Call the model on ``items`` here, on the loop's thread, and return the call's time
+        by ``clock``, s (warm-up's tries: what a call costs the loop, where a call in the
+        thread also pays for the thread's wake-up on a busy machine).
+
+        Raises:
+            Exception: whatever the model raised (one bound to its thread fails here).
+        """
+        started = clock()
+        call_carrying(self._fn, items)
+        return clock() - started
+
     def leave_loop(self, reason: str, call_s: float = math.nan) -> None:
-        """Back to the thread for good (``reason`` for the log)."""
+        """Back to the thread for good (``reason`` for the log; logged as well when the model
+        was still in its thread: a warm-up's try on the loop failed)."""
         self.left_loop = True
         if self.inline:
             self._switch(False, reason, call_s)
+        else:
+            self._log_choice(False, reason, call_s)
 
     async def run_timed(
         self, items: list[Any], clock: Callable[[], float]

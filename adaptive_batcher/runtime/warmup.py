@@ -117,11 +117,11 @@ class WarmUp:
     async def _choose_executor(self, largest: _Batch, first_s: float) -> None:
         """Let an executor that chooses where the model runs by its calls' time
         (``"adaptive"``: :class:`~adaptive_batcher.runtime.executors.AdaptiveExecutor`) choose,
-        from the fastest of the largest batch's first call (``first_s``) and up to
-        ``INLINE_TRIES`` more, which end at one within ``INLINE_MAX_S`` or one over
-        ``INLINE_TRY_LIMIT_S``; a move onto the loop holds only if a call there then succeeds
-        (a model bound to its thread, or running an event loop of its own, fails there:
-        logged as ``inline_failed``).
+        from the fastest of the largest batch's first call (``first_s``, in the thread) and,
+        when that one took at most ``INLINE_TRY_LIMIT_S``, up to ``INLINE_TRIES`` calls on the
+        loop, which end at one within ``INLINE_MAX_S`` or one over ``INLINE_TRY_LIMIT_S``; a
+        move onto the loop holds only if a call there succeeds (a model bound to its thread,
+        or running an event loop of its own, fails there: logged as ``inline_failed``).
 
         Raises:
             BatcherClosedError, Exception: as :meth:`_timed_call` (the call in the thread).
@@ -129,11 +129,16 @@ class WarmUp:
         executor = self.runner.executor
         if not isinstance(executor, AdaptiveExecutor):
             return
-        fastest_s = first_s
-        for _ in range(INLINE_TRIES):
+        fastest_s, padded = first_s, self.runner.pad(*largest)
+        tries = INLINE_TRIES if first_s <= INLINE_TRY_LIMIT_S else 0
+        for _ in range(tries):
             if fastest_s <= INLINE_MAX_S or not executor.may_go_inline:
                 break
-            took_s = await self._timed_call(*largest)
+            try:
+                took_s = executor.time_on_loop(padded, self.runner.clock)
+            except Exception:
+                executor.leave_loop("inline_failed")
+                return
             fastest_s = min(fastest_s, took_s)
             if took_s > INLINE_TRY_LIMIT_S:
                 break

@@ -355,6 +355,50 @@ async def test_adaptive_looks_past_a_few_slow_calls_of_the_largest_batch() -> No
     assert (chosen, where) == ([("inline", "warmup")], "inline")
 
 
+@pytest.mark.parametrize(("in_thread_s", "where"), [(0.008, "inline"), (0.025, "thread")])
+async def test_adaptive_times_its_tries_on_the_loop(in_thread_s: float, where: str) -> None:
+    """A fresh user's starts of the README app on a busy two-core machine: all six calls of the
+    batch of 64 read 7-11 ms in its thread (the model takes 0.1 ms on the loop), in 2 of 8
+    starts, and it stayed in its thread. The tries run on the loop, where the model would run;
+    none where the call in the thread took over ``INLINE_TRY_LIMIT_S`` (a try would hold the
+    loop as long)."""
+    on_loop: list[int] = []
+
+    def model(batch: list[int]) -> list[int]:
+        if threading.current_thread() is threading.main_thread():
+            on_loop.append(len(batch))
+        elif len(batch) == 8:
+            time.sleep(in_thread_s)  # the thread's wake-up on a busy machine
+        return batch
+
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(model, max_batch_size=8, executor="adaptive") as batcher:
+            await batcher.warmup(lambda: 0)
+            where_now = batcher.stats().executor
+    chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
+    assert (chosen, where_now) == ([(where, "warmup")], where)
+    assert bool(on_loop) is (where == "inline")
+
+
+async def test_adaptive_keeps_a_model_whose_try_on_the_loop_fails_in_its_thread() -> None:
+    """A model slow in its thread and bound to it: the first try on the loop fails, and it
+    stays in the thread for good, saying why."""
+
+    def model(batch: list[int]) -> list[int]:
+        if threading.current_thread() is threading.main_thread():
+            raise RuntimeError("bound to its thread")
+        time.sleep(0.003)
+        return batch
+
+    with capture_logs() as logs:
+        async with AdaptiveBatcher(model, max_batch_size=4, executor="adaptive") as batcher:
+            await batcher.warmup(lambda: 0)
+            assert await batcher.submit_many([1, 2]) == [1, 2]
+            where = batcher.stats().executor
+    chosen = [(e["kind"], e["reason"]) for e in logs if e["event"] == "batcher.executor_chosen"]
+    assert (chosen, where) == ([("thread", "inline_failed")], "thread")
+
+
 async def test_adaptive_says_why_a_model_stays_in_its_thread() -> None:
     """A model over ``INLINE_MAX_S`` stayed in its thread with no event to say so: only a
     change was logged."""
