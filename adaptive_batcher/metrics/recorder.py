@@ -55,6 +55,10 @@ class Counts:
 
     ``device_busy_s`` is the device cost: the summed wall time of every model call, seconds
     (split and failed calls included; concurrent batches add up, as device-seconds do).
+    ``batches``, ``batch_items`` and ``batch_units`` count the model calls that returned
+    results, and the requests and units (padding included) they held: a call that raised is
+    not among them (its time is in ``device_busy_s``, its requests in ``failed``, or in the
+    calls that re-ran its halves).
     """
 
     submitted: int
