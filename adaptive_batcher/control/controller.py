@@ -18,7 +18,6 @@ from itertools import islice
 from typing import Final
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.cap_probe import CapProbeGuard
 from adaptive_batcher.control.guards import (
     BucketGuard,
     BudgetGuard,
@@ -29,11 +28,12 @@ from adaptive_batcher.control.guards import (
     StallGuard,
     StepGuard,
 )
+from adaptive_batcher.control.guards.cap_probe import CapProbeGuard
+from adaptive_batcher.control.guards.unused_window import UnusedWindowGuard
 from adaptive_batcher.control.policy import GuardFactory, Policy, declares_shedding
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.slack import TailSlack
 from adaptive_batcher.control.types import Bounds, Decision, Observation
-from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import Counts, Recorder
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample

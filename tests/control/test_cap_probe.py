@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adaptive_batcher.control.cap_probe import CAP_PROBE, CapProbeGuard
+from adaptive_batcher.control.guards.cap_probe import CAP_PROBE, CapProbeGuard
 from adaptive_batcher.control.types import Bounds, Decision, Observation
 from adaptive_batcher.sim.scenarios import CONTENDERS, Scenario, run
 from adaptive_batcher.sim.service import LinearService

@@ -6,8 +6,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher.control.controller import AFTER_STALL_S, Controller
+from adaptive_batcher.control.guards.unused_window import UnusedWindowGuard
 from adaptive_batcher.control.types import Bounds, Decision, Observation
-from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import Recorder
 from adaptive_batcher.policies import PID, Static
 from adaptive_batcher.slo import SLO

@@ -10,7 +10,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher.control.guards import (
-    UNREACHABLE_REARM_S,
     BucketGuard,
     BudgetGuard,
     MemoryGuard,
@@ -19,9 +18,10 @@ from adaptive_batcher.control.guards import (
     StallGuard,
     StepGuard,
 )
+from adaptive_batcher.control.guards.budget import UNREACHABLE_REARM_S
+from adaptive_batcher.control.guards.unused_window import UnusedWindowGuard
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.types import Bounds, Decision, Observation
-from adaptive_batcher.control.unused_window import UnusedWindowGuard
 from adaptive_batcher.metrics.recorder import BatchSample
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
@@ -1747,7 +1747,7 @@ def test_ticks_right_after_a_loop_stall_are_not_judged() -> None:
 def test_shed_guard_keeps_a_cap_probes_cap_and_sheds_for_it() -> None:
     """Before: ShedGuard chose its cap from the fit a probe is there to correct, and cut every
     probe back (a fresh user's finding, 2026-12-06): with shedding the probe did nothing."""
-    from adaptive_batcher.control.guards import CAP_PROBE
+    from adaptive_batcher.control.guards.cap_probe import CAP_PROBE
 
     tick = observe(current=Decision(0.0, 64), arrival_rate_rps=8000.0, queued_units=400)
     plain = guarded(ShedGuard, Decision(0.0, 64, "policy")).decide(tick)

@@ -15,7 +15,7 @@ import math
 from typing import Final
 
 from adaptive_batcher._validate import check_int, check_number
-from adaptive_batcher.control.guards import CAP_PROBE, Guard
+from adaptive_batcher.control.guards.base import CAP_PROBE, Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.guards import WINDOW_UNUSED, Guard
+from adaptive_batcher.control.guards.base import WINDOW_UNUSED, Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
