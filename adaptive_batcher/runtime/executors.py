@@ -44,6 +44,7 @@ __all__ = [
     "INLINE_STALL_S",
     "INLINE_TRIES",
     "INLINE_TRY_LIMIT_S",
+    "THREAD_LOOKS",
     "AdaptiveExecutor",
     "AsyncExecutor",
     "BatchExecutor",
@@ -235,9 +236,16 @@ app's 0.1 ms model read 7.5 ms in its thread in 2 of 6 starts, and 7-11 ms on ea
 back to back in 2 of 8 starts of a fresh user's, so it stayed in its thread; on the loop the
 same calls take what the model does."""
 
+THREAD_LOOKS = 2
+"""Calls of the largest batch that warm-up adds in the thread, for ``"adaptive"``'s choice,
+while none took at most ``INLINE_TRY_LIMIT_S``: beside four busy loops on two cores the first
+call of the README app's 0.06 ms model took 34-50 ms in 4 of 12 starts, and none was tried on
+the loop."""
+
 INLINE_TRY_LIMIT_S = 0.02
-"""A call this long, s, in the thread (the first) or on the loop (a try) ends the tries: the
-model is plainly slower than ``INLINE_MAX_S``, and a try would hold the loop that long."""
+"""Warm-up tries a model on the loop only once a call in the thread took at most this long, s;
+a try this long ends the tries, and their total on the loop stays within it (a fresh user's
+15 ms model held the loop 77 ms in five tries back to back)."""
 
 INLINE_STALL_S = 0.05
 """One inline call this long, s, is a stall of the loop: the model goes back to its thread for

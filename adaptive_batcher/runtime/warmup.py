@@ -4,6 +4,7 @@ and seed the controller's service-time model from warm timings."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from adaptive_batcher.runtime.executors import (
     INLINE_MAX_S,
     INLINE_TRIES,
     INLINE_TRY_LIMIT_S,
+    THREAD_LOOKS,
     AdaptiveExecutor,
 )
 from adaptive_batcher.runtime.loop import cancelling
@@ -117,31 +119,31 @@ class WarmUp:
     async def _choose_executor(self, largest: _Batch, first_s: float) -> None:
         """Let an executor that chooses where the model runs by its calls' time
         (``"adaptive"``: :class:`~adaptive_batcher.runtime.executors.AdaptiveExecutor`) choose,
-        from the fastest of the largest batch's first call (``first_s``, in the thread) and,
-        when that one took at most ``INLINE_TRY_LIMIT_S``, up to ``INLINE_TRIES`` calls on the
-        loop, which end at one within ``INLINE_MAX_S`` or one over ``INLINE_TRY_LIMIT_S``; a
-        move onto the loop holds only if a call there succeeds (a model bound to its thread,
-        or running an event loop of its own, fails there: logged as ``inline_failed``).
+        from the fastest of the largest batch's calls: its first (``first_s``, in the thread),
+        up to ``THREAD_LOOKS`` more in the thread while none took at most
+        ``INLINE_TRY_LIMIT_S`` (a call there may wait for a core on a busy machine), then, once
+        one did, up to ``INLINE_TRIES`` on the loop, where the model would run. The tries on
+        the loop end at one within ``INLINE_MAX_S``, one over ``INLINE_TRY_LIMIT_S``, or
+        before one that would take their total past ``INLINE_TRY_LIMIT_S``, and the loop runs
+        between them (each holds it for one call). A move onto the loop holds only if a call
+        there succeeds (a model bound to its thread, or running an event loop of its own,
+        fails there: logged as ``inline_failed``).
 
         Raises:
-            BatcherClosedError, Exception: as :meth:`_timed_call` (the call in the thread).
+            BatcherClosedError, Exception: as :meth:`_timed_call` (the calls in the thread).
         """
         executor = self.runner.executor
         if not isinstance(executor, AdaptiveExecutor):
             return
-        fastest_s, padded = first_s, self.runner.pad(*largest)
-        tries = INLINE_TRIES if first_s <= INLINE_TRY_LIMIT_S else 0
-        for _ in range(tries):
-            if fastest_s <= INLINE_MAX_S or not executor.may_go_inline:
+        fastest_s = first_s
+        for _ in range(THREAD_LOOKS):
+            if fastest_s <= INLINE_TRY_LIMIT_S or not executor.may_go_inline:
                 break
-            try:
-                took_s = executor.time_on_loop(padded, self.runner.clock)
-            except Exception:
-                executor.leave_loop("inline_failed")
-                return
-            fastest_s = min(fastest_s, took_s)
-            if took_s > INLINE_TRY_LIMIT_S:
-                break
+            fastest_s = min(fastest_s, await self._timed_call(*largest))
+        if fastest_s <= INLINE_TRY_LIMIT_S:
+            fastest_s = await self._try_on_loop(executor, largest, fastest_s)
+            if math.isnan(fastest_s):
+                return  # it failed on the loop
         if not executor.choose(fastest_s):
             return
         try:
@@ -150,6 +152,29 @@ class WarmUp:
             raise
         except Exception:
             executor.leave_loop("inline_failed")
+
+    async def _try_on_loop(
+        self, executor: AdaptiveExecutor, largest: _Batch, fastest_s: float
+    ) -> float:
+        """The fastest of ``fastest_s`` and up to ``INLINE_TRIES`` calls of ``largest`` on the
+        loop (see :meth:`_choose_executor`), s; NaN when one failed there (the executor then
+        keeps the model in its thread for good)."""
+        padded, spent_s = self.runner.pad(*largest), 0.0
+        for _ in range(INLINE_TRIES):
+            done = fastest_s <= INLINE_MAX_S or not executor.may_go_inline
+            if done or spent_s + fastest_s > INLINE_TRY_LIMIT_S:
+                break
+            await asyncio.sleep(0)  # the loop runs between tries
+            try:
+                took_s = executor.time_on_loop(padded, self.runner.clock)
+            except Exception:
+                executor.leave_loop("inline_failed")
+                return math.nan
+            spent_s += took_s
+            fastest_s = min(fastest_s, took_s)
+            if took_s > INLINE_TRY_LIMIT_S:
+                break
+        return fastest_s
 
     async def _seed_service_times(self, batches: dict[int, _Batch]) -> None:
         """Time two warm calls per size and start the controller's model from the faster (a
