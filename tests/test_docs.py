@@ -49,6 +49,8 @@ NOT_IN_REFERENCE = {
     "adaptive_batcher.runtime.requests": "AdaptiveBatcher's internal queued request",
     "adaptive_batcher.runtime.shutdown": "AdaptiveBatcher's internal close",
     "adaptive_batcher.runtime.warmup": "AdaptiveBatcher's internal warm-up",
+    "adaptive_batcher.control.cap_probe": "deprecated path of control.guards.cap_probe",
+    "adaptive_batcher.control.unused_window": "deprecated path of control.guards.unused_window",
 }
 
 

@@ -1755,3 +1755,25 @@ def test_shed_guard_keeps_a_cap_probes_cap_and_sheds_for_it() -> None:
     assert (probe.max_batch_size, probe.reason) == (128, CAP_PROBE)
     assert probe.shed_after_ms is not None and plain.shed_after_ms is not None
     assert probe.shed_after_ms < plain.shed_after_ms  # a larger batch leaves less of the room
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name"),
+    [
+        ("adaptive_batcher.control.unused_window", "adaptive_batcher.control.guards.unused_window",
+         "UnusedWindowGuard"),
+        ("adaptive_batcher.control.cap_probe", "adaptive_batcher.control.guards.cap_probe",
+         "CapProbeGuard"),
+    ],
+)  # fmt: skip
+def test_the_guards_old_module_paths_warn_and_give_the_same_objects(
+    old: str, new: str, name: str
+) -> None:
+    """The guards moved into a package; code importing the old paths keeps working, warned."""
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match="moved to"):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
