@@ -158,13 +158,19 @@ class WarmUp:
     ) -> float:
         """The fastest of ``fastest_s`` and up to ``INLINE_TRIES`` calls of ``largest`` on the
         loop (see :meth:`_choose_executor`), s; NaN when one failed there (the executor then
-        keeps the model in its thread for good)."""
+        keeps the model in its thread for good).
+
+        Raises:
+            BatcherClosedError: the batcher was closed between two tries.
+        """
         padded, spent_s = self.runner.pad(*largest), 0.0
         for _ in range(INLINE_TRIES):
             done = fastest_s <= INLINE_MAX_S or not executor.may_go_inline
             if done or spent_s + fastest_s > INLINE_TRY_LIMIT_S:
                 break
             await asyncio.sleep(0)  # the loop runs between tries
+            if self._closed():
+                raise BatcherClosedError("batcher closed during warm-up")
             try:
                 took_s = executor.time_on_loop(padded, self.runner.clock)
             except Exception:

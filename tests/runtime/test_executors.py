@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from adaptive_batcher import AdaptiveBatcher
+from adaptive_batcher import AdaptiveBatcher, BatcherClosedError
 from adaptive_batcher.runtime.executors import (
     INLINE_LEAVE_CALLS,
     INLINE_LEAVE_S,
@@ -437,6 +437,24 @@ async def test_adaptive_tries_hold_the_loop_one_call_at_a_time(
     tries = [k for k, what in enumerate(seen) if what == "try"]
     assert where == "thread" and 1 <= len(tries) <= most_tries
     assert all(later - earlier > 1 for earlier, later in itertools.pairwise(tries))
+
+
+async def test_a_close_between_tries_on_the_loop_ends_the_warmup() -> None:
+    """The loop runs between warm-up's tries; a close that it runs there stops them, as it
+    stops warm-up's calls in the thread."""
+    closing: list[asyncio.Task[None]] = []
+
+    def model(batch: list[int]) -> list[int]:
+        if threading.current_thread() is threading.main_thread() and not closing:
+            closing.append(asyncio.get_running_loop().create_task(batcher.aclose()))
+        time.sleep(0.002)  # over INLINE_MAX_S: the tries go on
+        return batch
+
+    batcher = AdaptiveBatcher(model, max_batch_size=4, executor="adaptive")
+    with pytest.raises(BatcherClosedError, match="during warm-up"):
+        await batcher.warmup(lambda: 0)
+    await closing[0]
+    assert batcher.closed
 
 
 async def test_adaptive_keeps_a_model_whose_try_on_the_loop_fails_in_its_thread() -> None:
