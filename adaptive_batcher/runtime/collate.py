@@ -65,19 +65,70 @@ def _is_torch(x: Any) -> bool:
 
 
 def _stack(items: list[Any]) -> Any:
-    if _is_torch(items[0]):
+    if _torch_items("stacked", items):
         import torch
 
         return torch.stack(items)
-    return np.stack(items)
+    return _numpy_batch("stacked", np.stack, items)
 
 
 def _concat(items: list[Any]) -> Any:
-    if _is_torch(items[0]):
+    if _torch_items("concat_rows", items):
         import torch
 
         return torch.cat(items, dim=0)
-    return np.concatenate(items, axis=0)
+    return _numpy_batch("concat_rows", functools.partial(np.concatenate, axis=0), items)
+
+
+def _torch_items(adapter: str, items: list[Any]) -> bool:
+    """Whether the items are torch tensors (else numpy arrays, or what numpy makes arrays of).
+
+    Raises:
+        TypeError: the items mix torch tensors with anything else (named by position and type;
+            torch's own error named no item).
+    """
+    kinds = [_is_torch(item) for item in items]
+    if all(kinds) or not any(kinds):
+        return kinds[0]
+    odd = kinds.index(not kinds[0])
+    raise TypeError(
+        f"{adapter}: item {odd} is a {type(items[odd]).__name__} and item 0 a "
+        f"{type(items[0]).__name__}; a batch's items are all torch tensors or all arrays"
+    )
+
+
+def _numpy_batch(adapter: str, join: Callable[[list[Any]], Any], items: list[Any]) -> Any:
+    """``join(items)``, a numeric numpy array.
+
+    Raises:
+        TypeError: an item is no array, sequence or number (say a str or None), named by
+            position and type, or numpy made strings, bytes or objects of the items: the
+            model would fail on an input it was never meant to get (``linear(): argument
+            'input' must be Tensor, not numpy.ndarray``, in a fresh user's trial).
+        ValueError: numpy's, for arrays that do not fit together (shapes).
+    """
+    odd = next((k for k, item in enumerate(items) if not _numeric_like(item)), None)
+    if odd is not None:
+        raise TypeError(
+            f"{adapter}: item {odd} is a {type(items[odd]).__name__}; items must be torch "
+            "tensors or numeric arrays"
+        )
+    batch = join(items)
+    if batch.dtype.kind in "OUSV":
+        raise TypeError(
+            f"{adapter}: numpy made a batch of dtype {batch.dtype} of the items; items must be "
+            "torch tensors or numeric arrays"
+        )
+    return batch
+
+
+def _numeric_like(item: Any) -> bool:
+    """A numeric numpy array, or what numpy may make one of (an array-like, a sequence, a
+    number)."""
+    if isinstance(item, np.ndarray):
+        return item.dtype.kind not in "OUSV"
+    numbers = (list, tuple, int, float, complex, np.number)
+    return isinstance(item, numbers) or hasattr(item, "__array__")
 
 
 def _check_rows(adapter: str, output: Any, rows: int, given: str) -> None:

@@ -97,3 +97,54 @@ async def test_every_caller_of_a_batch_with_extra_rows_gets_result_count_error()
     assert str(results[1]) == (
         "concat_rows: the model returned 4 rows for 3 input rows (2 items); expected 3"
     )
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["hello", "world"], r"^stacked: item 0 is a str; items must be torch tensors or numeric"),
+        ([np.ones(3), None], r"^stacked: item 1 is a NoneType; items must be"),
+        ([torch.ones(3), np.ones(3)], r"^stacked: item 1 is a ndarray and item 0 a Tensor; "),
+        ([np.ones(3), torch.ones(3)], r"^stacked: item 1 is a Tensor and item 0 a ndarray; "),
+    ],
+)
+def test_stacked_names_the_item_that_is_no_array(items: list[Any], message: str) -> None:
+    """A fresh user's str, None and list items reached the model as a numpy array of strings
+    or objects, and the error named the model's input (``linear(): argument 'input' must be
+    Tensor, not numpy.ndarray``), not the item."""
+    with pytest.raises(TypeError, match=message):
+        stacked(lambda x: x)(items)
+
+
+class _ArrayLike:
+    """An object numpy makes an array of (``__array__``), as pandas' and others' are."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return np.asarray(self.values, dtype=dtype)
+
+
+def test_stacked_still_takes_lists_of_numbers_and_array_likes_as_numpy_items() -> None:
+    rows = stacked(lambda x: x * 2)([[1.0, 2.0], [3.0, 4.0]])
+    assert [r.tolist() for r in rows] == [[2.0, 4.0], [6.0, 8.0]]
+    rows = stacked(lambda x: x * 2)([_ArrayLike([1.0]), _ArrayLike([2.0])])
+    assert [r.tolist() for r in rows] == [[2.0], [4.0]]
+    with pytest.raises(ValueError, match="same shape"):  # numpy's own, for arrays that differ
+        stacked(lambda x: x)([np.ones(2), np.ones(3)])
+    with pytest.raises(TypeError, match="numpy made a batch of dtype object"):
+        stacked(lambda x: x)([[1.0, "a"], [2.0, None]])
+
+
+async def test_a_caller_whose_item_is_no_array_gets_its_own_error() -> None:
+    """With ``bisect_on_error`` only the caller that sent a str fails, with the item named."""
+    model = stacked(lambda x: x + 1)
+    async with AdaptiveBatcher(
+        model, max_batch_size=8, window_ms=5, bisect_on_error=True, executor="inline"
+    ) as batcher:
+        results = await batcher.submit_many(
+            [torch.ones(2), "two", torch.ones(2)], return_exceptions=True
+        )
+    assert [type(r).__name__ for r in results] == ["Tensor", "BatchFailedError", "Tensor"]
+    assert "is a str" in str(results[1].__cause__)
