@@ -13,9 +13,9 @@ also be numbers, sequences of them or array-likes); an item that is none of thes
 ``None``) raises ``TypeError`` naming it, inside the model call, so its caller gets
 ``BatchFailedError`` with that cause (only that caller with ``bisect_on_error``). The adapters
 keep sync models sync and async models async, so the executor choice is unchanged. Both check
-what the model returns before handing rows out: an output that is not an array, or whose rows do not match the rows it was
-given, raises :class:`~adaptive_batcher.errors.ResultCountError` (every caller of the batch gets
-its own), never someone else's rows.
+what the model returns before handing rows out: an output that is not an array, or whose rows
+do not match the rows it was given, raises :class:`~adaptive_batcher.errors.ResultCountError`
+(every caller of the batch gets its own), never someone else's rows.
 """
 
 from __future__ import annotations
