@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from adaptive_batcher.control.guards.base import (
-    Guard,
-)
+from adaptive_batcher.control.guards.base import Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 

@@ -6,17 +6,14 @@ import math
 from typing import Final
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.guards.base import (
-    Guard,
-    smallest_seen,
-)
+from adaptive_batcher.control.guards.base import Guard, smallest_seen
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 from adaptive_batcher.slo import SLO
 
-_log = get_logger()
-
 __all__ = ["BudgetGuard"]
+
+_log = get_logger()
 
 
 UNREACHABLE_REARM_S: Final = 60.0

@@ -6,15 +6,13 @@ import math
 from typing import Final
 
 from adaptive_batcher._log import get_logger
-from adaptive_batcher.control.guards.base import (
-    Guard,
-)
+from adaptive_batcher.control.guards.base import Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
-_log = get_logger()
-
 __all__ = ["MemoryGuard"]
+
+_log = get_logger()
 
 
 FREED_SHARE: Final = 0.5

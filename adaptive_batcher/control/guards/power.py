@@ -5,10 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from adaptive_batcher.control.guards.base import (
-    Guard,
-    no_raise,
-)
+from adaptive_batcher.control.guards.base import Guard, no_raise
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import math
 
-from adaptive_batcher.control.guards.base import (
-    WINDOW_UNUSED,
-    Guard,
-)
+from adaptive_batcher.control.guards.base import WINDOW_UNUSED, Guard
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 from adaptive_batcher.slo import SLO

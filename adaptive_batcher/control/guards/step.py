@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from adaptive_batcher.control.guards.base import (
-    STEP_MAX_CUT,
-    Guard,
-    cut_at_most,
-)
+from adaptive_batcher.control.guards.base import STEP_MAX_CUT, Guard, cut_at_most
 from adaptive_batcher.control.policy import Policy
 from adaptive_batcher.control.types import Decision, Observation
 
