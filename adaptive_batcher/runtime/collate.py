@@ -68,61 +68,76 @@ def _is_torch(x: Any) -> bool:
 
 
 def _stack(items: list[Any]) -> Any:
-    if _torch_items("stacked", items):
-        import torch
-
-        return torch.stack(items)
-    return _numpy_batch("stacked", np.stack, items)
+    return _join("stacked", items, _torch_stack, np.stack)
 
 
 def _concat(items: list[Any]) -> Any:
-    if _torch_items("concat_rows", items):
-        import torch
-
-        return torch.cat(items, dim=0)
-    return _numpy_batch("concat_rows", functools.partial(np.concatenate, axis=0), items)
+    return _join("concat_rows", items, _torch_cat, functools.partial(np.concatenate, axis=0))
 
 
-def _torch_items(adapter: str, items: list[Any]) -> bool:
-    """Whether the items are torch tensors (else numpy arrays, or what numpy makes arrays of).
+def _torch_stack(items: list[Any]) -> Any:
+    import torch
 
-    Raises:
-        TypeError: the items mix torch tensors with anything else (named by position and type;
-            torch's own error named no item).
-    """
-    kinds = [_is_torch(item) for item in items]
-    if all(kinds) or not any(kinds):
-        return kinds[0]
-    odd = kinds.index(not kinds[0])
-    raise TypeError(
-        f"{adapter}: item {odd} is a {type(items[odd]).__name__} and item 0 a "
-        f"{type(items[0]).__name__}; a batch's items are all torch tensors or all arrays"
-    )
+    return torch.stack(items)
 
 
-def _numpy_batch(adapter: str, join: Callable[[list[Any]], Any], items: list[Any]) -> Any:
-    """``join(items)``, a numeric numpy array.
+def _torch_cat(items: list[Any]) -> Any:
+    import torch
+
+    return torch.cat(items, dim=0)
+
+
+def _join(
+    adapter: str,
+    items: list[Any],
+    torch_join: Callable[[list[Any]], Any],
+    numpy_join: Callable[[list[Any]], Any],
+) -> Any:
+    """The items joined into one torch tensor or numeric numpy array. Tensors are looked at one
+    by one only when torch refuses them, arrays only when not all ndarrays (the hot path).
 
     Raises:
-        TypeError: an item is no array, sequence or number (say a str or None), named by
-            position and type, or numpy made strings, bytes or objects of the items: the
-            model would fail on an input it was never meant to get (``linear(): argument
-            'input' must be Tensor, not numpy.ndarray``, in a fresh user's trial).
-        ValueError: numpy's, for arrays that do not fit together (shapes).
+        TypeError: an item is no array, sequence or number (say a str or None), or the items
+            mix torch tensors with anything else, named by position and type; or numpy made
+            strings, bytes or objects of the items. The model would otherwise fail on an input
+            it was never meant to get (``linear(): argument 'input' must be Tensor, not
+            numpy.ndarray``, in a fresh user's trial).
+        ValueError, RuntimeError: numpy's or torch's, for arrays that do not fit together.
     """
-    odd = next((k for k, item in enumerate(items) if not _numeric_like(item)), None)
-    if odd is not None:
-        raise TypeError(
-            f"{adapter}: item {odd} is a {type(items[odd]).__name__}; items must be torch "
-            "tensors or numeric arrays"
-        )
-    batch = join(items)
+    first = items[0]
+    if _is_torch(first):
+        try:
+            return torch_join(items)
+        except TypeError:  # an item that is no tensor: torch's message names none
+            _check_items(adapter, items)
+            raise
+    if not (isinstance(first, np.ndarray) and len({type(item) for item in items}) == 1):
+        _check_items(adapter, items)
+    batch = numpy_join(items)
     if batch.dtype.kind in "OUSV":
         raise TypeError(
             f"{adapter}: numpy made a batch of dtype {batch.dtype} of the items; items must be "
             "torch tensors or numeric arrays"
         )
     return batch
+
+
+def _check_items(adapter: str, items: list[Any]) -> None:
+    """Raise ``TypeError`` naming the first item that mixes torch with other kinds, or that is
+    no array, sequence or number (see :func:`_join`)."""
+    kinds = [_is_torch(item) for item in items]
+    if any(kinds) and not all(kinds):
+        odd = kinds.index(not kinds[0])
+        raise TypeError(
+            f"{adapter}: item {odd} is a {type(items[odd]).__name__} and item 0 a "
+            f"{type(items[0]).__name__}; a batch's items are all torch tensors or all arrays"
+        )
+    other = next((k for k, item in enumerate(items) if not _numeric_like(item)), None)
+    if other is not None:
+        raise TypeError(
+            f"{adapter}: item {other} is a {type(items[other]).__name__}; items must be torch "
+            "tensors or numeric arrays"
+        )
 
 
 def _numeric_like(item: Any) -> bool:
