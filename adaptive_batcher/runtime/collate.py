@@ -115,6 +115,7 @@ def _join(
         _check_items(adapter, items)
     batch = numpy_join(items)
     if batch.dtype.kind in "OUSV":
+        _check_items(adapter, items)  # names an array of strings or objects
         raise TypeError(
             f"{adapter}: numpy made a batch of dtype {batch.dtype} of the items; items must be "
             "torch tensors or numeric arrays"
@@ -123,20 +124,20 @@ def _join(
 
 
 def _check_items(adapter: str, items: list[Any]) -> None:
-    """Raise ``TypeError`` naming the first item that mixes torch with other kinds, or that is
-    no array, sequence or number (see :func:`_join`)."""
+    """Raise ``TypeError`` naming the first item that is no array, sequence or number, else
+    the first that mixes torch tensors with other kinds (see :func:`_join`)."""
+    other = next((k for k, item in enumerate(items) if not _numeric_like(item)), None)
+    if other is not None:
+        raise TypeError(
+            f"{adapter}: item {other} is a {type(items[other]).__name__}; items must be torch "
+            "tensors or numeric arrays"
+        )
     kinds = [_is_torch(item) for item in items]
     if any(kinds) and not all(kinds):
         odd = kinds.index(not kinds[0])
         raise TypeError(
             f"{adapter}: item {odd} is a {type(items[odd]).__name__} and item 0 a "
             f"{type(items[0]).__name__}; a batch's items are all torch tensors or all arrays"
-        )
-    other = next((k for k, item in enumerate(items) if not _numeric_like(item)), None)
-    if other is not None:
-        raise TypeError(
-            f"{adapter}: item {other} is a {type(items[other]).__name__}; items must be torch "
-            "tensors or numeric arrays"
         )
 
 

@@ -28,6 +28,10 @@ from adaptive_batcher.runtime.requests import item_size
 __all__ = ["WarmUp"]
 
 _log = get_logger()
+
+LOOP_TURN_S = 0.001
+"""How long warm-up waits between two tries on the loop, s: the loop's ready callbacks and due
+timers run first."""
 _Batch = tuple[list[Any], int]  # items, and the units they fill
 
 
@@ -168,7 +172,9 @@ class WarmUp:
             done = fastest_s <= INLINE_MAX_S or not executor.may_go_inline
             if done or spent_s + fastest_s > INLINE_TRY_LIMIT_S:
                 break
-            await asyncio.sleep(0)  # the loop runs between tries
+            # the loop runs between tries: a timer that came due during one, too (after a
+            # sleep(0) the next try came before it, and a task waited three tries)
+            await asyncio.sleep(LOOP_TURN_S)
             if self._closed():
                 raise BatcherClosedError("batcher closed during warm-up")
             try:

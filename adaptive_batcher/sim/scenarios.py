@@ -31,7 +31,7 @@ from adaptive_batcher.sim.faults import Fault, Faults, LongBatch, LoopStall, Slo
 from adaptive_batcher.sim.result import SimResult
 from adaptive_batcher.sim.service import MemoryLimit, Noisy, ServiceModel, Stalls, TableService
 from adaptive_batcher.sim.simulator import SimConfig, Simulator
-from adaptive_batcher.sim.traces import TRACE_DIR, find_trace, load_trace
+from adaptive_batcher.sim.traces import default_trace_dir, find_trace, load_trace
 from adaptive_batcher.sim.workloads import (
     Arrivals,
     Diurnal,
@@ -147,8 +147,8 @@ def _trace(name: str, compress: float, folder: Path | None) -> Callable[[int], A
         path = find_trace(name, folder)
         if path is None:
             raise FileNotFoundError(
-                f"trace {name!r} not found in {folder or TRACE_DIR} (the traces folder, "
-                "by default ../shared/traces next to the repository)"
+                f"trace {name!r} not found in {folder or default_trace_dir()} (the traces "
+                "folder: ADAPTIVE_BATCHER_TRACES, else ../shared/traces next to the repository)"
             )
         return load_trace(path, compress=compress)
 
@@ -185,7 +185,7 @@ def make_scenarios(
     """The named scenarios on a device described by ``table`` (service time, memory), with
     loads as fractions of its capacity under ``slo`` (see :func:`capacity_rps`); the trace
     scenarios read their files from ``traces_dir`` (default
-    :data:`~adaptive_batcher.sim.traces.TRACE_DIR`) when they are replayed."""
+    :func:`~adaptive_batcher.sim.traces.default_trace_dir`) when they are replayed."""
     folder = None if traces_dir is None else Path(traces_dir)
     capacity = capacity_rps(table, slo)
     measured = Noisy(table, cv=0.05)  # the spread the H200 tables show at large batches

@@ -29,6 +29,7 @@ __all__ = [
     "TIME_UNITS",
     "TRACE_DIR",
     "TRACE_FORMATS",
+    "default_trace_dir",
     "find_trace",
     "load_trace",
 ]
@@ -51,15 +52,22 @@ TRACE_FORMATS: Final = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 """File suffix -> format; any other suffix is read as CSV."""
 
 
+def default_trace_dir() -> Path:
+    """Where traces are read from by default: ``ADAPTIVE_BATCHER_TRACES`` when set, else
+    :data:`TRACE_DIR`."""
+    folder = os.environ.get("ADAPTIVE_BATCHER_TRACES")
+    return Path(folder) if folder else TRACE_DIR
+
+
 def find_trace(name: str, trace_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """The path of a trace in a folder, or None when it (or the folder) is absent.
 
     Args:
         name: file name, e.g. ``"azure_llm_2023_code.csv"``; without a suffix of
             :data:`TRACE_FORMATS`, ``name.csv`` then ``name.jsonl`` are tried.
-        trace_dir: where to look; default :data:`TRACE_DIR`.
+        trace_dir: where to look; default :func:`default_trace_dir`.
     """
-    folder = TRACE_DIR if trace_dir is None else Path(trace_dir)
+    folder = default_trace_dir() if trace_dir is None else Path(trace_dir)
     has_suffix = Path(name).suffix.lower() in TRACE_FORMATS
     for file_name in [name] if has_suffix else [f"{name}.csv", f"{name}.jsonl"]:
         path = folder / file_name

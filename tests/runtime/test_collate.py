@@ -106,6 +106,8 @@ async def test_every_caller_of_a_batch_with_extra_rows_gets_result_count_error()
         ([np.ones(3), None], r"^stacked: item 1 is a NoneType; items must be"),
         ([torch.ones(3), np.ones(3)], r"^stacked: item 1 is a ndarray and item 0 a Tensor; "),
         ([np.ones(3), torch.ones(3)], r"^stacked: item 1 is a Tensor and item 0 a ndarray; "),
+        ([None, torch.ones(3), torch.ones(3)], r"^stacked: item 0 is a NoneType; items must be"),
+        ([np.ones(3), np.array(["a", "b", "c"])], r"^stacked: item 1 is a ndarray; items must"),
     ],
 )
 def test_stacked_names_the_item_that_is_no_array(items: list[Any], message: str) -> None:

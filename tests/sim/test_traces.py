@@ -154,3 +154,18 @@ def test_find_trace(tmp_path: Path) -> None:
 def test_trace_dir_is_shared_next_to_the_repository() -> None:
     repo_root = Path(__file__).resolve().parents[2]
     assert (repo_root / ".." / "shared" / "traces").resolve() == TRACE_DIR
+
+
+def test_the_default_trace_folder_is_adaptive_batcher_traces_when_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh user's checkout without ../shared: ``ADAPTIVE_BATCHER_TRACES``, which the README
+    names, was read by the LLM scenarios only, and the share scenarios' trace was not found."""
+    from adaptive_batcher.sim.traces import default_trace_dir
+
+    (tmp_path / "mine.csv").write_text("TIMESTAMP\n2023-11-16 18:17:03.0\n")
+    monkeypatch.setenv("ADAPTIVE_BATCHER_TRACES", str(tmp_path))
+    assert default_trace_dir() == tmp_path
+    assert find_trace("mine") == tmp_path / "mine.csv"
+    monkeypatch.delenv("ADAPTIVE_BATCHER_TRACES")
+    assert default_trace_dir() == TRACE_DIR
