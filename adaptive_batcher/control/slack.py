@@ -21,6 +21,9 @@ __all__ = ["DEFAULT_MAX_SCALE", "TailSlack"]
 DEFAULT_MAX_SCALE = 1.25
 """The widest window budget the measured tail may earn, over the SLO's budget."""
 
+TRIM_SUFFIX = ".trim"
+"""How the reason of a window a policy's feedback narrowed below its plan ends (``pid.trim``)."""
+
 
 class TailSlack:
     """The window's planning budget over the SLO's budget (>= 1), from the measured tail.
@@ -32,9 +35,11 @@ class TailSlack:
     * ``y < r`` with at least ``rise_samples / (1 - q)`` samples behind ``y`` (so that
       ``rise_samples`` requests lie above the percentile):
       ``scale = min(max_scale, scale * (1 + gain * (r - y) / r))``;
-    * otherwise held: too few samples, no SLO, or for ``settle_s`` after a stall of the loop or
+    * otherwise held: too few samples, no SLO, for ``settle_s`` after a stall of the loop or
       of the model (:meth:`~adaptive_batcher.control.types.Observation.stall_set_latency`),
-      whose latency is the queue behind it, not the window's.
+      whose latency is the queue behind it, not the window's, or while the window in force is
+      a feedback trim (its reason ends in ``.trim``): room under the target there measures the
+      trim, not slack in the plan.
 
     After a :meth:`reset` (a new SLO) it does not rise for ``settle_s`` from its next tick: the
     span then holds latencies of settings planned for the old SLO, no measure of the window
@@ -83,7 +88,17 @@ class TailSlack:
         settled = observation.now_s - self._reset_at_s >= self.settle_s
         if latency > target:
             self.scale = max(1.0, self.scale * target / latency)
-        elif settled and observation.latency_samples >= self.rise_samples / (1.0 - slo.quantile):
+        elif (
+            settled
+            and not _trimmed(observation)
+            and observation.latency_samples >= self.rise_samples / (1.0 - slo.quantile)
+        ):
             room = (target - latency) / target
             self.scale = min(self.max_scale, self.scale * (1.0 + self.gain * room))
         return self.scale
+
+
+def _trimmed(observation: Observation) -> bool:
+    """Whether the window in force is a feedback trim below the plan (docs/policies.md,
+    "Measured slack")."""
+    return observation.current.reason.endswith(TRIM_SUFFIX)

@@ -11,6 +11,7 @@ import math
 import pytest
 
 from adaptive_batcher.control.slack import TailSlack
+from adaptive_batcher.control.types import Decision
 from tests.control.factories import observe
 
 ROOMY = {"latency_ms": 30.0, "latency_samples": 1000}  # a quarter of the target to spare
@@ -96,3 +97,20 @@ def test_observation_window_budget() -> None:
     observation = observe(window_budget_scale=1.2)
     assert observation.window_budget_ms == pytest.approx(observation.budget_ms * 1.2)
     assert math.isnan(observe(slo=None).window_budget_ms)
+
+
+def test_no_rise_while_the_window_in_force_is_a_feedback_trim() -> None:
+    """Room under the target at a window the PID trimmed below its plan shows the trim's
+    worth, not slack in the plan: on a busy event loop (latency the plan does not see) a rise
+    there released a 2 ms trim to a 3.75 ms window against a 5 ms SLO, and the tail went back
+    over it. An overshoot still takes the scale back; the next plan's window may rise."""
+    slack = TailSlack()
+    trimmed = Decision(2.0, 64, "pid.trim")
+    assert slack.update(observe(current=trimmed, **ROOMY)) == 1.0
+    for _ in range(10):
+        slack.update(observe(current=Decision(2.0, 64, "pid.plan"), **ROOMY))
+    widened = slack.scale
+    assert widened > 1.2
+    assert slack.update(observe(current=trimmed, **ROOMY)) == widened
+    after = slack.update(observe(current=trimmed, latency_ms=44.0, latency_samples=100))
+    assert after == pytest.approx(widened * 40.0 / 44.0)
