@@ -134,6 +134,11 @@ CATCH_UP_MAX_S = 5.0
 """The longest a loop is taken to need after a stall to catch up with what the stall held back
 (see :meth:`ServiceTimeEstimator.update`), s."""
 
+MAX_TAKEN = 64
+"""The most batches one update takes in, evenly spread over those new since the last (the
+newest included), so that the controller's tick holds the event loop a bounded time whatever
+the batch rate (docs/policies.md, "The service-time estimates")."""
+
 REFINE_AFTER = 16
 """Batches after a change of level (those that confirmed it not counted), of sizes an earlier
 epoch ran, whose times first say how far that epoch's samples are off (see
@@ -283,9 +288,10 @@ class ServiceTimeEstimator:
         """Take in the batches recorded since the last call and refit if due.
 
         ``batches`` are the most recent batch samples (oldest first) and ``total_seen`` the
-        running count of batches ever recorded; the samples new since the last call are kept in
-        a small per-size reservoir (``per_size`` most recent each), so sizes seen long ago stay
-        known when one size dominates for a while. A batch that ran across ``stall`` (the
+        running count of batches ever recorded; the samples new since the last call (at most
+        :data:`MAX_TAKEN` of them, evenly spread) are kept in a small per-size reservoir
+        (``per_size`` most recent each), so sizes seen long ago stay known when one size
+        dominates for a while. A batch that ran across ``stall`` (the
         latest stall of the event loop, ``(start_s, end_s)``), or began before the loop can
         have caught up with it (as long after its end as it lasted, at most
         ``CATCH_UP_MAX_S``), is left out: it measured the stall, not the model. ``run_size``
@@ -304,7 +310,7 @@ class ServiceTimeEstimator:
             )
         stall_start, stall_end = stall
         caught_up = stall_end + min(stall_end - stall_start, CATCH_UP_MAX_S)
-        for sample in islice(batches, len(batches) - new, None) if new > 0 else ():
+        for sample in _spread(batches, new, MAX_TAKEN):
             if sample.end_s >= stall_start and sample.end_s - sample.service_s <= caught_up:
                 continue  # it ran across a stall of the loop, or before the loop caught up
             measured_ms = float(sample.service_s) * 1e3  # a numpy clock gives numpy floats
@@ -1192,3 +1198,14 @@ def _median(values: Iterable[float]) -> float:
     if len(ordered) % 2:
         return ordered[middle]
     return (ordered[middle - 1] + ordered[middle]) / 2.0
+
+
+def _spread(batches: Sequence[BatchSample], new: int, most: int) -> list[BatchSample]:
+    """The last ``new`` of ``batches``, oldest first; more than ``most`` thinned to ``most``
+    evenly spread over them, the newest included."""
+    if new <= 0:
+        return []
+    recent = list(islice(batches, len(batches) - new, None))
+    if new <= most:
+        return recent
+    return [recent[(i + 1) * new // most - 1] for i in range(most)]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from adaptive_batcher.control.service_estimator import (
     MAX_LEVEL,
+    MAX_TAKEN,
     OPTIMISM,
     OUTLIER_ELASTICITY_MIN,
     OUTLIER_FACTOR,
@@ -69,6 +70,19 @@ def test_sizes_seen_long_ago_stay_known() -> None:
     estimator.update(flood[-512:], total_seen=len(small) + len(flood))
     assert estimator.median_ms(8) == pytest.approx(4.0)
     assert estimator.median_ms(256) == pytest.approx(16.7)
+
+
+@pytest.mark.parametrize("new", [MAX_TAKEN // 2, MAX_TAKEN, 3 * MAX_TAKEN + 5])
+def test_one_update_takes_in_at_most_max_taken_batches_newest_included(new: int) -> None:
+    """The tick's work is bounded whatever the batch rate: of the batches new since the last
+    update, at most ``MAX_TAKEN``, spread over them; the newest one is among them (sizes
+    1..new, one batch each, so the sizes known say which were taken)."""
+    estimator = ServiceTimeEstimator(min_samples=1, refit_every=1)
+    batches = [BatchSample(0.0, n, n, (1.0 + 0.01 * n) / 1e3) for n in range(1, new + 1)]
+    estimator.update(batches, total_seen=new)
+    assert estimator.samples == min(new, MAX_TAKEN)
+    # the fit reaches the newest batch's size: 1 + 0.01 n there, not the optimistic slope
+    assert estimator.median_ms(new) == pytest.approx(1.0 + 0.01 * new)
 
 
 def test_refits_only_every_n_batches() -> None:
@@ -573,7 +587,9 @@ def _with_ratios(ratios: list[float]) -> ServiceTimeEstimator:
     estimator = ServiceTimeEstimator(min_samples=1, refit_every=100_000, spread_window=4096)
     estimator.update([BatchSample(0.0, 4, 4, 0.004)], total_seen=1)
     batches = [BatchSample(0.0, 4, 4, 0.004 * ratio) for ratio in ratios]
-    estimator.update(batches, total_seen=1 + len(batches))
+    for start in range(0, len(batches), MAX_TAKEN):  # as ticks take them in
+        chunk = batches[start : start + MAX_TAKEN]
+        estimator.update(chunk, total_seen=1 + start + len(chunk))
     return estimator
 
 
