@@ -427,9 +427,10 @@ class Observation:
 
     @property
     def target_ms(self) -> float:
-        """The latency the controller aims the measured tail at: preprocessing plus
-        :attr:`aim_budget_ms` (NaN without an SLO)."""
-        return self.slo.preprocess_ms + self.aim_budget_ms if self.slo is not None else math.nan
+        """The latency the controller aims the measured tail at, ms: :attr:`aim_budget_ms`
+        (NaN without an SLO). The batcher measures from a request's submission, so the time
+        spent before it (``SLO.preprocess_ms``) is already out of its budget."""
+        return self.aim_budget_ms
 
     @property
     def room_ms(self) -> float:

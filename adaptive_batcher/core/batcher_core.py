@@ -502,7 +502,8 @@ class BatcherCore(Generic[H]):
 
     def _apply_slo(self, slo: SLO | None) -> None:
         self.slo = slo
-        self.recorder.slo_latency_s = slo.latency_ms / 1e3 if slo is not None else math.inf
+        # the batcher's latency runs from submission: preprocessing came before it
+        self.recorder.slo_latency_s = slo.room_ms / 1e3 if slo is not None else math.inf
 
     def set_policy(self, policy: Policy | None, now: float | None = None) -> None:
         """Switch the control law; it continues from the settings in force (bumpless).

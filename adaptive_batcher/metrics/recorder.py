@@ -31,7 +31,8 @@ class Counts:
     """Cumulative request and batch counts since the batcher started.
 
     ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
-    the SLO (all of them when no SLO is set), ``failed`` those that got an exception from the
+    the SLO (timed from submission: within ``latency_ms - preprocess_ms``; all of them when no
+    SLO is set), ``failed`` those that got an exception from the
     model, a result-count error, were running when a time-limited close gave up on them, whose
     batch's task something cancelled before it ran, or (a stream) whose reader fell
     ``max_buffered_elements`` behind, ``rejected`` those refused at submit

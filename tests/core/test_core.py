@@ -153,6 +153,16 @@ def test_answers_runs_and_device_time_are_recorded() -> None:
     assert counts.device_busy_s == pytest.approx(0.004)
 
 
+def test_an_answer_is_within_the_slo_when_its_preprocessing_fits_beside_it() -> None:
+    """The batcher times a request from its submission; ``preprocess_ms`` came before it, so
+    an answer is within the SLO when its latency fits the room, ``latency_ms - preprocess_ms``
+    (before: within ``latency_ms`` itself, so a 45 ms answer after 10 ms of preprocessing
+    counted as within a 50 ms SLO)."""
+    core = make_core(max_batch_size=4, window_ms=0.0, slo=SLO(50.0, preprocess_ms=10.0))
+    core.record_answers([0.0, 0.005, 0.011], 0, 0.05)  # 50, 45 and 39 ms
+    assert core.recorder.counts().within_slo == 1
+
+
 def test_a_streams_first_element_is_timed_and_its_end_counted_later() -> None:
     core = make_core(slo=SLO(latency_ms=10.0))
     assert core.record_first_elements([0.0, 0.015], 0.02) == [False, True]

@@ -104,6 +104,20 @@ def test_while_the_measured_tail_shows_room_no_trim_is_held() -> None:
     assert pid.output == 0.0 and roomy.reason == "pid.slack"
 
 
+def test_the_setpoint_leaves_the_preprocessing_out() -> None:
+    """The batcher measures from submission: with 10 ms of preprocessing under an SLO of 50
+    ms its own p99 is aimed at 30 ms (0.8 * 50 - 10), and 35 ms (45 ms end to end, past the
+    40 ms aim) trims the window. Before, the setpoint was 40 ms, and the feedback undid the
+    preprocessing the plan had budgeted for."""
+    slo = SLO(latency_ms=50.0, preprocess_ms=10.0)
+    planned = PID().decide(observe(slo=slo, latency_ms=25.0))
+    pid = PID()
+    trimmed = pid.decide(observe(slo=slo, latency_ms=35.0))
+    assert planned.reason == "pid.plan"
+    assert pid.output < 0.0 and trimmed.reason == "pid.trim"
+    assert trimmed.window_ms < planned.window_ms
+
+
 def test_latency_over_target_trims_the_planned_window() -> None:
     pid = PID()
     planned = pid.decide(observe(latency_ms=30.0)).window_ms
