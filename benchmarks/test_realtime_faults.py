@@ -225,3 +225,47 @@ def test_closed_loop_clients(benchmark: Any) -> None:
     lines += ["", f"- {verdict}"]
     report_lines("realtime_faults_closed_loop", lines)
     assert ours >= 0.9 * static, "\n".join(lines)
+
+
+@pytest.mark.parametrize("slo_ms", [5.0, 10.0, 20.0])
+def test_tight_slo(benchmark: Any, slo_ms: float) -> None:
+    """A fast model (the README's, 0.03 ms a batch, on the loop) under Poisson 3,000 req/s
+    with an SLO of 5, 10 or 20 ms at p99: the event loop's own latency and the controller's
+    tick are a large share of it. Ours against static windows 0 and 1 ms, ``ROUNDS`` rounds,
+    the order rotating. Target: ours keeps its SLO (at least 99 % of the requests within it)
+    in all but one round; reported beside: the static windows' shares, and the controller's
+    tick (mean and worst, ms)."""
+    from benchmarks.realtime_faults import load_average
+    from benchmarks.tight_slo import CONTENDERS as TIGHT
+    from benchmarks.tight_slo import TightRun, tight_run
+
+    runs: list[TightRun] = []
+
+    def serve() -> None:
+        for index in range(ROUNDS):
+            shift = index % len(TIGHT)
+            for name, window_ms in TIGHT[shift:] + TIGHT[:shift]:
+                runs.append(tight_run(name, window_ms, slo_ms, index))
+
+    benchmark.pedantic(serve, rounds=1, iterations=1)
+    lines = [
+        f"### Tight SLO: p99 {slo_ms:g} ms, the README's model, Poisson 3,000 req/s",
+        "",
+        f"load average after the runs: {load_average():.1f}",
+        "",
+        "| contender | within the SLO, per round | p99 ms, per round | tick ms, mean / worst |",
+        "|---|---|---|---|",
+    ]
+    for name, _ in TIGHT:
+        mine = sorted((r for r in runs if r.contender == name), key=lambda r: r.round)
+        ticks = [t for r in mine for t in r.ticks_ms]
+        tick = f"{sum(ticks) / len(ticks):.2f} / {max(ticks):.2f}" if ticks else "-"
+        lines.append(
+            f"| {name} | {' / '.join(f'{r.within_share:.4f}' for r in mine)} "
+            f"| {' / '.join(f'{r.p99_ms:.1f}' for r in mine)} | {tick} |"
+        )
+    kept = sum(r.within_share >= 0.99 for r in runs if r.contender == "ours")
+    verdict = f"ours kept its SLO in {kept}/{ROUNDS} rounds"
+    lines += ["", f"- {verdict}"]
+    report_lines(f"realtime_tight_slo_{slo_ms:g}ms", lines)
+    assert kept >= ROUNDS - 1, "\n".join(lines)
