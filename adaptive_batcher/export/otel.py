@@ -92,7 +92,7 @@ _GAUGES: tuple[tuple[r.MetricSpec, _Read], ...] = (
     (r.MAX_BATCH_SIZE, _one(lambda x: x.stats.max_batch_size)),
     (r.MAX_CONCURRENT_BATCHES, _one(lambda x: x.stats.max_concurrent_batches)),
     (r.BATCHES_IN_FLIGHT, _one(lambda x: x.stats.in_flight_batches)),
-    (r.SLO_LATENCY, _one(lambda x: x.stats.slo.latency_ms / 1e3 if x.stats.slo else math.nan)),
+    (r.SLO_LATENCY, _one(lambda x: x.stats.slo.room_ms / 1e3 if x.stats.slo else math.nan)),
     (r.SLO_ATTAINMENT, _one(lambda x: x.stats.slo_attainment)),
     (r.SLO_UNREACHABLE, _one(lambda x: x.stats.slo_unreachable)),
     (r.EXECUTOR, _by("executor", lambda x: {x.stats.executor: 1})),

@@ -172,7 +172,7 @@ def _families(readings: list[r.BatcherReading]) -> Iterator[Metric]:
         (r.MAX_BATCH_SIZE, lambda x: x.stats.max_batch_size),
         (r.MAX_CONCURRENT_BATCHES, lambda x: x.stats.max_concurrent_batches),
         (r.BATCHES_IN_FLIGHT, lambda x: x.stats.in_flight_batches),
-        (r.SLO_LATENCY, lambda x: x.stats.slo.latency_ms / 1e3 if x.stats.slo else math.nan),
+        (r.SLO_LATENCY, lambda x: x.stats.slo.room_ms / 1e3 if x.stats.slo else math.nan),
         (r.SLO_ATTAINMENT, lambda x: x.stats.slo_attainment),
         (r.SLO_UNREACHABLE, lambda x: float(x.stats.slo_unreachable)),
     ]

@@ -169,7 +169,8 @@ SLO_LATENCY = _spec(
     "adaptive_batcher.slo.latency",
     "gauge",
     "s",
-    "The SLO's latency target at its percentile (only with an SLO).",
+    "The latency an answer must meet at the SLO's percentile, timed from submission: the SLO's "
+    "less its preprocessing (only with an SLO).",
 )
 SLO_ATTAINMENT = _spec(
     "adaptive_batcher_slo_attainment_ratio",

@@ -144,6 +144,31 @@ def test_slo_attainment_quantiles_and_decisions_by_reason() -> None:
     assert value(samples, quantile, batcher="pid", quantile="0.5") <= p99
 
 
+def test_the_slo_gauge_is_the_limit_the_answers_are_judged_against() -> None:
+    """Latencies run from submission, so with 10 ms of preprocessing under a 50 ms SLO an
+    answer must meet 40 ms: the gauge says 40 ms, as the attainment and the count within the
+    SLO judge (before: 50 ms, which a 45 ms answer met on a dashboard and missed in the
+    counts)."""
+    registry = CollectorRegistry()
+
+    async def slow(batch: list[float]) -> list[float]:
+        await asyncio.sleep(0.045)
+        return batch
+
+    async def main() -> tuple[Any, Any]:
+        slo = SLO(latency_ms=50.0, preprocess_ms=10.0)
+        batcher = AdaptiveBatcher(slow, slo=slo, window_ms=0.0, policy=Static(), name="pre")
+        register_prometheus(batcher, registry)
+        async with batcher:
+            await batcher.submit_many([1.0] * 4)
+            return batcher.stats(), scrape(registry)
+
+    stats, samples = run_in_virtual_time(main())
+    assert value(samples, "adaptive_batcher_slo_latency_seconds", batcher="pre") == 0.04
+    assert stats.counts.within_slo == 0 and stats.slo_attainment == 0.0
+    assert value(samples, "adaptive_batcher_slo_attainment_ratio", batcher="pre") == 0.0
+
+
 def test_every_metric_of_the_table_is_exposed_with_its_type() -> None:
     registry = CollectorRegistry()
     register_prometheus(AdaptiveBatcher(model, name="idle"), registry)
