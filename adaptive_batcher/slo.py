@@ -49,9 +49,10 @@ class SLO:
             and below ``target_ms = margin * latency_ms``: the batcher needs time left); -0.0
             is stored as 0.0.
         margin: fraction of the target the controller aims at, at least, in (0, 1]: the
-            online controller steers latency to ``margin * latency_ms`` plus
-            ``(1 - margin) * room * share**2`` at every tick (``room = latency_ms -
-            preprocess_ms``, ``share`` = two batches of one over the room). Not the
+            online controller steers the batcher's latency (timed from submission) to
+            ``margin * latency_ms - preprocess_ms`` plus ``(1 - margin) * room * share**2``
+            at every tick (``room = latency_ms - preprocess_ms``, ``share`` = two batches of
+            one over the room). Not the
             profiler's ``window_fraction`` (:func:`adaptive_batcher.profile.recommend`), which
             trims the recommended window once, offline, to a share of the slack left after
             compute.

@@ -291,10 +291,10 @@ class ServiceTimeEstimator:
         running count of batches ever recorded; the samples new since the last call (at most
         :data:`MAX_TAKEN` of them, evenly spread) are kept in a small per-size reservoir
         (``per_size`` most recent each), so sizes seen long ago stay known when one size
-        dominates for a while. A batch that ran across ``stall`` (the
-        latest stall of the event loop, ``(start_s, end_s)``), or began before the loop can
-        have caught up with it (as long after its end as it lasted, at most
-        ``CATCH_UP_MAX_S``), is left out: it measured the stall, not the model. ``run_size``
+        dominates for a while. A batch that ran across ``stall`` (the latest stall of the
+        event loop, ``(start_s, end_s)``), or began before the loop can have caught up with it
+        (as long after its end as it lasted, at most ``CATCH_UP_MAX_S``), is left out: it
+        measured the stall, not the model. ``run_size``
         maps a batch's units to the size the model ran (its bucket, padding included; None:
         the units): the service time is that size's. A time that is negative, NaN or
         infinite (a broken clock) is left out.

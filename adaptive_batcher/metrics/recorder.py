@@ -30,20 +30,20 @@ class BatchSample(NamedTuple):
 class Counts:
     """Cumulative request and batch counts since the batcher started.
 
-    ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency met
-    the SLO (timed from submission: within ``latency_ms - preprocess_ms``; all of them when no
-    SLO is set), ``failed`` those that got an exception from the
-    model, a result-count error, were running when a time-limited close gave up on them, whose
-    batch's task something cancelled before it ran, or (a stream) whose reader fell
-    ``max_buffered_elements`` behind, ``rejected`` those refused at submit
-    (queue full, too large, closed) or that a close kept from starting (taken off the queue by a
-    close without draining, or in a batch a time-limited close cancelled before it ran),
-    ``expired`` deadline errors, ``cancelled`` callers that gave up (were cancelled) before any
-    of these. Once every request has ended, ``submitted`` is the sum of the five outcome
-    counts (``within_slo`` is part of ``completed``). Each count only goes up, and a request
-    is counted once, when it ends: a stream when its stream ends (or its reader leaves after
-    its first element, which counts it completed), its latency being the time to its first
-    element. Every change goes through :class:`~adaptive_batcher.core.batcher_core.BatcherCore`.
+    ``completed`` counts requests that got a result, ``within_slo`` those of them whose latency
+    met the SLO (timed from submission: within ``latency_ms - preprocess_ms``; all of them when
+    no SLO is set), ``failed`` those that got an exception from the model, a result-count error,
+    were running when a time-limited close gave up on them, whose batch's task something
+    cancelled before it ran, or (a stream) whose reader fell ``max_buffered_elements`` behind,
+    ``rejected`` those refused at submit (queue full, too large, closed) or that a close kept
+    from starting (taken off the queue by a close without draining, or in a batch a time-limited
+    close cancelled before it ran), ``expired`` deadline errors, ``cancelled`` callers that gave
+    up (were cancelled) before any of these. Once every request has ended, ``submitted`` is the
+    sum of the five outcome counts (``within_slo`` is part of ``completed``). Each count only
+    goes up, and a request is counted once, when it ends: a stream when its stream ends (or its
+    reader leaves after its first element, which counts it completed), its latency being the
+    time to its first element. Every change goes through
+    :class:`~adaptive_batcher.core.batcher_core.BatcherCore`.
 
     ``oom_errors`` counts every model call that ran out of memory (``is_oom``): a batch of
     several items, which is then split and re-run, and a single item, whose caller gets the
