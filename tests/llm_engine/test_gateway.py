@@ -91,9 +91,10 @@ async def test_a_disconnect_aborts_the_request_inside_the_engine(vllm: VLLMServe
         ) as response:
             assert response.status_code == 200
             received, rate_per_s = await read_tokens_for(response, seconds=1.0)
-            # the engine's gauge is updated from its own stats loop: it may lag a scrape
+            # the engine's gauge is updated from its own stats loop: it may lag a scrape (and a
+            # request of an earlier test may still be ending beside this one: at least 1)
             async with asyncio.timeout(BOUND_S):
-                while (await vllm.metrics())["vllm:num_requests_running"] != 1:  # noqa: ASYNC110 (another process: polled)
+                while (await vllm.metrics())["vllm:num_requests_running"] < 1:  # noqa: ASYNC110 (another process: polled)
                     await asyncio.sleep(0.02)
         # the client closed its connection mid-stream: the engine drops the request, far
         # sooner than decoding the rest of the budget at the rate it was streaming would take
