@@ -30,6 +30,7 @@ from adaptive_batcher.control.guards import (
 )
 from adaptive_batcher.control.guards.cap_probe import CapProbeGuard
 from adaptive_batcher.control.guards.unused_window import UnusedWindowGuard
+from adaptive_batcher.control.loop_lag import LoopLag
 from adaptive_batcher.control.policy import GuardFactory, Policy, declares_shedding
 from adaptive_batcher.control.service_estimator import ServiceTimeEstimator
 from adaptive_batcher.control.slack import TailSlack
@@ -155,6 +156,7 @@ class Controller:
         self.loop_stall: tuple[float, float] = (-math.inf, -math.inf)  # the latest, (start, end)
         self.loop_stalls = 0
         self._stalls: deque[tuple[float, float]] = deque()  # (start, end), began in memory
+        self.loop_lag = LoopLag()
 
     @property
     def slo_unreachable(self) -> bool:
@@ -189,6 +191,11 @@ class Controller:
         budget alone until the measured tail shows room again)."""
         self.slo = slo
         self.tail_slack.reset()
+
+    def note_loop_lag(self, late_s: float) -> None:
+        """The shell's heartbeat fired ``late_s`` seconds late, short of a stall: the next
+        observations set the recent lag aside from the SLO's room (``loop_lag_ms``)."""
+        self.loop_lag.note(late_s)
 
     def note_loop_stall(self, start_s: float, end_s: float) -> None:
         """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its
@@ -377,6 +384,7 @@ class Controller:
             service_mean_ms=model.mean_ms,
             contention=model.contention,
             last_stall_s=model.last_stall_s,
+            recent_stalls=tuple(model.recent_stalls),
             loop_stall_s=self.loop_stall[1],
             loop_stall_rate_hz=self.loop_stall_rate_hz(now),
             loop_stall_durations_s=self.loop_stall_durations_s(now),
@@ -386,7 +394,13 @@ class Controller:
             device_busy_fraction=busy_s / interval / max(1, slots),
             telemetry=telemetry,
             answer_share=_answer_share(recorder.answer_shares),
+            loop_lag_ms=self._loop_lag_ms(),
         )
+
+    def _loop_lag_ms(self) -> float:
+        """The loop's recent lag, at most its share of the SLO's batcher budget (0 without
+        an SLO)."""
+        return self.loop_lag.budgeted_ms(self.slo.batcher_budget_ms) if self.slo else 0.0
 
     def _peak_rate(self, now: float, rate: float) -> float:
         """The highest per-tick arrival rate within the last ``latency_span_s`` (this one too)."""
@@ -419,6 +433,7 @@ def _log_decision(observation: Observation, decision: Decision, policy: str) -> 
         previous_max_batch_size=observation.current.max_batch_size,
         latency_ms=_round(observation.latency_ms),
         target_ms=_round(observation.target_ms),
+        loop_lag_ms=round(observation.loop_lag_ms, 3),
         window_floor_ms=_round(observation.window_floor_ms),
         latency_samples=observation.latency_samples,
         window_budget_scale=round(observation.window_budget_scale, 4),

@@ -86,6 +86,9 @@ OUTLIER_ELASTICITY_MIN = 8
 OUTLIER_MEMORY = 32
 """Recent outliers behind :attr:`ServiceTimeEstimator.outlier_elasticity`."""
 
+HELD_STALLS = 16
+"""The latest held-out stalls listed in :attr:`ServiceTimeEstimator.recent_stalls`."""
+
 OUTLIER_LEVERAGE = math.log(1.25)
 """The least log-ratio between the predicted times of the longer and the shorter half of the
 outliers for their elasticity to be measured (batches of about the same time cannot show how
@@ -273,6 +276,9 @@ class ServiceTimeEstimator:
         self.outliers_held_out = 0
         self.outliers_seen = 0
         self.last_stall_s = -math.inf  # when the last batch held out as an outlier ended, s
+        # (end_s, excess_ms) of the latest batches held out as stalls: when each ended, and by
+        # how much it outlasted its prediction
+        self.recent_stalls: deque[tuple[float, float]] = deque(maxlen=HELD_STALLS)
         self._outliers: deque[tuple[float, float]] = deque(maxlen=OUTLIER_MEMORY)
         self._elasticity = (0, math.nan)  # (outliers seen when measured, the elasticity)
         if self._seed:
@@ -319,8 +325,12 @@ class ServiceTimeEstimator:
             units = (
                 sample.units if run_size is None or sample.units <= 0 else run_size(sample.units)
             )
-            if units > 0 and self._take(units, measured_ms, outlier_ratio, change_ratio):
+            if units <= 0:
+                continue
+            excess_ms = self._take(units, measured_ms, outlier_ratio, change_ratio)
+            if excess_ms is not None:
                 self.last_stall_s = sample.end_s
+                self.recent_stalls.append((sample.end_s, excess_ms))
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
             return
@@ -493,14 +503,14 @@ class ServiceTimeEstimator:
 
     def _take(
         self, units: int, measured_ms: float, outlier_ratio: float, change_ratio: float
-    ) -> bool:
+    ) -> float | None:
         """One batch's time: into the error bars, and into its size's samples unless it is
         suspect (beyond ``change_ratio`` either way: held until it is either part of a change
         of level or old) or an isolated outlier (beyond ``outlier_ratio``: dropped; see
         docs/policies.md). A size the fit does not know (see :meth:`_known`) is suspect only
-        as a slow outlier, and enters the error bars only as one. True if it is held out as a
-        slow outlier (a stall)."""
-        direction, ratio, outlier = 0, math.nan, False
+        as a slow outlier, and enters the error bars only as one. If it is held out as a slow
+        outlier (a stall): by how much it outlasted its prediction, ms; else None."""
+        direction, ratio, outlier, predicted = 0, math.nan, False, math.nan
         if outlier_ratio < math.inf:
             predicted = self.median_ms(units)
             if predicted > 0:
@@ -524,14 +534,14 @@ class ServiceTimeEstimator:
         self._release_aged()
         if direction == 0:
             self._keep(units, measured_ms)
-            return False
+            return None
         self._held.append((self._taken, units, measured_ms, ratio, direction, outlier))
         stall = outlier and direction > 0
         self.outliers_held_out += stall
         if self._confirms_change(direction, outlier_ratio, change_ratio):
             self._change_level(direction, outlier_ratio, change_ratio)  # it has changed
-            return False
-        return stall
+            return None
+        return measured_ms - predicted if stall else None
 
     def _direction(
         self, units: int, ratio: float, outlier_ratio: float, change_ratio: float
@@ -681,6 +691,7 @@ class ServiceTimeEstimator:
         if direction > 0:
             self.outliers_held_out -= sum(entry[5] for entry in confirming)
             self.last_stall_s = -math.inf  # they were no isolated stalls after all
+            self.recent_stalls.clear()
         # a new epoch, whose suspects are judged against its own batches: the confirming ones
         # first, and the rest of the window (before the change) forgotten
         self._earlier = deque(

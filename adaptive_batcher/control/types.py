@@ -19,7 +19,12 @@ from adaptive_batcher.control.plan import Plan
 from adaptive_batcher.slo import SLO
 from adaptive_batcher.telemetry.base import TelemetrySample
 
-__all__ = ["Bounds", "Decision", "Observation"]
+__all__ = ["STALL_REACH", "Bounds", "Decision", "Observation"]
+
+STALL_REACH = 2.0
+"""How many times its own excess a stall of the model may lift the measured tail over the
+target (the queue it held back, then the larger batch that drains it): an overshoot beyond
+that is the window's, whatever stalled (see :meth:`Observation.stall_set_latency`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +283,12 @@ class Observation:
         answer_share: the share of a batch's service time that passes before its callers'
             first answer, a high quantile over recent batches (1: answers come at the end; a
             streaming model's come at its first step, and the slot stays busy to the end).
+        recent_stalls: ``(end_s, excess_ms)`` of the latest batches the service-time fit held
+            out as stalls (oldest first): when each ended, and by how much it outlasted its
+            prediction (empty: none, or not listed).
+        loop_lag_ms: the shell's event-loop lag set aside from the SLO's room, ms (see
+            :class:`~adaptive_batcher.control.loop_lag.LoopLag`; 0: none, as in the simulator):
+            a request meets it before its submission, like preprocessing.
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -330,6 +341,8 @@ class Observation:
     window_budget_scale: float = 1.0
     window_floor_ms: float = math.nan
     answer_share: float = 1.0
+    loop_lag_ms: float = 0.0
+    recent_stalls: tuple[tuple[float, float], ...] = ()
     _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -429,21 +442,25 @@ class Observation:
     def target_ms(self) -> float:
         """The latency the controller aims the measured tail at, ms: :attr:`aim_budget_ms`
         (NaN without an SLO). The batcher measures from a request's submission, so the time
-        spent before it (``SLO.preprocess_ms``) is already out of its budget."""
+        spent before it (``SLO.preprocess_ms``, :attr:`loop_lag_ms`) is already out of its
+        budget."""
         return self.aim_budget_ms
 
     @property
     def room_ms(self) -> float:
-        """The SLO's latency less preprocessing, ms: what the batcher's worst case (a burst's
-        full batch behind a full batch, a shed request's start) must fit; the budget adds the
-        target's margin for the p99 plan (NaN without an SLO)."""
-        return self.slo.room_ms if self.slo is not None else math.nan
+        """The SLO's latency less preprocessing and :attr:`loop_lag_ms`, ms: what the batcher's
+        worst case (a burst's full batch behind a full batch, a shed request's start) must
+        fit; the budget adds the target's margin for the p99 plan (NaN without an SLO)."""
+        return self.slo.room_ms - self.loop_lag_ms if self.slo is not None else math.nan
 
     @property
     def budget_ms(self) -> float:
         """Queueing + compute time allowed inside the batcher by the SLO's target, ms: the
-        SLO's ``batcher_budget_ms`` (NaN without an SLO). Caps are planned to it."""
-        return self.slo.batcher_budget_ms if self.slo is not None else math.nan
+        SLO's ``batcher_budget_ms`` less :attr:`loop_lag_ms` (NaN without an SLO). Caps are
+        planned to it."""
+        if self.slo is None:
+            return math.nan
+        return self.slo.batcher_budget_ms - self.loop_lag_ms
 
     @property
     def aim_budget_ms(self) -> float:
@@ -459,9 +476,9 @@ class Observation:
             return math.nan
         floor, room = self.window_floor_ms, self.room_ms
         if not floor >= 0.0:  # NaN: no floor known
-            return slo.batcher_budget_ms
+            return self.budget_ms
         share = min(floor, room) / room
-        return slo.batcher_budget_ms + (1.0 - slo.margin) * room * share * share
+        return self.budget_ms + (1.0 - slo.margin) * room * share * share
 
     @property
     def window_budget_ms(self) -> float:
@@ -472,10 +489,21 @@ class Observation:
 
     def stall_set_latency(self, settle_s: float) -> bool:
         """True when the event loop stalled within ``settle_s`` seconds, or when an outlier
-        batch ended within it and outliers do not scale with the batch
-        (``outlier_elasticity`` below 0.5, or unknown): the latency measured now is then the
-        queue behind the stall, no sign of the window (docs/policies.md, "PID")."""
+        batch ended within it, outliers do not scale with the batch (``outlier_elasticity``
+        below 0.5, or unknown), and the stall was long enough to explain the overshoot (its
+        excess at least 1 / ``STALL_REACH`` of ``latency_ms - target_ms``; see
+        :attr:`recent_stalls`): the latency measured now is then the queue behind the stall,
+        no sign of the window (docs/policies.md, "PID")."""
         if self.now_s - self.loop_stall_s < settle_s:
             return True  # the loop stood still: its latency is no sign of the window's
         recent = self.now_s - self.last_stall_s < settle_s
-        return recent and not self.outlier_elasticity >= 0.5
+        if not recent or self.outlier_elasticity >= 0.5:
+            return False
+        return STALL_REACH * self._stall_excess_ms(settle_s) >= self.latency_ms - self.target_ms
+
+    def _stall_excess_ms(self, settle_s: float) -> float:
+        """The largest excess of the stalls listed that ended within ``settle_s``, ms (inf
+        when none is listed: the excess is not known)."""
+        since = self.now_s - settle_s
+        excesses = [excess for end, excess in self.recent_stalls if end > since]
+        return max(excesses) if excesses else math.inf

@@ -272,6 +272,18 @@ class BatcherCore(Generic[H]):
         self._timer_due_s = due_s
         return actions
 
+    def heartbeat_fired(self, due_s: float, now: float) -> None:
+        """The shell's heartbeat (every ``HEARTBEAT_S`` while requests are in the system) due
+        at ``due_s`` fired at ``now``: lateness short of a stall is the loop's lag, which the
+        controller budgets for (:meth:`Controller.note_loop_lag`); a stall as
+        :meth:`timer_fired`."""
+        late_s = now - due_s
+        if late_s < LOOP_STALL_S:
+            if self.controller is not None:
+                self.controller.note_loop_lag(late_s)
+            return
+        self.timer_fired(due_s, now)
+
     def timer_fired(self, due_s: float, now: float) -> None:
         """A timer of the shell due at ``due_s`` fired at ``now``: ``LOOP_STALL_S`` or more
         late, the loop stood still (noted once, however many timers it held back). The core's

@@ -163,7 +163,7 @@ class LoopDriver:
         """While requests are in the system, a timer every ``HEARTBEAT_S``: one that fires
         late tells the core the loop stood still, even with no window timer pending."""
         self._beat = None
-        self.core.timer_fired(self._beat_at, self.now())
+        self.core.heartbeat_fired(self._beat_at, self.now())
         if not self.closed and not self.core.idle:
             self._arm_beat()
 

@@ -150,6 +150,10 @@ def test_the_time_of_the_last_stall_is_kept_for_the_controller() -> None:
     stall = BatchSample(12.5, 58, 58, (linear_ms(58) + 150.0) / 1e3)
     estimator.update([stall], seen + 1)
     assert estimator.last_stall_s == 12.5
+    # and by how much it outlasted its prediction: a stall of 0.5 ms cannot explain a tail
+    # 2 ms over its target, one of 150 ms can (Observation.stall_set_latency)
+    ((end_s, excess_ms),) = estimator.recent_stalls
+    assert end_s == 12.5 and excess_ms == pytest.approx(150.0, rel=0.05)
 
 
 def test_a_lasting_slowdown_is_learned() -> None:

@@ -165,6 +165,20 @@ def test_the_floor_is_exempt_from_the_margin_by_its_share_of_the_room() -> None:
     assert math.isnan(observe(slo=None, window_floor_ms=50.0).aim_budget_ms)
 
 
+def test_the_loop_lag_is_spent_before_submission_like_preprocessing() -> None:
+    """SLO 125 ms with 5 ms of preprocessing and 3 ms of event-loop lag: the batcher's room is
+    117 ms, its budget 92 ms, and the tail it measures is aimed at what is left; the floor's
+    exemption is taken from the room that is left."""
+    slo = SLO(latency_ms=125.0, preprocess_ms=5.0)
+    lagged = observe(slo=slo, loop_lag_ms=3.0)
+    assert (lagged.room_ms, lagged.budget_ms) == (117.0, 92.0)
+    assert lagged.target_ms == lagged.aim_budget_ms == 92.0
+    floored = observe(slo=slo, loop_lag_ms=3.0, window_floor_ms=50.0)
+    assert floored.aim_budget_ms == pytest.approx(92.0 + 0.2 * 117.0 * (50.0 / 117.0) ** 2)
+    assert observe(slo=slo, loop_lag_ms=3.0).plan().room_ms == 117.0
+    assert math.isnan(observe(slo=None, loop_lag_ms=3.0).budget_ms)
+
+
 def test_the_floor_is_two_batches_of_one() -> None:
     """The default observation's plan (4 ms + 0.05 ms per item, smallest cap 1): a batch of one
     waited out, then one's own: 2 * 4.05 ms, whatever the load."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from structlog.testing import capture_logs
 
 from adaptive_batcher.core.batcher_core import LOOP_STALL_S, BatcherCore
@@ -48,6 +49,22 @@ def test_a_timer_on_time_or_a_little_late_is_no_stall() -> None:
     core.poll(0.2)  # a new timer at 0.205: the old one is no longer due
     core.poll(0.205)
     assert core.loop_stalls == 0
+
+
+def test_a_heartbeat_short_of_a_stall_is_the_loops_lag() -> None:
+    """A late heartbeat below ``LOOP_STALL_S`` is lag, which the controller sets aside from the
+    SLO's room; one beyond it is a stall, not lag."""
+    core = _core()
+    controller = core.controller
+    assert controller is not None
+    for beat in range(40):
+        due = 0.02 * beat
+        core.heartbeat_fired(due, due + 0.004)
+    assert controller.loop_lag.quantile_ms() == pytest.approx(4.0)
+    assert core.loop_stalls == 0
+    core.heartbeat_fired(1.0, 1.0 + LOOP_STALL_S)
+    assert core.loop_stalls == 1 and controller.loop_stall == (1.0, 1.0 + LOOP_STALL_S)
+    assert controller.loop_lag.quantile_ms() == pytest.approx(4.0)
 
 
 def test_no_timer_no_stall_after_an_idle_spell() -> None:

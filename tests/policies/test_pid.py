@@ -258,6 +258,20 @@ def test_an_overshoot_after_outliers_that_scale_with_the_batch_narrows_the_windo
         assert (pid.output == 0.0) is holds, elasticity
 
 
+def test_a_stall_too_short_for_the_overshoot_does_not_hold_the_trim() -> None:
+    """A model of 0.03 ms a batch meets a 0.5 ms pause now and then (a context switch): held
+    out as a stall, but it cannot lift a tail 10 ms over its 40 ms target. The overshoot is the
+    window's and narrows it; a stall of 150 ms, or one of unknown length, still holds."""
+    for stalls, holds in (((9.8, 0.5),), False), (((9.8, 150.0),), True), ((), True):
+        pid = PID(settle_s=2.0)
+        pid.decide(observe(now_s=10.0, latency_ms=30.0))
+        after = pid.decide(
+            observe(now_s=10.5, latency_ms=50.0, last_stall_s=9.8, recent_stalls=stalls)
+        )
+        assert (after.reason == "pid.stall") is holds, stalls
+        assert (pid.output == 0.0) is holds, stalls
+
+
 def test_no_derivative_kick_when_the_slo_changes() -> None:
     with_d, without_d = PID(kd=0.5), PID(kd=0.0)
     for pid in (with_d, without_d):
