@@ -31,7 +31,8 @@ full batches answer them late (docs/policies.md, "ShedGuard")."""
 class ShedGuard(Guard):
     """SLO-aware shedding: fail at once the requests that can no longer meet the SLO.
 
-    A request that has not started by ``latency_ms - preprocess_ms - s(n)`` after its arrival,
+    A request that has not started by ``room - s(n)`` after its arrival (``room`` =
+    ``latency_ms - preprocess_ms`` less the loop's lag, :attr:`Observation.room_ms`),
     where ``n`` is the batch it will run in, cannot finish within the SLO: serving it late only
     delays the requests behind it. For a streaming model ``s(n)`` is the share of the batch's
     time before its first answer (``Observation.answer_share``): its callers' latency ends
