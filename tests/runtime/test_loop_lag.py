@@ -3,23 +3,22 @@ shell's heartbeat measures that lag, and the controller aims the tail it measure
 
 On a virtual clock (deterministic): Poisson 1000 req/s against a model of 1 ms + 0.02 ms per
 item, SLO p99 20 ms (aim 16 ms). In one run, a handler on the same loop blocks it for 4 ms
-every 10 ms or so (short of a stall, 50 ms): the heartbeat fires up to 4 ms late, so the controller
-sets about 4 ms aside and aims at about 12 ms. On a quiet loop it sets nothing aside.
+every 10 ms or so (short of a stall, 50 ms): the heartbeat fires up to 4 ms late, so the
+controller sets about 4 ms aside and aims at about 12 ms. On a quiet loop it sets nothing aside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from adaptive_batcher import SLO, AdaptiveBatcher
 from adaptive_batcher.testing import VirtualClockLoop, run_in_virtual_time
+from tests.runtime.test_stall import decision_events, poisson_load
 
 RATE_RPS = 1000.0
 RUN_S = 4.0
@@ -32,12 +31,6 @@ async def model(batch: list[Any]) -> list[Any]:
     return batch
 
 
-def _decisions(_: Any, __: str, event: MutableMapping[str, Any]) -> Any:
-    if event.get("event") not in ("controller.decision", "batcher.loop_stalled"):
-        raise structlog.DropEvent
-    return event
-
-
 async def _block_now_and_then(loop: VirtualClockLoop) -> None:
     rng = random.Random(1)
     while True:
@@ -48,30 +41,17 @@ async def _block_now_and_then(loop: VirtualClockLoop) -> None:
 async def serve(busy: bool) -> None:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
-    rng = random.Random(0)
-    pending: set[asyncio.Task[Any]] = set()
     batcher = AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=20.0))
     async with batcher:
         blocker = loop.create_task(_block_now_and_then(loop)) if busy else None
-        t = loop.time()
-        end = t + RUN_S
-        while t < end:
-            while t <= loop.time():
-                task = loop.create_task(batcher.submit(0))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                t += rng.expovariate(RATE_RPS)
-            await asyncio.sleep(t - loop.time())
-        await asyncio.gather(*pending)
+        await poisson_load(batcher, RATE_RPS, loop.time() + RUN_S, seed=0)
         if blocker is not None:
             blocker.cancel()
-    counts = batcher.stats().counts
-    assert counts.completed == counts.submitted
 
 
 @pytest.mark.parametrize("busy", [False, True])
 def test_a_busy_loops_lag_is_set_aside_from_the_slo(busy: bool) -> None:
-    with capture_logs(processors=[_decisions]) as logs:
+    with capture_logs(processors=[decision_events]) as logs:
         run_in_virtual_time(serve(busy))
     assert not [e for e in logs if e["event"] == "batcher.loop_stalled"]  # lag, no stall
     decisions = [e for e in logs if e["event"] == "controller.decision"]

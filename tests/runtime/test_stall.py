@@ -38,38 +38,50 @@ async def model(batch: list[Any]) -> list[Any]:
     return batch
 
 
-def _decisions(_: Any, __: str, event: MutableMapping[str, Any]) -> Any:
-    if event.get("event") != "controller.decision":
+def decision_events(_: Any, __: str, event: MutableMapping[str, Any]) -> Any:
+    """Keep the decisions and the stalls, with the loop's time of each."""
+    if event.get("event") not in ("controller.decision", "batcher.loop_stalled"):
         raise structlog.DropEvent
     event["at_s"] = asyncio.get_running_loop().time()
     return event
 
 
+async def poisson_load(
+    batcher: AdaptiveBatcher[Any, Any], rate_rps: float, until_s: float, seed: int
+) -> None:
+    """Submit ``0`` at Poisson times of ``rate_rps`` until ``until_s`` on the loop's clock,
+    then wait for every answer; each request ends with its result."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    pending: set[asyncio.Task[Any]] = set()
+    t = loop.time()
+    while t < until_s:
+        while t <= loop.time():
+            task = loop.create_task(batcher.submit(0))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            t += rng.expovariate(rate_rps)
+        await asyncio.sleep(t - loop.time())
+    await asyncio.gather(*pending)
+    counts = batcher.stats().counts
+    assert counts.completed == counts.submitted
+
+
 async def serve(seed: int) -> None:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
-    rng = random.Random(seed)
-    pending: set[asyncio.Task[Any]] = set()
     batcher = AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=60.0))
     async with batcher:
         loop.call_at(STALL_AT_S, loop.stall, STALL_S)
-        t = loop.time()
-        while t < RUN_S:
-            while t <= loop.time():
-                task = loop.create_task(batcher.submit(0))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                t += rng.expovariate(RATE_RPS)
-            await asyncio.sleep(t - loop.time())
-        await asyncio.gather(*pending)
-    assert batcher.stats().counts.completed == batcher.stats().counts.submitted
+        await poisson_load(batcher, RATE_RPS, RUN_S, seed)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_one_stall_moves_neither_the_cap_nor_the_window_for_long(seed: int) -> None:
-    with capture_logs(processors=[_decisions]) as logs:
+    with capture_logs(processors=[decision_events]) as logs:
         run_in_virtual_time(serve(seed))
-    trace = [(e["at_s"], e["window_ms"], e["max_batch_size"]) for e in logs]
+    decisions = [e for e in logs if e["event"] == "controller.decision"]
+    trace = [(e["at_s"], e["window_ms"], e["max_batch_size"]) for e in decisions]
     before = [d for d in trace if STALL_AT_S - 2.0 <= d[0] < STALL_AT_S]
     after = [d for d in trace if d[0] >= STALL_AT_S]
     assert before and after
