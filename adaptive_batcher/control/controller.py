@@ -192,10 +192,18 @@ class Controller:
         self.slo = slo
         self.tail_slack.reset()
 
-    def note_loop_lag(self, late_s: float) -> None:
-        """The shell's heartbeat fired ``late_s`` seconds late, short of a stall: the next
-        observations set the recent lag aside from the SLO's room (``loop_lag_ms``)."""
-        self.loop_lag.note(late_s)
+    def note_loop_lag(self, late_s: float, now_s: float) -> None:
+        """The shell's heartbeat fired at ``now_s``, ``late_s`` seconds late, short of a stall:
+        the next observations set the recent lag aside from the SLO's room
+        (``loop_lag_ms``)."""
+        self.loop_lag.note(late_s, now_s)
+
+    def loop_lag_ms(self, now_s: float) -> float:
+        """The event loop's lag set aside from the SLO at ``now_s``, ms: the recent
+        heartbeats' p99 lateness, at most ``LAG_BUDGET_SHARE`` of the SLO's batcher budget (0
+        without an SLO; see :class:`~adaptive_batcher.control.loop_lag.LoopLag`)."""
+        slo = self.slo
+        return self.loop_lag.budgeted_ms(slo.batcher_budget_ms, now_s) if slo else 0.0
 
     def note_loop_stall(self, start_s: float, end_s: float) -> None:
         """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its
@@ -394,13 +402,8 @@ class Controller:
             device_busy_fraction=busy_s / interval / max(1, slots),
             telemetry=telemetry,
             answer_share=_answer_share(recorder.answer_shares),
-            loop_lag_ms=self._loop_lag_ms(),
+            loop_lag_ms=self.loop_lag_ms(now),
         )
-
-    def _loop_lag_ms(self) -> float:
-        """The loop's recent lag, at most its share of the SLO's batcher budget (0 without
-        an SLO)."""
-        return self.loop_lag.budgeted_ms(self.slo.batcher_budget_ms) if self.slo else 0.0
 
     def _peak_rate(self, now: float, rate: float) -> float:
         """The highest per-tick arrival rate within the last ``latency_span_s`` (this one too)."""

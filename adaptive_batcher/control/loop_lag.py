@@ -14,12 +14,22 @@ from __future__ import annotations
 import math
 from collections import deque
 
-__all__ = ["LAG_BUDGET_SHARE", "LAG_MEMORY", "LAG_MIN_SAMPLES", "LAG_QUANTILE", "LoopLag"]
+__all__ = [
+    "LAG_BUDGET_SHARE",
+    "LAG_MEMORY",
+    "LAG_MEMORY_S",
+    "LAG_MIN_SAMPLES",
+    "LAG_QUANTILE",
+    "LoopLag",
+]
 
 LAG_MEMORY = 256
-"""Heartbeats the lag is read from (about 5 s of a busy loop's)."""
+"""Heartbeats the lag is read from, at most (about 5 s of a busy loop's)."""
+LAG_MEMORY_S = 10.0
+"""Heartbeats older than this, s, no longer count (a light load beats seldom: the lag of a
+busy spell long past is no lag now)."""
 LAG_MIN_SAMPLES = 32
-"""Heartbeats needed before the lag is read (none fewer: 0)."""
+"""Heartbeats needed in memory before the lag is read (none fewer: 0)."""
 LAG_QUANTILE = 0.99
 """The quantile of the recent lateness that is budgeted for."""
 LAG_BUDGET_SHARE = 0.5
@@ -28,28 +38,33 @@ leaves no window to steer, and a narrower one would only add loop work per reque
 
 
 class LoopLag:
-    """Recent heartbeat lateness of the shell's event loop, seconds in, ms out."""
+    """Recent heartbeat lateness of the shell's event loop: seconds in, ms out, on the shell's
+    clock."""
 
     def __init__(self) -> None:
-        self._late_s: deque[float] = deque(maxlen=LAG_MEMORY)
+        self._beats: deque[tuple[float, float]] = deque(maxlen=LAG_MEMORY)  # (at_s, late_s)
 
-    def note(self, late_s: float) -> None:
-        """A heartbeat fired ``late_s`` seconds after it was due (negative, NaN or infinite:
-        ignored)."""
+    def note(self, late_s: float, now_s: float) -> None:
+        """A heartbeat fired at ``now_s``, ``late_s`` seconds after it was due (a lateness
+        that is negative, NaN or infinite: ignored)."""
         if 0.0 <= late_s < math.inf:
-            self._late_s.append(late_s)
+            self._beats.append((now_s, late_s))
 
-    def budgeted_ms(self, budget_ms: float) -> float:
-        """The lag set aside from a batcher budget of ``budget_ms``: :meth:`quantile_ms`, at
-        most ``LAG_BUDGET_SHARE`` of it (0 for a budget that is NaN)."""
+    def budgeted_ms(self, budget_ms: float, now_s: float) -> float:
+        """The lag set aside at ``now_s`` from a batcher budget of ``budget_ms``:
+        :meth:`quantile_ms`, at most ``LAG_BUDGET_SHARE`` of the budget (0 for a budget that
+        is NaN)."""
         share = LAG_BUDGET_SHARE * budget_ms
-        return min(self.quantile_ms(), share) if share > 0 else 0.0
+        return min(self.quantile_ms(now_s), share) if share > 0 else 0.0
 
-    def quantile_ms(self) -> float:
-        """The ``LAG_QUANTILE`` of the recent lateness, ms (nearest rank; 0 before
-        ``LAG_MIN_SAMPLES`` heartbeats)."""
-        count = len(self._late_s)
+    def quantile_ms(self, now_s: float) -> float:
+        """The ``LAG_QUANTILE`` of the lateness of the beats of the last ``LAG_MEMORY_S``
+        before ``now_s``, ms (nearest rank; 0 with fewer than ``LAG_MIN_SAMPLES``)."""
+        beats = self._beats
+        while beats and beats[0][0] < now_s - LAG_MEMORY_S:
+            beats.popleft()
+        count = len(beats)
         if count < LAG_MIN_SAMPLES:
             return 0.0
         rank = min(count - 1, math.ceil(LAG_QUANTILE * count) - 1)
-        return sorted(self._late_s)[rank] * 1e3
+        return sorted(late for _, late in beats)[rank] * 1e3

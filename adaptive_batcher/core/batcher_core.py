@@ -280,7 +280,7 @@ class BatcherCore(Generic[H]):
         late_s = now - due_s
         if late_s < LOOP_STALL_S:
             if self.controller is not None:
-                self.controller.note_loop_lag(late_s)
+                self.controller.note_loop_lag(late_s, now)
             return
         self.timer_fired(due_s, now)
 

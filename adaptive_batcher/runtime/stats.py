@@ -47,6 +47,10 @@ class BatcherStats:
         gpu: what the GPU did while the batcher sampled it (energy, busy and SM-active
             seconds; see :class:`~adaptive_batcher.telemetry.TelemetryUsage`); None without
             ``telemetry``.
+        loop_lag_ms: the event loop's lag the controller sets aside from the SLO now, ms (its
+            heartbeat's recent p99 lateness, at most half the batcher budget; 0 without a
+            controller or an SLO, or before enough heartbeats; docs/policies.md, "The event
+            loop's lag").
         executor: where the model runs now: ``"thread"``, ``"inline"`` (on the event loop),
             ``"async"``, ``"stream"`` or ``"cuda"`` (``executor="adaptive"`` reads
             ``"thread"`` or ``"inline"`` by where warm-up put it); empty when not known.
@@ -73,6 +77,7 @@ class BatcherStats:
     decision_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     gpu: TelemetryUsage | None = None
     executor: str = ""
+    loop_lag_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,4 +148,5 @@ def take_stats(
         decision_reasons=MappingProxyType(dict(controller.reasons) if controller else {}),
         gpu=gpu,
         executor=executor,
+        loop_lag_ms=controller.loop_lag_ms(now) if controller else 0.0,
     )

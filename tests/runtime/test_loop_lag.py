@@ -38,7 +38,8 @@ async def _block_now_and_then(loop: VirtualClockLoop) -> None:
         await asyncio.sleep(rng.uniform(0.5, 1.5) * BLOCK_EVERY_S)
 
 
-async def serve(busy: bool) -> None:
+async def serve(busy: bool) -> float:
+    """The run; what ``stats()`` said of the lag at its end."""
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
     batcher = AdaptiveBatcher(model, max_batch_size=64, window_ms=5.0, slo=SLO(latency_ms=20.0))
@@ -47,12 +48,13 @@ async def serve(busy: bool) -> None:
         await poisson_load(batcher, RATE_RPS, loop.time() + RUN_S, seed=0)
         if blocker is not None:
             blocker.cancel()
+        return batcher.stats().loop_lag_ms
 
 
 @pytest.mark.parametrize("busy", [False, True])
 def test_a_busy_loops_lag_is_set_aside_from_the_slo(busy: bool) -> None:
     with capture_logs(processors=[decision_events]) as logs:
-        run_in_virtual_time(serve(busy))
+        in_stats = run_in_virtual_time(serve(busy))
     assert not [e for e in logs if e["event"] == "batcher.loop_stalled"]  # lag, no stall
     decisions = [e for e in logs if e["event"] == "controller.decision"]
     late = decisions[len(decisions) // 2 :]  # once the heartbeats have been read
@@ -60,7 +62,8 @@ def test_a_busy_loops_lag_is_set_aside_from_the_slo(busy: bool) -> None:
     lags = {e["loop_lag_ms"] for e in late}
     if busy:
         assert all(3.5 <= lag <= 4.5 for lag in lags), lags
+        assert 3.5 <= in_stats <= 4.5  # and stats() says so
         assert all(e["target_ms"] <= 16.0 - 3.5 for e in late)
     else:
-        assert lags == {0.0}
+        assert lags == {0.0} and in_stats == 0.0
         assert all(e["target_ms"] >= 16.0 for e in late)
