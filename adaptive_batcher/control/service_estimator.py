@@ -275,7 +275,6 @@ class ServiceTimeEstimator:
         self._taken = 0
         self.outliers_held_out = 0
         self.outliers_seen = 0
-        self.last_stall_s = -math.inf  # when the last batch held out as an outlier ended, s
         # (end_s, excess_ms) of the latest batches held out as stalls: when each ended, and by
         # how much it outlasted its prediction
         self.recent_stalls: deque[tuple[float, float]] = deque(maxlen=HELD_STALLS)
@@ -329,7 +328,6 @@ class ServiceTimeEstimator:
                 continue
             excess_ms = self._take(units, measured_ms, outlier_ratio, change_ratio)
             if excess_ms is not None:
-                self.last_stall_s = sample.end_s
                 self.recent_stalls.append((sample.end_s, excess_ms))
         count = self._kept
         if total_seen - self._fitted_at < self.refit_every or count < self.min_samples:
@@ -355,6 +353,12 @@ class ServiceTimeEstimator:
             observed_max,
         )
         self._note_level()
+
+    @property
+    def last_stall_s(self) -> float:
+        """When the latest batch held out as an isolated outlier (a stall) ended, s (-inf:
+        none, or those held out turned out to be a change of level)."""
+        return self.recent_stalls[-1][0] if self.recent_stalls else -math.inf
 
     def _hold_out_lone_outliers(self, outlier_ratio: float) -> None:
         """Hold out the samples of a size measured fewer than ``_REFERENCE_MIN`` times (too
@@ -690,8 +694,7 @@ class ServiceTimeEstimator:
         self._ratios_to, self._corrected = {}, {}  # the batches that set it do not judge it
         if direction > 0:
             self.outliers_held_out -= sum(entry[5] for entry in confirming)
-            self.last_stall_s = -math.inf  # they were no isolated stalls after all
-            self.recent_stalls.clear()
+            self.recent_stalls.clear()  # they were no isolated stalls after all
         # a new epoch, whose suspects are judged against its own batches: the confirming ones
         # first, and the rest of the window (before the change) forgotten
         self._earlier = deque(

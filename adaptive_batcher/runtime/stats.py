@@ -47,13 +47,13 @@ class BatcherStats:
         gpu: what the GPU did while the batcher sampled it (energy, busy and SM-active
             seconds; see :class:`~adaptive_batcher.telemetry.TelemetryUsage`); None without
             ``telemetry``.
+        executor: where the model runs now: ``"thread"``, ``"inline"`` (on the event loop),
+            ``"async"``, ``"stream"`` or ``"cuda"`` (``executor="adaptive"`` reads
+            ``"thread"`` or ``"inline"`` by where warm-up put it); empty when not known.
         loop_lag_ms: the event loop's lag the controller sets aside from the SLO now, ms (its
             heartbeat's recent p99 lateness, at most half the batcher budget; 0 without a
             controller or an SLO, or before enough heartbeats; docs/policies.md, "The event
             loop's lag").
-        executor: where the model runs now: ``"thread"``, ``"inline"`` (on the event loop),
-            ``"async"``, ``"stream"`` or ``"cuda"`` (``executor="adaptive"`` reads
-            ``"thread"`` or ``"inline"`` by where warm-up put it); empty when not known.
 
     The device cost is in ``counts``: ``counts.device_busy_s`` (every model call's time, as
     measured where it ran) and ``counts.device_ms_per_request``.
