@@ -53,6 +53,7 @@ __all__ = [
     "OUTLIER_MEMORY",
     "OUTLIER_WINDOW",
     "P99_QUANTILE",
+    "P99_Z",
     "P999_Z",
     "REFINE_AFTER",
     "REFINE_MEMORY",
@@ -161,6 +162,10 @@ docs/policies.md, "The service-time model"."""
 P99_QUANTILE = 0.99
 """Quantile of the measured / predicted ratios behind :meth:`ServiceTimeEstimator.p99_ms`."""
 
+P99_Z = NormalDist().inv_cdf(P99_QUANTILE)
+"""Standard normal quantile of ``P99_QUANTILE``: the noise body's 99th percentile, the least
+:meth:`ServiceTimeEstimator.p99_ms` of a pause that does not scale with the batch."""
+
 _CUSUM_LIMIT = math.log(1.0 / CHANGE_ALPHA)  # a CUSUM of suspects past it is a change
 
 _REFERENCE_MIN = 3  # samples of a size that make its median a reference for a lone sample
@@ -232,6 +237,10 @@ class ServiceTimeEstimator:
         self.spread_quantile = spread_quantile
         self._ratios: deque[float] = deque(maxlen=spread_window)
         self._ordered_ratios: list[float] = []  # the same ratios, kept sorted
+        # the predicted time of each ratio's batch, ms (parallel to _ratios), for the excesses
+        self._ratio_predictions: deque[float] = deque(maxlen=spread_window)
+        # (ratios taken when computed, (the excess's p99, its capped mean), ms)
+        self._excess = (-1, (0.0, 0.0))
         self._quantiles: dict[float, float] = {}  # raw quantiles of the ratios, by quantile
         self._quantiles_at = 0  # the ratios taken when they were computed
         self._spread_z = NormalDist().inv_cdf(spread_quantile)
@@ -280,6 +289,7 @@ class ServiceTimeEstimator:
         self.recent_stalls: deque[tuple[float, float]] = deque(maxlen=HELD_STALLS)
         self._outliers: deque[tuple[float, float]] = deque(maxlen=OUTLIER_MEMORY)
         self._elasticity = (0, math.nan)  # (outliers seen when measured, the elasticity)
+        self._alike = (0, False)  # (outliers seen when judged, whether alike in ms)
         if self._seed:
             self._fit_points([n for n, _ in self._seed], [ms for _, ms in self._seed], None)
 
@@ -523,7 +533,7 @@ class ServiceTimeEstimator:
                 inside = self._ends is not None and units <= self._ends[1]
                 known = not inside or self._known(units)
                 if known or ratio > outlier_ratio:  # a chord's error is no noise, a stall is
-                    self._note_ratio(ratio)
+                    self._note_ratio(ratio, predicted)
                 if inside and known:
                     self._known_ratios.append(ratio)
                 direction = self._direction(units, ratio, outlier_ratio, change_ratio)
@@ -688,7 +698,7 @@ class ServiceTimeEstimator:
         self._cache = {}
         self._fit_version += 1
         for _, units, measured_ms, ratio, _, _ in confirming:
-            self._replace_ratio(ratio, ratio / factor)
+            self._replace_ratio(ratio, factor)
             self._keep(units, measured_ms)
         self._held = deque(entry for entry in self._held if entry[4] != direction)
         self._ratios_to, self._corrected = {}, {}  # the batches that set it do not judge it
@@ -777,29 +787,31 @@ class ServiceTimeEstimator:
         self._epochs[units].append(self._epoch)
         self._median_of.pop(units, None)
 
-    def _note_ratio(self, ratio: float) -> None:
-        """One measured / predicted ratio into the error bars' window (the oldest leaves it
-        when it is full), kept sorted as well: a tick reads a quantile of a few hundred ratios
-        of which only a few are new."""
+    def _note_ratio(self, ratio: float, predicted_ms: float) -> None:
+        """One measured / predicted ratio, of a batch predicted at ``predicted_ms``, into the
+        error bars' window (the oldest leaves it when it is full), kept sorted as well: a tick
+        reads a quantile of a few hundred ratios of which only a few are new."""
         ratios, ordered = self._ratios, self._ordered_ratios
         if len(ratios) == ratios.maxlen:
             del ordered[bisect_left(ordered, ratios[0])]
         ratios.append(ratio)
+        self._ratio_predictions.append(predicted_ms)
         insort(ordered, ratio)
         self._ratios_taken += 1
 
-    def _replace_ratio(self, old: float, new: float) -> None:
-        """``old``, one of the ratios in the error bars' window, read as ``new`` instead (it
-        stays where it was in the window's order)."""
+    def _replace_ratio(self, old: float, factor: float) -> None:
+        """``old``, one of the ratios in the error bars' window, read against a prediction
+        ``factor`` times its own (it stays where it was in the window's order)."""
         ratios, ordered = self._ratios, self._ordered_ratios
         index = bisect_left(ordered, old)
         if index == len(ordered) or ordered[index] != old:
             return  # it has left the window
         del ordered[index]
-        insort(ordered, new)
+        insort(ordered, old / factor)
         for position, value in enumerate(ratios):
             if value == old:
-                ratios[position] = new
+                ratios[position] = old / factor
+                self._ratio_predictions[position] *= factor
                 break
         self._ratios_taken += 1  # the quantiles and the body are stale
 
@@ -851,10 +863,54 @@ class ServiceTimeEstimator:
         return self.median_bound_ms(batch_size) * self._body_quantile(P999_Z)
 
     def p99_ms(self, batch_size: int) -> float:
-        """:meth:`median_bound_ms` times the 99th percentile (``P99_QUANTILE``) of all the
-        measured / predicted ratios, stalls and spikes included, ms (NaN before a fit): the
-        time of the batch that a p99 request rides."""
-        return self.median_bound_ms(batch_size) * self._raw_quantile(P99_QUANTILE)
+        """The time of the batch that a p99 request rides, stalls and spikes included, ms
+        (NaN before a fit): :meth:`median_bound_ms` times the 99th percentile
+        (``P99_QUANTILE``) of all the measured / predicted ratios where outliers scale with
+        the batch (:attr:`outlier_elasticity` >= 0.5); else (a pause added whatever the
+        batch, or unknown) :meth:`median_bound_ms` plus the 99th percentile of all the
+        batches' excess over their prediction, ms, and at least the noise body's 99th
+        percentile. Why: docs/policies.md, "The service-time model"."""
+        bound = self.median_bound_ms(batch_size)
+        if not self._outliers_added():
+            return bound * self._raw_quantile(P99_QUANTILE)
+        return max(bound + self._excess_ms()[0], bound * self._body_quantile(P99_Z))
+
+    def _outliers_added(self) -> bool:
+        """Whether outliers are pauses added whatever the batch: :attr:`outlier_elasticity`
+        below 0.5, or, where it is unknown, the outliers more alike in ms than in ratio."""
+        elasticity = self.outlier_elasticity
+        if math.isnan(elasticity):
+            return self._outliers_alike_in_ms()
+        return elasticity < 0.5
+
+    def _outliers_alike_in_ms(self) -> bool:
+        """Whether the recent outliers are more alike in their excess, ms, than in their ratio
+        to the prediction (the median absolute deviation of the logarithms, the smaller): a
+        pause added whatever the batch, where :attr:`outlier_elasticity` cannot tell (their
+        batches' times too close); False with fewer than ``OUTLIER_ELASTICITY_MIN``."""
+        seen, alike = self._alike
+        if seen != self.outliers_seen:
+            alike = _alike_in_ms(self._outliers)
+            self._alike = (self.outliers_seen, alike)
+        return alike
+
+    def _excess_ms(self) -> tuple[float, float]:
+        """The 99th percentile (``P99_QUANTILE``) of the window's batches' measured less
+        predicted time, and their mean with each capped at it, ms (each >= 0; 0 before any),
+        kept until new ratios arrive."""
+        taken, value = self._excess
+        if taken != self._ratios_taken:
+            excesses = sorted(
+                (ratio - 1.0) * predicted
+                for ratio, predicted in zip(self._ratios, self._ratio_predictions, strict=True)
+            )
+            value = (0.0, 0.0)
+            if excesses:
+                top = excesses[min(len(excesses) - 1, int(P99_QUANTILE * len(excesses)))]
+                mean = sum(min(excess, top) for excess in excesses) / len(excesses)
+                value = (max(0.0, top), max(0.0, mean))
+            self._excess = (self._ratios_taken, value)
+        return value
 
     def _raw_quantile(self, q: float) -> float:
         """The ``q`` quantile of the measured / predicted ratios (>= 1; 1 before any), kept
@@ -886,9 +942,14 @@ class ServiceTimeEstimator:
         return self._mean
 
     def mean_ms(self, batch_size: int) -> float:
-        """:meth:`median_ms` times :attr:`mean_ratio`, ms (NaN before a fit): a batch's mean
-        time, what the device's throughput rests on."""
-        return self.median_ms(batch_size) * self.mean_ratio
+        """A batch's mean time, what the device's throughput rests on, ms (NaN before a
+        fit): :meth:`median_ms` times :attr:`mean_ratio`; where outliers are pauses added
+        whatever the batch (as for :meth:`p99_ms`), :meth:`median_ms` plus the mean of the
+        batches' excess over their prediction, each capped at its 99th percentile."""
+        median = self.median_ms(batch_size)
+        if not self._outliers_added():
+            return median * self.mean_ratio
+        return median + self._excess_ms()[1]
 
     def spread_ms(self, batch_size: int) -> float:
         """:meth:`median_bound_ms` times :attr:`spread` (the ``spread_quantile`` of all the
@@ -1156,6 +1217,24 @@ def _elasticity(outliers: Sequence[tuple[float, float]]) -> float:
     if leverage < OUTLIER_LEVERAGE:
         return math.nan
     return math.log(_median(e for _, e in longer) / _median(e for _, e in shorter)) / leverage
+
+
+def _alike_in_ms(outliers: Sequence[tuple[float, float]]) -> bool:
+    """See :meth:`ServiceTimeEstimator._outliers_alike_in_ms`; ``outliers`` are
+    ``(predicted_ms, excess_ms)`` pairs."""
+    if len(outliers) < OUTLIER_ELASTICITY_MIN:
+        return False
+    excesses = [math.log(e) for p, e in outliers if p > 0 and e > 0]
+    ratios = [math.log(1.0 + e / p) for p, e in outliers if p > 0 and e > 0]
+    if len(excesses) < OUTLIER_ELASTICITY_MIN:
+        return False
+    return _log_spread(excesses) < _log_spread(ratios)
+
+
+def _log_spread(logs: list[float]) -> float:
+    """The median absolute deviation of ``logs`` from their median."""
+    middle = _median(logs)
+    return _median(abs(value - middle) for value in logs)
 
 
 def _change_ratio(ratios: Sequence[float], direction: int, usual_rate: float) -> float:
