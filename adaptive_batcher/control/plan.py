@@ -30,6 +30,7 @@ __all__ = [
     "BISTABLE_RATIO",
     "CHEAPER_BY",
     "POISSON_Z",
+    "RIDE_BUSY_MAX",
     "SPREAD_Z",
     "STABILITY_HEADROOM",
     "TAIL_QUANTILE",
@@ -62,6 +63,13 @@ falls with the batch (docs/policies.md, "The plan")."""
 BISTABLE_RATIO = 1.25
 """With buckets, a cycle whose batches are this many times those it settles at from small ones
 is one that padding sustains (see :meth:`Plan.floor_cap`)."""
+
+RIDE_BUSY_MAX = 0.75
+"""Where even the smallest window leaves the batch a p99 request rides no room, the window
+still narrows to fit that batch as best it can while the device, at its mean batch time, is
+busy at most this share of the time; busier, the constraint gives way (the extra batches, each
+risking a stall or a spike, would queue behind each other). Figures: docs/benchmarks.md, "The
+batch a p99 request rides, priced as a pause"."""
 
 _FIXED_POINT_STEPS = 6
 _BISECTION_STEPS = 14
@@ -439,6 +447,23 @@ class Plan:
 
         return latency_ms
 
+    def busy_share(self, window_ms: float, cap: int) -> float:
+        """The share of the slots' time kept busy at the planning rate by the batches that
+        form at this window and cap when each takes its mean time (stalls and spikes included:
+        the queue a stall holds back makes the next batch larger)."""
+        mean, rate_per_ms, slots = (
+            self.service_mean_ms or self.service_median_ms,
+            self.rate_units_per_s / 1e3,
+            self.slots,
+        )
+        n = min(float(cap), 1.0 + rate_per_ms * window_ms)
+        for _ in range(_FIXED_POINT_STEPS):
+            cycle = max(window_ms, mean(max(1, round(n))) / slots)
+            previous, n = n, min(float(cap), 1.0 + rate_per_ms * cycle)
+            if n == previous:
+                break
+        return rate_per_ms * mean(max(1, round(n))) / n / slots
+
     def cost_ms_per_unit(self, window_ms: float, cap: int) -> float:
         """Predicted device time per unit served, ms."""
         n = self.batch_units(window_ms, cap)
@@ -477,26 +502,30 @@ class Plan:
         # a room constraint out of reach at any window is dropped: the smallest window would
         # only cost more (natural batches at an SLO of 20 ms on resnet50: 1.44x the cost
         # oracle's device time, and more late answers than the p99 plan's window)
-        in_reach = [
-            latency
-            for latency in self._room_latency_functions(cap)
-            if latency(self.min_window_ms) <= room_ms
-        ]
+        low = self.min_window_ms
+        rare, riding = self._room_latency_functions(cap)
+        in_reach = [latency for latency in rare if latency(low) <= room_ms]
+        # the batch a p99 request rides, out of reach too, still narrows the window where the
+        # device has time for the extra batches (each risks a stall, but none waits for them)
+        if riding and (riding[0](low) <= room_ms or self.busy_share(low, cap) <= RIDE_BUSY_MAX):
+            in_reach += riding
         return lambda window_ms: (
             all(latency(window_ms) <= room_ms for latency in in_reach) and fits_budget(window_ms)
         )
 
-    def _room_latency_functions(self, cap: int) -> list[Callable[[float], float]]:
+    def _room_latency_functions(
+        self, cap: int
+    ) -> tuple[list[Callable[[float], float]], list[Callable[[float], float]]]:
         """The latencies that must fit the room: with rare batches, and riding a tail batch
         (none without a finite room)."""
         if not self.room_ms < math.inf:
-            return []
-        functions = []
+            return [], []
+        rare, riding = [], []
         if self.service_body_p999_ms is not None:
-            functions.append(self._latency_function(cap, self._service_body_p999))
+            rare.append(self._latency_function(cap, self._service_body_p999))
         if self.service_p99_ms is not None:
-            functions.append(self._latency_function(cap, own=self._service_p99))
-        return functions
+            riding.append(self._latency_function(cap, own=self._service_p99))
+        return rare, riding
 
     def _service(self, units: float) -> float:
         return self.service_median_ms(max(1, round(units)))

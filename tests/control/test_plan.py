@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.control.plan import _FIXED_POINT_STEPS, Plan
+from adaptive_batcher.control.plan import _FIXED_POINT_STEPS, RIDE_BUSY_MAX, Plan
 from adaptive_batcher.control.types import Bounds
 from tests.control.factories import linear_ms, observe
 
@@ -209,7 +209,8 @@ def test_the_batch_a_p99_request_rides_must_fit_the_room() -> None:
     """Spikes of 10x on a few per cent of batches (``service_p99_ms``, the raw 99th
     percentile): the oldest request of a batch that spikes must still meet the SLO's room, so
     the window narrows to what that leaves; where even window 0 cannot, the constraint is
-    dropped (narrowing would then only add batches, each risking a spike)."""
+    dropped on a busy device (narrowing would then only add batches, each risking a spike,
+    that queue behind each other)."""
     p99 = plan().widest_window_ms(40.0, 256)
     spiky = plan(service_p99_ms=lambda n: 10.0 * (4.0 + 0.05 * n))
     widest = spiky.widest_window_ms(40.0, 256)
@@ -221,7 +222,31 @@ def test_the_batch_a_p99_request_rides_must_fit_the_room() -> None:
     n_high = round(min(256.0, n + 2.33 * math.sqrt(n)))
     assert max(widest, spiky.service_body_spread_ms(round(n))) + own(n_high) <= 50.0
     hopeless = plan(service_p99_ms=lambda n: 20.0 * (4.0 + 0.05 * n))  # 81 ms at window 0
+    assert hopeless.busy_share(0.0, 256) > RIDE_BUSY_MAX
     assert hopeless.widest_window_ms(40.0, 256) == p99
+
+
+def test_a_p99_batch_out_of_reach_still_narrows_the_window_of_an_idle_device() -> None:
+    """A pause of 60 ms on a few per cent of batches leaves a 50 ms SLO no room at any window;
+    at 100 req/s the device is busy a third of the time at window 0, so the extra batches do
+    not queue and the narrowest window answers the most within the SLO. Before, the
+    constraint was dropped and the window followed the noise body's plan."""
+    light = {"arrival_rate_rps": 100.0, "throughput_rps": 100.0, "goodput_rps": 100.0}
+    body = plan(**light).widest_window_ms(40.0, 256)
+    paused = plan(service_p99_ms=lambda n: 4.0 + 0.05 * n + 60.0, **light)
+    assert paused.busy_share(0.0, 256) == pytest.approx(0.1 * 4.05 / 1.405, rel=0.01)
+    assert paused.busy_share(0.0, 256) <= RIDE_BUSY_MAX
+    assert body > 10.0
+    assert paused.widest_window_ms(40.0, 256) == 0.0
+
+
+def test_the_busy_share_counts_the_batches_a_window_forms_at_their_mean_time() -> None:
+    """Mean times 3x the median (spikes): at window 0, 1000 req/s gather 15.25 units over a
+    mean batch of 15 (14.25 ms); at 20 ms the window gathers 21, whose mean time is shorter."""
+    p = plan(service_mean_ms=lambda n: 3.0 * (4.0 + 0.05 * n))
+    assert p.busy_share(0.0, 256) == pytest.approx(14.25 / 15.25)
+    assert p.busy_share(20.0, 256) == pytest.approx(3.0 * (4.0 + 0.05 * 21) / 21)
+    assert plan().busy_share(0.0, 256) == pytest.approx(4.25 / 5.25)  # the median's
 
 
 def _fields(p: Plan) -> dict[str, object]:
