@@ -205,6 +205,12 @@ class Controller:
         slo = self.slo
         return self.loop_lag.budgeted_ms(slo.batcher_budget_ms, now_s) if slo else 0.0
 
+    def loop_lag_typical_ms(self, now_s: float) -> float:
+        """The event loop's median lag at ``now_s``, ms, at most :meth:`loop_lag_ms` (0
+        without an SLO): what shed deadlines set aside."""
+        slo = self.slo
+        return self.loop_lag.typical_ms(slo.batcher_budget_ms, now_s) if slo else 0.0
+
     def note_loop_stall(self, start_s: float, end_s: float) -> None:
         """The shell's event loop stood still from ``start_s`` to ``end_s`` (seconds on its
         clock): the batches that ran across it are kept out of the service-time fit (they
@@ -403,6 +409,7 @@ class Controller:
             telemetry=telemetry,
             answer_share=_answer_share(recorder.answer_shares),
             loop_lag_ms=self.loop_lag_ms(now),
+            loop_lag_typical_ms=self.loop_lag_typical_ms(now),
         )
 
     def _peak_rate(self, now: float, rate: float) -> float:

@@ -57,14 +57,22 @@ class LoopLag:
         share = LAG_BUDGET_SHARE * budget_ms
         return min(self.quantile_ms(now_s), share) if share > 0 else 0.0
 
-    def quantile_ms(self, now_s: float) -> float:
-        """The ``LAG_QUANTILE`` of the lateness of the beats of the last ``LAG_MEMORY_S``
-        before ``now_s``, ms (nearest rank; 0 with fewer than ``LAG_MIN_SAMPLES``)."""
+    def typical_ms(self, budget_ms: float, now_s: float) -> float:
+        """The median lateness at ``now_s``, at most what :meth:`budgeted_ms` sets aside, ms:
+        the lag a request usually meets (a shed deadline's, which must fail only the requests
+        that cannot make it)."""
+        share = LAG_BUDGET_SHARE * budget_ms
+        return min(self.quantile_ms(now_s, 0.5), share) if share > 0 else 0.0
+
+    def quantile_ms(self, now_s: float, quantile: float = LAG_QUANTILE) -> float:
+        """The ``quantile`` (default ``LAG_QUANTILE``) of the lateness of the beats of the last
+        ``LAG_MEMORY_S`` before ``now_s``, ms (nearest rank; 0 with fewer than
+        ``LAG_MIN_SAMPLES``)."""
         beats = self._beats
         while beats and beats[0][0] < now_s - LAG_MEMORY_S:
             beats.popleft()
         count = len(beats)
         if count < LAG_MIN_SAMPLES:
             return 0.0
-        rank = min(count - 1, math.ceil(LAG_QUANTILE * count) - 1)
+        rank = min(count - 1, max(0, math.ceil(quantile * count) - 1))
         return sorted(late for _, late in beats)[rank] * 1e3

@@ -289,6 +289,8 @@ class Observation:
         loop_lag_ms: the shell's event-loop lag set aside from the SLO's room, ms (see
             :class:`~adaptive_batcher.control.loop_lag.LoopLag`; 0: none, as in the simulator):
             a request meets it before its submission, like preprocessing.
+        loop_lag_typical_ms: the loop's median lag, at most ``loop_lag_ms``, ms: what shed
+            deadlines set aside (:attr:`shed_room_ms`).
         power: throughput / mean latency (Kleinrock's power), req/s per s; NaN when unknown.
     """
 
@@ -342,6 +344,7 @@ class Observation:
     window_floor_ms: float = math.nan
     answer_share: float = 1.0
     loop_lag_ms: float = 0.0
+    loop_lag_typical_ms: float = 0.0
     recent_stalls: tuple[tuple[float, float], ...] = ()
     _plan: Plan | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -452,6 +455,13 @@ class Observation:
         worst case (a burst's full batch behind a full batch, a shed request's start) must
         fit; the budget adds the target's margin for the p99 plan (NaN without an SLO)."""
         return self.slo.room_ms - self.loop_lag_ms if self.slo is not None else math.nan
+
+    @property
+    def shed_room_ms(self) -> float:
+        """The SLO's latency less preprocessing and :attr:`loop_lag_typical_ms`, ms: what a
+        shed deadline leaves a request (it must fail only those that cannot make it, and
+        most requests meet the loop's usual lag, not its p99; NaN without an SLO)."""
+        return self.slo.room_ms - self.loop_lag_typical_ms if self.slo is not None else math.nan
 
     @property
     def budget_ms(self) -> float:

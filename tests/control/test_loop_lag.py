@@ -47,6 +47,18 @@ def test_the_lag_is_the_99th_percentile_of_the_recent_lateness() -> None:
     assert rare.quantile_ms(now) == pytest.approx(0.5)
 
 
+def test_the_typical_lag_is_the_median_capped_as_the_p99_is() -> None:
+    """150 beats at 0.5 ms and 50 at 3 ms: the median is 0.5 ms, the p99 3 ms; both at most
+    ``LAG_BUDGET_SHARE`` of the budget."""
+    lag = LoopLag()
+    beats(lag, 0.0005, 150)
+    now = beats(lag, 0.003, 50, start_s=4.0)
+    assert lag.typical_ms(40.0, now) == pytest.approx(0.5)
+    assert lag.budgeted_ms(40.0, now) == pytest.approx(3.0)
+    assert lag.typical_ms(0.8, now) == pytest.approx(LAG_BUDGET_SHARE * 0.8)
+    assert lag.typical_ms(math.nan, now) == 0.0
+
+
 def test_only_the_recent_beats_count() -> None:
     lag = LoopLag()
     beats(lag, 0.01, LAG_MEMORY)

@@ -114,16 +114,17 @@ class ShedGuard(Guard):
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
-        full = room - high_answer(cap)
+        deadline_room = observation.shed_room_ms  # the loop's usual lag, not its p99
+        full = deadline_room - high_answer(cap)
         if full <= 0:
-            full = room - typical_answer(cap)
+            full = deadline_room - typical_answer(cap)
         if full <= 0:  # the SLO is out of reach: answer late rather than not at all, but
             # under overload a queue left to grow makes every answer later without end: a
             # request not begun within one batch has a full batch ahead of it, and is failed
             late = typical(cap) if overload else None
             return decision.with_(max_batch_size=cap, shed_after_ms=late, shed_after_short_ms=late)
         realised = max(1, round(plan.batch_units(decision.window_ms, cap)))
-        short = max(full, room - typical_answer(realised))
+        short = max(full, deadline_room - typical_answer(realised))
         return decision.with_(max_batch_size=cap, shed_after_ms=full, shed_after_short_ms=short)
 
 
