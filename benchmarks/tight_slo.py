@@ -75,34 +75,67 @@ def timed_ticks(into: list[float]) -> Iterator[None]:
         Controller.tick = original  # type: ignore[method-assign]
 
 
+@dataclass(frozen=True)
+class Pauses:
+    """The model sleeps ``pause_ms`` on every ``every``-th call (a lock, a page fault, a
+    collector of another runtime), run in a thread (``executor="thread"``) at ``rate_rps``."""
+
+    pause_ms: float = 8.0
+    every: int = 20
+    rate_rps: float = 1500.0
+
+
 def tight_run(
     contender: str,
     window_ms: float | None,
     slo_ms: float,
     round_: int,
     preprocess_ms: float = 0.0,
+    pauses: Pauses | None = None,
 ) -> TightRun:
     """One run of ``RUN_S`` seconds; ``window_ms`` None: ours (SLO at p99 ``slo_ms``, with
     ``preprocess_ms`` of it spent before submission, shedding; a shed request counts as no
-    answer)."""
+    answer); ``pauses``: the model pauses so (None: it does not, on the loop)."""
     run = TightRun(contender, slo_ms, round_)
     with timed_ticks(run.ticks_ms):
-        asyncio.run(_run(run, window_ms, preprocess_ms))
+        asyncio.run(_run(run, window_ms, preprocess_ms, pauses))
     return run
 
 
-async def _run(run: TightRun, window_ms: float | None, preprocess_ms: float) -> None:
+def _model(pauses: Pauses | None) -> Any:
     import torch
 
-    from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError, stacked
+    from adaptive_batcher import stacked
 
     forward = torch.inference_mode()(torch.nn.Linear(256, 10).eval())
+    if pauses is None:
+        return stacked(forward)
+    calls = [0]
+
+    def pausing(rows: Any) -> Any:
+        calls[0] += 1
+        if calls[0] % pauses.every == 0:
+            time.sleep(pauses.pause_ms / 1e3)
+        return forward(rows)
+
+    return stacked(pausing)
+
+
+async def _run(
+    run: TightRun, window_ms: float | None, preprocess_ms: float, pauses: Pauses | None
+) -> None:
+    import torch
+
+    from adaptive_batcher import SLO, AdaptiveBatcher, BatcherError
+
     settings: dict[str, Any] = (
         {"slo": SLO(run.slo_ms, preprocess_ms=preprocess_ms), "shed_late": True}
         if window_ms is None
         else {"window_ms": window_ms}
     )
-    batcher = AdaptiveBatcher(stacked(forward), executor="adaptive", max_batch_size=CAP, **settings)
+    executor = "adaptive" if pauses is None else "thread"
+    rate_rps = RATE_RPS if pauses is None else pauses.rate_rps
+    batcher = AdaptiveBatcher(_model(pauses), executor=executor, max_batch_size=CAP, **settings)
     item = torch.zeros(256)
     await batcher.warmup(lambda: item, freeze_gc=True)  # as the README's app does
     loop = asyncio.get_running_loop()
@@ -125,7 +158,7 @@ async def _run(run: TightRun, window_ms: float | None, preprocess_ms: float) -> 
             task = loop.create_task(request(next_at, counted))
             pending.add(task)
             task.add_done_callback(pending.discard)
-            next_at += rng.expovariate(RATE_RPS)
+            next_at += rng.expovariate(rate_rps)
         await asyncio.sleep(max(0.0, next_at - loop.time()))
     await asyncio.gather(*pending)
     await batcher.aclose()
