@@ -237,17 +237,10 @@ def test_tight_slo(benchmark: Any, slo_ms: float) -> None:
     tick (mean and worst, ms)."""
     from benchmarks.realtime_faults import load_average
     from benchmarks.tight_slo import CONTENDERS as TIGHT
-    from benchmarks.tight_slo import TightRun, tight_run
+    from benchmarks.tight_slo import TightRun, rotated_runs
 
     runs: list[TightRun] = []
-
-    def serve() -> None:
-        for index in range(ROUNDS):
-            shift = index % len(TIGHT)
-            for name, window_ms in TIGHT[shift:] + TIGHT[:shift]:
-                runs.append(tight_run(name, window_ms, slo_ms, index))
-
-    benchmark.pedantic(serve, rounds=1, iterations=1)
+    benchmark.pedantic(lambda: runs.extend(rotated_runs(slo_ms, ROUNDS)), rounds=1, iterations=1)
     lines = [
         f"### Tight SLO: p99 {slo_ms:g} ms, the README's model, Poisson 3,000 req/s",
         "",
@@ -281,18 +274,13 @@ def test_pausing_model(benchmark: Any) -> None:
     pause")."""
     from benchmarks.realtime_faults import load_average
     from benchmarks.tight_slo import CONTENDERS as TIGHT
-    from benchmarks.tight_slo import Pauses, TightRun, tight_run
+    from benchmarks.tight_slo import Pauses, TightRun, rotated_runs
 
     runs: list[TightRun] = []
     slo_ms = 10.0
-
-    def serve() -> None:
-        for index in range(ROUNDS):
-            shift = index % len(TIGHT)
-            for name, window_ms in TIGHT[shift:] + TIGHT[:shift]:
-                runs.append(tight_run(name, window_ms, slo_ms, index, pauses=Pauses()))
-
-    benchmark.pedantic(serve, rounds=1, iterations=1)
+    benchmark.pedantic(
+        lambda: runs.extend(rotated_runs(slo_ms, ROUNDS, Pauses())), rounds=1, iterations=1
+    )
     lines = [
         "### A model that pauses 8 ms on every 20th call: p99 10 ms, Poisson 1,500 req/s",
         "",
