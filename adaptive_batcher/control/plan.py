@@ -499,9 +499,9 @@ class Plan:
         """Whether a window's tail latency fits ``budget_ms`` and, with the rare batches'
         times, the room (see the module docstring); the room first, the cheaper check."""
         fits_budget, room_ms = self._budget_fits_function(cap, budget_ms), self.room_ms
-        # a room constraint out of reach at any window is dropped: the smallest window would
-        # only cost more (natural batches at an SLO of 20 ms on resnet50: 1.44x the cost
-        # oracle's device time, and more late answers than the p99 plan's window)
+        # the rare batches' constraint out of reach at any window is dropped: the smallest
+        # window would only cost more (natural batches at an SLO of 20 ms on resnet50: 1.44x
+        # the cost oracle's device time, and more late answers than the p99 plan's window)
         low = self.min_window_ms
         rare, riding = self._room_latency_functions(cap)
         in_reach = [latency for latency in rare if latency(low) <= room_ms]

@@ -866,8 +866,8 @@ class ServiceTimeEstimator:
         """The time of the batch that a p99 request rides, stalls and spikes included, ms
         (NaN before a fit): :meth:`median_bound_ms` times the 99th percentile
         (``P99_QUANTILE``) of all the measured / predicted ratios where outliers scale with
-        the batch (:attr:`outlier_elasticity` >= 0.5); else (a pause added whatever the
-        batch, or unknown) :meth:`median_bound_ms` plus the 99th percentile of all the
+        the batch; where they are pauses added whatever the batch (see
+        :meth:`_outliers_added`), :meth:`median_bound_ms` plus the 99th percentile of all the
         batches' excess over their prediction, ms, and at least the noise body's 99th
         percentile. Why: docs/policies.md, "The service-time model"."""
         bound = self.median_bound_ms(batch_size)
