@@ -682,6 +682,28 @@ def test_shed_guard_deadlines_set_aside_the_loops_usual_lag_not_its_p99() -> Non
     assert decision.shed_after_short_ms == pytest.approx(49.0 - 4.25)
 
 
+def test_shed_guard_deadlines_keep_the_loops_p99_lag_under_overload() -> None:
+    """Under overload every request served is served at its deadline: with the loop's median
+    lag set aside instead of its p99, answers landed just past the SLO and a fresh user's
+    trial at 1.1x capacity lost 10 points within it. Under overload, then, the deadlines
+    leave the room less the p99, as before."""
+    slow = linear_ms(4.0, 0.2)
+    lagging = observe(
+        service_median_ms=slow,
+        arrival_rate_rps=100000.0,
+        loop_lag_ms=4.0,
+        loop_lag_typical_ms=1.0,
+    )
+    assert lagging.plan().overloaded(lagging.budget_ms)
+    decision = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(lagging)
+    as_p99 = guarded(ShedGuard, Decision(0.0, 16, "p")).decide(
+        replace(lagging, loop_lag_typical_ms=4.0)
+    )
+    assert decision.max_batch_size == as_p99.max_batch_size
+    assert decision.shed_after_ms == as_p99.shed_after_ms
+    assert decision.shed_after_short_ms == as_p99.shed_after_short_ms
+
+
 def test_shed_guard_uses_the_error_bars() -> None:
     noisy = observe(service_spread_ms=lambda n: 1.5 * (4.0 + 0.05 * n))
     decision = guarded(ShedGuard, Decision(0.0, 64, "p")).decide(noisy)

@@ -114,7 +114,10 @@ class ShedGuard(Guard):
         cap = min(cap, decision.max_batch_size_ceiling or cap)  # memory's ceiling holds
         # error bars wider than the room (event-loop stalls on a saturated machine) leave the
         # typical batch's deadline; only if even that leaves no time is the SLO out of reach
-        deadline_room = observation.shed_room_ms  # the loop's usual lag, not its p99
+        # away from overload a deadline binds only for a request held back (a pause): it may
+        # count on the loop's usual lag; under overload every answer comes at its deadline,
+        # and the lag's tail must fit as the caps' does
+        deadline_room = room if overload else observation.shed_room_ms
         full = deadline_room - high_answer(cap)
         if full <= 0:
             full = deadline_room - typical_answer(cap)
