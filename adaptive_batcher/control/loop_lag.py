@@ -54,15 +54,18 @@ class LoopLag:
         """The lag set aside at ``now_s`` from a batcher budget of ``budget_ms``:
         :meth:`quantile_ms`, at most ``LAG_BUDGET_SHARE`` of the budget (0 for a budget that
         is NaN)."""
-        share = LAG_BUDGET_SHARE * budget_ms
-        return min(self.quantile_ms(now_s), share) if share > 0 else 0.0
+        return self._capped(self.quantile_ms(now_s), budget_ms)
 
     def typical_ms(self, budget_ms: float, now_s: float) -> float:
         """The median lateness at ``now_s``, at most what :meth:`budgeted_ms` sets aside, ms:
         the lag a request usually meets (a shed deadline's, which must fail only the requests
         that cannot make it)."""
+        return self._capped(self.quantile_ms(now_s, 0.5), budget_ms)
+
+    @staticmethod
+    def _capped(lag_ms: float, budget_ms: float) -> float:
         share = LAG_BUDGET_SHARE * budget_ms
-        return min(self.quantile_ms(now_s, 0.5), share) if share > 0 else 0.0
+        return min(lag_ms, share) if share > 0 else 0.0
 
     def quantile_ms(self, now_s: float, quantile: float = LAG_QUANTILE) -> float:
         """The ``quantile`` (default ``LAG_QUANTILE``) of the lateness of the beats of the last

@@ -351,16 +351,9 @@ class Plan:
         def batch_units(window_ms: float) -> float:
             n = known.get(window_ms)
             if n is None:
-                n = known[window_ms] = realised(window_ms)
-            return n
-
-        def realised(window_ms: float) -> float:
-            n = min(top, max(start, 1.0 + rate_per_ms * window_ms))
-            for _ in range(_FIXED_POINT_STEPS):
-                cycle = max(window_ms, service(max(1, round(n))) / slots)  # self._service(n)
-                previous, n = n, min(top, 1.0 + rate_per_ms * cycle)
-                if n == previous:
-                    break
+                n = known[window_ms] = _realised_units(
+                    window_ms, rate_per_ms, service, slots, top, start
+                )
             return n
 
         return batch_units
@@ -456,12 +449,7 @@ class Plan:
             self.rate_units_per_s / 1e3,
             self.slots,
         )
-        n = min(float(cap), 1.0 + rate_per_ms * window_ms)
-        for _ in range(_FIXED_POINT_STEPS):
-            cycle = max(window_ms, mean(max(1, round(n))) / slots)
-            previous, n = n, min(float(cap), 1.0 + rate_per_ms * cycle)
-            if n == previous:
-                break
+        n = _realised_units(window_ms, rate_per_ms, mean, slots, float(cap), 1.0)
         return rate_per_ms * mean(max(1, round(n))) / n / slots
 
     def cost_ms_per_unit(self, window_ms: float, cap: int) -> float:
@@ -540,6 +528,26 @@ class Plan:
 
     def _service_body_spread(self, units: float) -> float:
         return _memoised(self._body_spread_ms, self.service_body_spread_ms, units)
+
+
+def _realised_units(
+    window_ms: float,
+    rate_per_ms: float,
+    service: Callable[[int], float],
+    slots: int,
+    top: float,
+    start: float,
+) -> float:
+    """The batch that forms, units: the fixed point of ``n = 1 + rate * max(window,
+    service(n) / slots)``, at most ``top``, from ``start`` (see the module docstring); it stops
+    early once a step leaves ``n`` unchanged."""
+    n = min(top, max(start, 1.0 + rate_per_ms * window_ms))
+    for _ in range(_FIXED_POINT_STEPS):
+        cycle = max(window_ms, service(max(1, round(n))) / slots)
+        previous, n = n, min(top, 1.0 + rate_per_ms * cycle)
+        if n == previous:
+            break
+    return n
 
 
 def _poisson_batches(mean: float) -> list[tuple[int, float]]:
