@@ -241,6 +241,7 @@ class ServiceTimeEstimator:
         self._ratio_predictions: deque[float] = deque(maxlen=spread_window)
         # (ratios taken when computed, (the excess's p99, its capped mean), ms)
         self._excess = (-1, (0.0, 0.0))
+        self._excesses: tuple[int, tuple[float, ...]] = (-1, ())  # (ratios taken, excesses)
         self._quantiles: dict[float, float] = {}  # raw quantiles of the ratios, by quantile
         self._quantiles_at = 0  # the ratios taken when they were computed
         self._spread_z = NormalDist().inv_cdf(spread_quantile)
@@ -894,16 +895,37 @@ class ServiceTimeEstimator:
             self._alike = (self.outliers_seen, alike)
         return alike
 
+    def added_pauses_ms(self) -> tuple[float, ...]:
+        """Where outliers are pauses added whatever the batch (see :meth:`_outliers_added`),
+        each of the last ``spread_window`` batches' time over its prediction, ms, increasing,
+        each >= 0 (most near 0: a batch without a pause); ``()`` where outliers scale with the
+        batch or none were seen. What the window plan prices a pause's share of late answers
+        from (docs/policies.md, "The plan")."""
+        if not self._outliers_added():
+            return ()
+        return tuple(max(0.0, excess) for excess in self._sorted_excesses())
+
+    def _sorted_excesses(self) -> tuple[float, ...]:
+        """The window's batches' measured less predicted time, ms (< 0 for a fast one),
+        increasing, kept until new ratios arrive."""
+        taken, value = self._excesses
+        if taken != self._ratios_taken:
+            value = tuple(
+                sorted(
+                    (ratio - 1.0) * predicted
+                    for ratio, predicted in zip(self._ratios, self._ratio_predictions, strict=True)
+                )
+            )
+            self._excesses = (self._ratios_taken, value)
+        return value
+
     def _excess_ms(self) -> tuple[float, float]:
         """The 99th percentile (``P99_QUANTILE``) of the window's batches' measured less
         predicted time, and their mean with each capped at it, ms (each >= 0; 0 before any),
         kept until new ratios arrive."""
         taken, value = self._excess
         if taken != self._ratios_taken:
-            excesses = sorted(
-                (ratio - 1.0) * predicted
-                for ratio, predicted in zip(self._ratios, self._ratio_predictions, strict=True)
-            )
+            excesses = self._sorted_excesses()
             value = (0.0, 0.0)
             if excesses:
                 top = excesses[min(len(excesses) - 1, int(P99_QUANTILE * len(excesses)))]

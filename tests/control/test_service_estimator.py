@@ -802,6 +802,20 @@ def test_the_mean_of_added_pauses_is_their_mean_excess() -> None:
     assert stalls.mean_ms(64) < stalls.median_ms(64) * stalls.mean_ratio
 
 
+def test_added_pauses_are_the_batches_excesses_and_spikes_give_none() -> None:
+    """The plan prices pauses from each recent batch's excess over its prediction: 60 ms
+    pauses on about one batch in nine show as 36 excesses near 60 ms among 334 batches, the
+    rest near 0 (never below); spikes that scale with the batch give none, as they are not
+    pauses."""
+    pauses = _outliers_over_sizes(lambda n: 60.0).added_pauses_ms()
+    assert len(pauses) == 334 and min(pauses) >= 0.0
+    assert list(pauses) == sorted(pauses)
+    assert sum(1 for pause in pauses if pause > 50.0) == 36
+    assert all(pause == pytest.approx(60.0, rel=0.05) for pause in pauses[-36:])
+    assert sorted(pauses)[-37] < 1.0
+    assert _outliers_over_sizes(lambda n: 9.0 * linear_ms(n)).added_pauses_ms() == ()
+
+
 def test_outlier_elasticity_needs_outliers_over_batches_of_different_times() -> None:
     estimator, seen = fitted_estimator(58)
     assert math.isnan(estimator.outlier_elasticity)  # no outlier yet
