@@ -396,6 +396,7 @@ class Controller:
             service_body_p999_ms=model.body_p999_ms,
             service_p99_ms=model.p99_ms,
             service_mean_ms=model.mean_ms,
+            service_pauses_ms=model.added_pauses_ms(),
             contention=model.contention,
             last_stall_s=model.last_stall_s,
             recent_stalls=tuple(model.recent_stalls),

@@ -29,6 +29,8 @@ from adaptive_batcher.control.tail import (
 __all__ = [
     "BISTABLE_RATIO",
     "CHEAPER_BY",
+    "PAUSE_GRID",
+    "PAUSE_TIE",
     "POISSON_Z",
     "RIDE_BUSY_MAX",
     "SPREAD_Z",
@@ -68,8 +70,18 @@ RIDE_BUSY_MAX = 0.75
 """Where even the smallest window leaves the batch a p99 request rides no room, the window
 still narrows to fit that batch as best it can while the device, at its mean batch time, is
 busy at most this share of the time; busier, the constraint gives way (the extra batches, each
-risking a stall or a spike, would queue behind each other). Figures: docs/benchmarks.md, "The
-batch a p99 request rides, priced as a pause"."""
+risking a stall or a spike, would queue behind each other). Where the outliers are pauses that
+overrun the room by themselves, they are priced instead (:meth:`Plan.pause_late_share`).
+Figures: docs/benchmarks.md, "The batch a p99 request rides, priced as a pause"."""
+
+PAUSE_GRID = 16
+"""Where pauses leave the batch a p99 request rides no room at any window, the windows the plan
+prices their late answers at: this many steps from the smallest window to the widest whose
+tail fits the budget (see :meth:`Plan.pause_late_share`)."""
+
+PAUSE_TIE = 1e-3
+"""Late shares within this of the least are a tie; the widest window among them, the cheapest,
+is taken."""
 
 _FIXED_POINT_STEPS = 6
 _BISECTION_STEPS = 14
@@ -95,9 +107,15 @@ class Plan:
             batch a p99 request rides, ms (None: no such constraint).
         service_mean_ms: the mean, spikes and stalls included: what the throughput of full
             batches rests on, ms (None: ``service_median_ms``).
+        pauses_ms: where outliers are pauses added whatever the batch, the recent batches'
+            time over their prediction, ms, each >= 0 (``()``: not known to be pauses); see
+            :meth:`pause_late_share`.
         room_ms: what a window's tail latency with ``service_body_p999_ms`` or ``service_p99_ms``
             must fit: the SLO's latency less preprocessing, ms (windows only; :meth:`cap` takes
             its room as an argument).
+        typical_room_ms: the room most requests have (the loop's usual lag set aside, not its
+            p99), ms: what a pause must overrun to make a request late
+            (:meth:`pause_late_share`; None: ``room_ms``).
         slots: execution slots.
         min_window_ms, max_window_ms: the window range allowed, ms.
         padded: batches run padded to a bucket (the service functions read the bucket's time):
@@ -125,7 +143,9 @@ class Plan:
     service_body_p999_ms: Callable[[int], float] | None = None
     service_p99_ms: Callable[[int], float] | None = None
     service_mean_ms: Callable[[int], float] | None = None
+    pauses_ms: Sequence[float] = ()
     room_ms: float = math.inf
+    typical_room_ms: float | None = None
     padded: bool = False
     start_units: float = 1.0
     _body_spread_ms: dict[int, float] = field(
@@ -151,6 +171,9 @@ class Plan:
         default_factory=dict, init=False, repr=False, compare=False
     )
     _in_flight_points_ms: dict[int, np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _pauses_at: dict[int, tuple[np.ndarray, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -387,18 +410,24 @@ class Plan:
     def _budget_fits_function(self, cap: int, budget_ms: float) -> Callable[[float], bool]:
         """Whether a window's p99 latency (:meth:`latency_ms`) fits ``budget_ms`` at ``cap``:
         the share of requests later than it, one evaluation, against ``1 - TAIL_QUANTILE``."""
+        late = self._late_share_function(cap, budget_ms)
+        return lambda window_ms: late(window_ms) <= 1.0 - TAIL_QUANTILE
+
+    def _late_share_function(self, cap: int, latency_ms: float) -> Callable[[float], float]:
+        """The share of requests later than ``latency_ms`` at ``cap``, as a function of the
+        window: the batch in flight of the window's realised size, its own of that size's
+        Poisson high, each lognormal with the noise body's error bars."""
         noise, batch_units, top = self._noise_function(), self._batch_function(cap), float(cap)
         slots, points_ms = self.slots, self._in_flight_points_function()
 
-        def fits(window_ms: float) -> bool:
+        def late(window_ms: float) -> float:
             n = batch_units(window_ms)
             n_high = _poisson_high(n, top)
-            late = exceed_probability(
-                window_ms, noise(n), noise(n_high), budget_ms, slots, points_ms(n)
+            return exceed_probability(
+                window_ms, noise(n), noise(n_high), latency_ms, slots, points_ms(n)
             )
-            return late <= 1.0 - TAIL_QUANTILE
 
-        return fits
+        return late
 
     def _noise_function(self) -> Callable[[float], tuple[float, float]]:
         """``(median, sigma)`` of a batch's lognormal time at a size, units: the median never
@@ -473,15 +502,17 @@ class Plan:
         fits = self._fits_function(budget_ms, cap)
         if not fits(low):
             return low
-        if fits(high):
-            return high
-        for _ in range(_BISECTION_STEPS):
-            middle = (low + high) / 2.0
-            if fits(middle):
-                low = middle
-            else:
-                high = middle
-        return low
+        if not fits(high):
+            for _ in range(_BISECTION_STEPS):
+                middle = (low + high) / 2.0
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle
+            high = low
+        if self._prices_pauses(cap):
+            return self._most_answered_ms(self.min_window_ms, high, cap)
+        return high
 
     def _fits_function(self, budget_ms: float, cap: int) -> Callable[[float], bool]:
         """Whether a window's tail latency fits ``budget_ms`` and, with the rare batches'
@@ -493,13 +524,82 @@ class Plan:
         low = self.min_window_ms
         rare, riding = self._room_latency_functions(cap)
         in_reach = [latency for latency in rare if latency(low) <= room_ms]
-        # the batch a p99 request rides, out of reach too, still narrows the window where the
-        # device has time for the extra batches (each risks a stall, but none waits for them)
-        if riding and (riding[0](low) <= room_ms or self.busy_share(low, cap) <= RIDE_BUSY_MAX):
+        if riding and self._keeps_riding(riding[0], cap):
             in_reach += riding
         return lambda window_ms: (
             all(latency(window_ms) <= room_ms for latency in in_reach) and fits_budget(window_ms)
         )
+
+    def _keeps_riding(self, riding: Callable[[float], float], cap: int) -> bool:
+        """Whether the batch a p99 request rides must fit the room: where it does at the
+        smallest window; out of reach, unless pauses are priced instead
+        (:meth:`_prices_pauses`), where the device has time for the extra batches of a narrow
+        window (each risks a stall, but none waits for them)."""
+        low = self.min_window_ms
+        if riding(low) <= self.room_ms:
+            return True
+        if self._prices_pauses(cap):
+            return False
+        return self.busy_share(low, cap) <= RIDE_BUSY_MAX
+
+    def _prices_pauses(self, cap: int) -> bool:
+        """Whether pauses leave the batch a p99 request rides no room at any window, even at
+        the loop's usual lag: the window is then the one that answers the most
+        (:meth:`pause_late_share`), and a narrower one would only meet more pauses. A pause
+        that overruns the room only with the loop's p99 lag still narrows the window."""
+        if not self.pauses_ms:
+            return False
+        _, riding = self._room_latency_functions(cap)
+        return bool(riding) and not riding[0](self.min_window_ms) <= self._typical_room_ms
+
+    @property
+    def _typical_room_ms(self) -> float:
+        return self.room_ms if self.typical_room_ms is None else self.typical_room_ms
+
+    def _most_answered_ms(self, low: float, high: float, cap: int) -> float:
+        """Of ``PAUSE_GRID`` windows from ``low`` to ``high``, the widest whose
+        :meth:`pause_late_share` is within ``PAUSE_TIE`` of the least, ms."""
+        windows = np.linspace(low, high, PAUSE_GRID + 1) if high > low else np.array([low])
+        shares = np.array([self.pause_late_share(float(w), cap) for w in windows])
+        return float(windows[shares <= shares.min() + PAUSE_TIE].max())
+
+    def pause_late_share(self, window_ms: float, cap: int) -> float:
+        """The share of the requests that the pauses (:attr:`pauses_ms`, one per recent
+        batch) make late at this window and cap, at the batches it forms at their mean time.
+
+        A request rides a paused batch with that batch's chance of a pause; having waited a
+        uniform share of the batch's cycle (the window, or the batch in flight), it is late
+        when the wait, its batch's median time and the pause overrun the room. Each pause
+        also makes late the arrivals of its last ``pause - (room - s)`` ms (``s``: the batch
+        its backlog forms, median time), and a window that forms fewer batches meets fewer
+        pauses: at ``r`` units/ms in batches of ``n``, ``r / n`` batches a ms. Why and the
+        figures: docs/policies.md, "The plan"."""
+        if not self.pauses_ms:
+            return 0.0
+        pauses, behind_ms = self._pause_terms(cap)
+        rate_per_ms, slots = self.rate_units_per_s / 1e3, self.slots
+        mean = self.service_mean_ms or self.service_median_ms
+        n = _realised_units(window_ms, rate_per_ms, mean, slots, float(cap), 1.0)
+        own = self._service(n)
+        cycle = max(window_ms, own / slots)
+        over = own + pauses - self._typical_room_ms
+        ride = np.clip((over + cycle) / cycle, 0.0, 1.0) if cycle > 0 else 1.0 * (over > 0)
+        return float(ride.sum() / len(self.pauses_ms) + rate_per_ms / n * behind_ms)
+
+    def _pause_terms(self, cap: int) -> tuple[np.ndarray, float]:
+        """The pauses above 0, ms, and the mean over all batches of the time in which a
+        pause makes an arrival late, ms (see :meth:`pause_late_share`), once per cap."""
+        terms = self._pauses_at.get(cap)
+        if terms is None:
+            every = np.asarray(self.pauses_ms, dtype=float)
+            pauses = every[every > 0.0]
+            rate_per_ms, behind = self.rate_units_per_s / 1e3, 0.0
+            room_ms = self._typical_room_ms
+            for pause in pauses[pauses > room_ms - self._service(float(cap))]:
+                after = self._service(min(float(cap), 1.0 + rate_per_ms * float(pause)))
+                behind += max(0.0, float(pause) - (room_ms - after))
+            terms = self._pauses_at[cap] = (pauses, behind / len(every))
+        return terms
 
     def _room_latency_functions(
         self, cap: int

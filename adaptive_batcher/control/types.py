@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from adaptive_batcher._validate import (
@@ -243,6 +243,9 @@ class Observation:
             percentile), spikes and stalls included, ms: what throughput rests on (None: the
             median).
         service_body_p999_ms: the bounded median times the noise body's 99.9th percentile, ms.
+        service_pauses_ms: where outliers are pauses added whatever the batch, the recent
+            batches' time over their prediction, ms, each >= 0 (``()``: not known to be
+            pauses; see ``ServiceTimeEstimator.added_pauses_ms``).
         service_samples: batches behind the fit.
         service_samples_at: batches of exactly a size (units) behind the fit (None: unknown).
         contention: the service-time fit's level over the fastest it has been (1: as fast as
@@ -328,6 +331,7 @@ class Observation:
     service_body_p999_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_p99_ms: Callable[[int], float] | None = field(default=None, repr=False)
     service_mean_ms: Callable[[int], float] | None = field(default=None, repr=False)
+    service_pauses_ms: Sequence[float] = field(default=(), repr=False)
     contention: float = 1.0
     last_stall_s: float = -math.inf
     loop_stall_s: float = -math.inf
@@ -426,7 +430,9 @@ class Observation:
             service_body_p999_ms=_maybe(pad, self.service_body_p999_ms),
             service_p99_ms=_maybe(pad, self.service_p99_ms),
             service_mean_ms=_maybe(pad, self.service_mean_ms),
+            pauses_ms=self.service_pauses_ms,
             room_ms=self.room_ms if self.slo is not None else math.inf,
+            typical_room_ms=self.shed_room_ms if self.slo is not None else math.inf,
             slots=self.slots,
             min_window_ms=bounds.min_window_ms,
             max_window_ms=bounds.max_window_ms,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_batcher.control.plan import _FIXED_POINT_STEPS, RIDE_BUSY_MAX, Plan
+from adaptive_batcher.control.plan import _FIXED_POINT_STEPS, PAUSE_TIE, RIDE_BUSY_MAX, Plan
 from adaptive_batcher.control.types import Bounds
 from tests.control.factories import linear_ms, observe
 
@@ -230,7 +230,8 @@ def test_a_p99_batch_out_of_reach_still_narrows_the_window_of_an_idle_device() -
     """A pause of 60 ms on a few per cent of batches leaves a 50 ms SLO no room at any window;
     at 100 req/s the device is busy a third of the time at window 0, so the extra batches do
     not queue and the narrowest window answers the most within the SLO. Before, the
-    constraint was dropped and the window followed the noise body's plan."""
+    constraint was dropped and the window followed the noise body's plan. (Outliers not known
+    to be pauses added whatever the batch: pauses are priced instead, see below.)"""
     light = {"arrival_rate_rps": 100.0, "throughput_rps": 100.0, "goodput_rps": 100.0}
     body = plan(**light).widest_window_ms(40.0, 256)
     paused = plan(service_p99_ms=lambda n: 4.0 + 0.05 * n + 60.0, **light)
@@ -238,6 +239,64 @@ def test_a_p99_batch_out_of_reach_still_narrows_the_window_of_an_idle_device() -
     assert paused.busy_share(0.0, 256) <= RIDE_BUSY_MAX
     assert body > 10.0
     assert paused.widest_window_ms(40.0, 256) == 0.0
+
+
+PAUSED_3_PERCENT = (0.0,) * 194 + (60.0,) * 6
+"""A 60 ms pause on 3 % of the recent batches, the rest on time."""
+
+LIGHT = {"arrival_rate_rps": 100.0, "throughput_rps": 100.0, "goodput_rps": 100.0}
+
+
+def test_pauses_beyond_the_room_widen_the_window_to_meet_fewer_of_them() -> None:
+    """60 ms pauses on 3 % of batches overrun a 50 ms SLO at any window, and each also makes
+    late the arrivals of its last 14.35 ms (60 less the room left after the 4.35 ms batch its
+    backlog forms). At 100 req/s window 0 forms batches of 1.4 and meets a pause every 47
+    requests; a wider window meets fewer, so the widest the budget allows answers the most
+    (replayed: window 0 0.903, 40 ms 0.960 within the SLO). Before, the riding constraint
+    out of reach kept window 0."""
+    paused = plan(
+        service_p99_ms=lambda n: 4.0 + 0.05 * n + 60.0,
+        service_pauses_ms=PAUSED_3_PERCENT,
+        **LIGHT,
+    )
+    assert paused.pause_late_share(0.0, 256) == pytest.approx(0.03 + 0.1 / 1.405 * 0.03 * 14.35)
+    assert paused.pause_late_share(20.0, 256) == pytest.approx(0.03 + 0.1 / 3.0 * 0.03 * 14.35)
+    widest = paused.widest_window_ms(40.0, 256)
+    assert widest > 20.0
+    assert widest == pytest.approx(plan(**LIGHT).widest_window_ms(40.0, 256))
+
+
+def test_a_pause_that_fits_the_room_still_narrows_the_window() -> None:
+    """A 40 ms pause fits a 50 ms SLO behind a batch of 4 ms, so the riding constraint holds
+    and the window is what is left (about 5.9 ms); the pauses are not priced."""
+    paused = plan(
+        service_p99_ms=lambda n: 4.0 + 0.05 * n + 40.0,
+        service_pauses_ms=(0.0,) * 194 + (40.0,) * 6,
+        **LIGHT,
+    )
+    window = paused.widest_window_ms(40.0, 256)
+    assert 0.0 < window < 6.0
+    assert 4.0 + 0.05 * 2 + 40.0 + window == pytest.approx(50.0, abs=0.2)
+
+
+def test_a_pause_out_of_reach_only_at_the_loops_p99_lag_still_narrows_the_window() -> None:
+    """A 38 ms pause behind a batch in flight (about 46 ms in all) overruns the room at the
+    loop's p99 lag (5 ms: 45 ms) but not at its usual lag (0.5 ms: 49.5 ms), where most
+    requests are: it is not priced, and the idle device keeps window 0 as before. With a usual
+    lag of 5 ms too it is priced: a wider window makes more of its riders late, so the window
+    is the widest within ``PAUSE_TIE`` of window 0's late share."""
+    paused = {
+        "service_p99_ms": lambda n: 4.0 + 0.05 * n + 38.0,
+        "service_pauses_ms": (0.0,) * 194 + (38.0,) * 6,
+        "loop_lag_ms": 5.0,
+        **LIGHT,
+    }
+    assert plan(loop_lag_typical_ms=0.5, **paused).widest_window_ms(35.0, 256) == 0.0
+    priced = plan(loop_lag_typical_ms=5.0, **paused)
+    window = priced.widest_window_ms(35.0, 256)
+    assert 0.0 < window < 5.0
+    assert priced.pause_late_share(window, 256) <= priced.pause_late_share(0.0, 256) + PAUSE_TIE
+    assert priced.pause_late_share(10.0, 256) > priced.pause_late_share(0.0, 256) + PAUSE_TIE
 
 
 def test_the_busy_share_counts_the_batches_a_window_forms_at_their_mean_time() -> None:
