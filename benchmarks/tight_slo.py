@@ -102,13 +102,18 @@ def tight_run(
     return run
 
 
-def rotated_runs(slo_ms: float, rounds: int, pauses: Pauses | None = None) -> list[TightRun]:
-    """``rounds`` rounds of every contender of ``CONTENDERS`` at ``slo_ms``, the order rotating
+def rotated_runs(
+    slo_ms: float,
+    rounds: int,
+    pauses: Pauses | None = None,
+    contenders: tuple[tuple[str, float | None], ...] = CONTENDERS,
+) -> list[TightRun]:
+    """``rounds`` rounds of every contender of ``contenders`` at ``slo_ms``, the order rotating
     a step each round (see :func:`tight_run`)."""
     runs = []
     for index in range(rounds):
-        shift = index % len(CONTENDERS)
-        for name, window_ms in CONTENDERS[shift:] + CONTENDERS[:shift]:
+        shift = index % len(contenders)
+        for name, window_ms in contenders[shift:] + contenders[:shift]:
             runs.append(tight_run(name, window_ms, slo_ms, index, pauses=pauses))
     return runs
 
