@@ -510,7 +510,7 @@ class Plan:
                 else:
                     high = middle
             high = low
-        if self._prices_pauses(cap):
+        if self.prices_pauses(cap):
             return self._most_answered_ms(self.min_window_ms, high, cap)
         return high
 
@@ -533,16 +533,16 @@ class Plan:
     def _keeps_riding(self, riding: Callable[[float], float], cap: int) -> bool:
         """Whether the batch a p99 request rides must fit the room: where it does at the
         smallest window; out of reach, unless pauses are priced instead
-        (:meth:`_prices_pauses`), where the device has time for the extra batches of a narrow
+        (:meth:`prices_pauses`), where the device has time for the extra batches of a narrow
         window (each risks a stall, but none waits for them)."""
         low = self.min_window_ms
         if riding(low) <= self.room_ms:
             return True
-        if self._prices_pauses(cap):
+        if self.prices_pauses(cap):
             return False
         return self.busy_share(low, cap) <= RIDE_BUSY_MAX
 
-    def _prices_pauses(self, cap: int) -> bool:
+    def prices_pauses(self, cap: int) -> bool:
         """Whether pauses leave the batch a p99 request rides no room at any window, even at
         the loop's usual lag: the window is then the one that answers the most
         (:meth:`pause_late_share`), and a narrower one would only meet more pauses. A pause

@@ -95,9 +95,12 @@ class PID:
             return Decision(0.0, cap, "pid.overload")
         stalled = self._feedback(observation)
         slack = observation.window_budget_scale > 1.0
-        if slack:
-            self.output = 0.0  # the measured tail shows room: the slack, not a trim, is in force
         cap = plan.cap(budget, observation.room_ms) or observation.current.max_batch_size
+        priced = plan.prices_pauses(cap)
+        if slack or priced:
+            # the measured tail shows room, or pauses beyond the SLO's reach set it: the slack
+            # or the window that answers the most, not a trim, is in force
+            self.output = 0.0
         trimmed = observation.window_budget_ms * (1.0 + self.output)
         if plan.padded:  # a bucket that batches fill may beat a wider, padded one
             floor = min(plan.floor_cap(budget) or cap, cap)
@@ -105,7 +108,7 @@ class PID:
         window = plan.widest_window_ms(trimmed, cap)
         if self.max_window_ms is not None:
             window = min(window, self.max_window_ms)
-        return Decision(window, cap, _reason(stalled, self.output, slack))
+        return Decision(window, cap, _reason(stalled, self.output, slack, priced))
 
     def _feedback(self, observation: Observation) -> bool:
         """Update ``u`` from the latency error (conditional integration, see the module);
@@ -148,10 +151,13 @@ class PID:
         return change
 
 
-def _reason(stalled: bool, output: float, slack: bool) -> str:
-    """``pid.stall`` while a stall holds the window, else ``pid.trim`` (narrowed by the
-    feedback), ``pid.slack`` (the plan, to a budget widened by the measured tail's room) or
-    ``pid.plan`` (the plan trusted)."""
+def _reason(stalled: bool, output: float, slack: bool, priced: bool = False) -> str:
+    """``pid.pauses`` where the plan prices pauses beyond the SLO's reach (the window that
+    answers the most), else ``pid.stall`` while a stall holds the window, ``pid.trim``
+    (narrowed by the feedback), ``pid.slack`` (the plan, to a budget widened by the measured
+    tail's room) or ``pid.plan`` (the plan trusted)."""
+    if priced:
+        return "pid.pauses"
     if stalled:
         return "pid.stall"
     if output != 0.0:

@@ -311,3 +311,22 @@ def test_reset_trusts_the_plan_again() -> None:
 def test_validation(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises((TypeError, ValueError), match=message):
         PID(**kwargs)  # type: ignore[arg-type]
+
+
+def test_where_pauses_beyond_the_slo_are_priced_no_trim_is_held() -> None:
+    """60 ms pauses on 3 % of batches overrun the 50 ms SLO at any window: the plan takes the
+    window that answers the most, and a trim from the pauses' overshoot (the measured p99 at
+    60 ms) would only narrow it. Before, the trim held the window near 0."""
+    paused = {
+        "arrival_rate_rps": 100.0,
+        "service_p99_ms": lambda n: 4.0 + 0.05 * n + 60.0,
+        "service_pauses_ms": (0.0,) * 194 + (60.0,) * 6,
+    }
+    pid = PID()
+    pid.decide(observe(latency_ms=30.0, arrival_rate_rps=100.0))
+    pid.decide(observe(latency_ms=60.0, arrival_rate_rps=100.0))
+    assert pid.output < 0.0
+    priced = pid.decide(observe(latency_ms=60.0, **paused))
+    assert pid.output == 0.0 and priced.reason == "pid.pauses"
+    assert priced.window_ms == pytest.approx(PID().decide(observe(**paused)).window_ms)
+    assert priced.window_ms > 20.0
