@@ -272,7 +272,6 @@ def test_pausing_model(benchmark: Any) -> None:
     window 1 ms in every round and within two points of window 0 in all but one (window 0
     still answers more: docs/benchmarks.md, "The batch a p99 request rides, priced as a
     pause")."""
-    from benchmarks.realtime_faults import load_average
     from benchmarks.tight_slo import CONTENDERS as TIGHT
     from benchmarks.tight_slo import Pauses, TightRun, rotated_runs
 
@@ -281,22 +280,8 @@ def test_pausing_model(benchmark: Any) -> None:
     benchmark.pedantic(
         lambda: runs.extend(rotated_runs(slo_ms, ROUNDS, Pauses())), rounds=1, iterations=1
     )
-    lines = [
-        "### A model that pauses 8 ms on every 20th call: p99 10 ms, Poisson 1,500 req/s",
-        "",
-        f"load average after the runs: {load_average():.1f}",
-        "",
-        "| contender | within the SLO, per round | p99 ms, per round |",
-        "|---|---|---|",
-    ]
-    shares: dict[str, list[float]] = {}
-    for name, _ in TIGHT:
-        mine = sorted((r for r in runs if r.contender == name), key=lambda r: r.round)
-        shares[name] = [r.within_share for r in mine]
-        lines.append(
-            f"| {name} | {' / '.join(f'{r.within_share:.4f}' for r in mine)} "
-            f"| {' / '.join(f'{r.p99_ms:.1f}' for r in mine)} |"
-        )
+    title = "### A model that pauses 8 ms on every 20th call: p99 10 ms, Poisson 1,500 req/s"
+    lines, shares = _pause_table(title, runs, [name for name, _ in TIGHT])
     ours = shares["ours"]
     close = sum(o >= s - 0.02 for o, s in zip(ours, shares["static_0"], strict=True))
     above = sum(o > s for o, s in zip(ours, shares["static_1"], strict=True))
@@ -315,7 +300,6 @@ def test_pauses_longer_than_the_slo(benchmark: Any) -> None:
     and the more calls, the more pauses. Ours against static windows 0 and 5 ms, ``ROUNDS``
     rounds, the order rotating. Target: ours above window 0 in every round (the pauses priced:
     docs/policies.md, "The plan"); the 5 ms window, which still answers more, is reported."""
-    from benchmarks.realtime_faults import load_average
     from benchmarks.tight_slo import Pauses, TightRun, rotated_runs
 
     contenders: tuple[tuple[str, float | None], ...] = (
@@ -330,8 +314,23 @@ def test_pauses_longer_than_the_slo(benchmark: Any) -> None:
         rounds=1,
         iterations=1,
     )
+    title = "### A model that pauses 15 ms on every 20th call: p99 10 ms, Poisson 1,500 req/s"
+    lines, shares = _pause_table(title, runs, [name for name, _ in contenders])
+    above = sum(o > s for o, s in zip(shares["ours"], shares["static_0"], strict=True))
+    lines += ["", f"- ours above window 0 in {above}/{ROUNDS} rounds"]
+    report_lines("realtime_long_pauses", lines)
+    assert above == ROUNDS, "\n".join(lines)
+
+
+def _pause_table(
+    title: str, runs: list[Any], contenders: list[str]
+) -> tuple[list[str], dict[str, list[float]]]:
+    """A report's lines (``title``, the load average, each contender's share within the SLO
+    and p99 by round) and the shares by contender, rounds in order, of ``runs`` (TightRun)."""
+    from benchmarks.realtime_faults import load_average
+
     lines = [
-        "### A model that pauses 15 ms on every 20th call: p99 10 ms, Poisson 1,500 req/s",
+        title,
         "",
         f"load average after the runs: {load_average():.1f}",
         "",
@@ -339,14 +338,11 @@ def test_pauses_longer_than_the_slo(benchmark: Any) -> None:
         "|---|---|---|",
     ]
     shares: dict[str, list[float]] = {}
-    for name, _ in contenders:
+    for name in contenders:
         mine = sorted((r for r in runs if r.contender == name), key=lambda r: r.round)
         shares[name] = [r.within_share for r in mine]
         lines.append(
             f"| {name} | {' / '.join(f'{r.within_share:.4f}' for r in mine)} "
             f"| {' / '.join(f'{r.p99_ms:.1f}' for r in mine)} |"
         )
-    above = sum(o > s for o, s in zip(shares["ours"], shares["static_0"], strict=True))
-    lines += ["", f"- ours above window 0 in {above}/{ROUNDS} rounds"]
-    report_lines("realtime_long_pauses", lines)
-    assert above == ROUNDS, "\n".join(lines)
+    return lines, shares
